@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Debian packages the tests use for real: fio (reference I/O), bpftrace (tracing), redis-server (shared tier),
+# sysstat (iostat). Installs only what is missing; needs root for that, otherwise says what to install.
+set -euo pipefail
+want=(fio bpftrace redis-server sysstat)
+missing=()
+for pkg in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+    echo "kvtier: missing Debian packages: ${missing[*]} (run: sudo apt-get install ${missing[*]}); tests needing them will skip" >&2
+    exit 0
+fi
+echo "kvtier: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}" >/dev/null
