@@ -1,0 +1,78 @@
+"""Mergeable latency histograms: percentiles without keeping raw samples.
+
+An HDR histogram with 3 significant digits (0.1% relative error) records any duration from 1 ns to one hour in
+fixed memory. Histograms from threads, tiers or client processes are merged by adding counts, so a merged p99 is the
+p99 of the pooled samples (never an average or max of per-part percentiles).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from hdrh.histogram import HdrHistogram
+
+_LOWEST_NS = 1
+_HIGHEST_NS = 3_600 * 1_000_000_000
+_DIGITS = 3
+
+PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+class LatencyHistogram:
+    """Thread-safe histogram of durations in nanoseconds."""
+
+    __slots__ = ("_h", "_lock")
+
+    def __init__(self) -> None:
+        self._h = HdrHistogram(_LOWEST_NS, _HIGHEST_NS, _DIGITS)
+        self._lock = threading.Lock()
+
+    def record_ns(self, value_ns: int, count: int = 1) -> None:
+        # Clamp rather than drop: a zero-length or over-an-hour op is still an op.
+        value_ns = min(max(int(value_ns), _LOWEST_NS), _HIGHEST_NS)
+        with self._lock:
+            self._h.record_value(value_ns, count)
+
+    @property
+    def count(self) -> int:
+        return self._h.get_total_count()
+
+    def merge(self, other: "LatencyHistogram") -> None:
+        with self._lock:
+            self._h.add(other._h)
+
+    def percentile_ms(self, pct: float) -> float:
+        if self.count == 0:
+            return 0.0
+        return self._h.get_value_at_percentile(pct) / 1e6
+
+    def mean_ms(self) -> float:
+        return self._h.get_mean_value() / 1e6 if self.count else 0.0
+
+    def max_ms(self) -> float:
+        return self._h.get_max_value() / 1e6 if self.count else 0.0
+
+    def summary_ms(self, percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, float]:
+        """mean, p50, ..., max in milliseconds, keyed like `p99` / `p999` (the naming the MLPerf and vLLM benches use)."""
+        out = {"count": self.count, "mean": round(self.mean_ms(), 4)}
+        for pct in percentiles:
+            out[_pct_key(pct)] = round(self.percentile_ms(pct), 4)
+        out["max"] = round(self.max_ms(), 4)
+        return out
+
+    def encode(self) -> str:
+        """The HDR histogram's standard compressed base64 form; `decode` restores it for merging."""
+        with self._lock:
+            return self._h.encode().decode("ascii")
+
+    @classmethod
+    def decode(cls, text: str) -> "LatencyHistogram":
+        hist = cls()
+        if text:
+            hist._h.add(HdrHistogram.decode(text.encode("ascii")))
+        return hist
+
+
+def _pct_key(pct: float) -> str:
+    """50 -> p50, 99.9 -> p999, 99.99 -> p9999."""
+    return "p" + f"{pct:g}".replace(".", "")

@@ -1,0 +1,37 @@
+"""`kvtier` command line: one subcommand per module, each exposing `main(argv) -> int`.
+
+Subcommand modules are imported lazily so `kvtier bench --help` does not pay for aiohttp or matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "bench": ("replay.bench_cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
+    "replay": ("replay.openai.cli", "replay ShareGPT / BurstGPT / synthetic load against an OpenAI-compatible server"),
+    "compare": ("replay.compare", "side-by-side table of result JSON files, with ratios"),
+    "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
+}
+
+USAGE = "usage: kvtier {" + ",".join(SUBCOMMANDS) + "} [options]   (kvtier SUBCOMMAND --help for each)\n\n" + "\n".join(
+    f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items()
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"kvtier: unknown subcommand '{name}'\n\n{USAGE}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
