@@ -1,0 +1,311 @@
+"""The tiered store: a waterfall LRU over an ordered list of tiers (fastest first).
+
+- A new entry goes to the fastest tier that can hold it; an entry larger than `large_entry_limit_ratio` of a tier
+  skips that tier.
+- Making room in a tier keeps it at or below `target_usage_ratio` of its capacity: the least recently used entry that
+  nobody is reading is demoted to the next tier, which makes room for it the same way (recursively); the bottom tier
+  deletes. An empty tier may take one entry up to `large_entry_limit_ratio` of its capacity.
+- Space is reserved under the store's lock before any byte is written, so no tier ever exceeds its capacity; I/O runs
+  outside the lock. An entry being read or moved is never chosen as a victim, so an eviction never breaks a read, and
+  an entry is never demoted twice at once.
+- With `promote_on_hit`, a hit in a lower tier moves the entry back to the top tier (what production engines do);
+  off by default, which is the benchmark's no-promotion waterfall.
+Demotion and promotion I/O is recorded in the statistics of the tier that performed it and added to the latency of
+the operation that caused it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from .errors import ConfigError, CorruptEntryError, StorageFullError
+from .telemetry import TierStats
+from .tiers import Tier
+from .timed_io import OpTiming, aligned_buffer
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: str
+    nbytes: int
+    tier: int
+    shape: tuple = ()
+    dtype: str = "uint8"
+    readers: int = 0
+    pins: int = 0
+    moving: bool = False
+
+
+@dataclass(slots=True)
+class PutResult:
+    stored: bool
+    tier: str | None
+    timing: OpTiming = field(default_factory=OpTiming)
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class GetResult:
+    hit: bool
+    tier: str | None
+    timing: OpTiming = field(default_factory=OpTiming)
+
+
+class TieredStore:
+    def __init__(self, tiers: list[Tier], *, target_usage_ratio: float = 0.8, large_entry_limit_ratio: float = 0.95,
+                 promote_on_hit: bool = False) -> None:
+        if not tiers:
+            raise ConfigError("the store needs at least one tier with capacity > 0")
+        if not 0 < target_usage_ratio <= 1 or not 0 < large_entry_limit_ratio <= 1:
+            raise ConfigError("target_usage_ratio and large_entry_limit_ratio must be in (0, 1]")
+        self.tiers = list(tiers)
+        self.target_usage_ratio = target_usage_ratio
+        self.large_entry_limit_ratio = large_entry_limit_ratio
+        self.promote_on_hit = promote_on_hit
+        self.stats = [TierStats(t.name) for t in self.tiers]
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._entries: dict[str, _Entry] = {}
+        self._pending: set[str] = set()
+        self._lru: list[OrderedDict[str, _Entry]] = [OrderedDict() for _ in self.tiers]
+        self._used = [0] * len(self.tiers)
+        # Store-wide events (hits, misses, rejected puts); per-tier ones live in `stats`.
+        self.events: Counter[str] = Counter()
+
+    # ---- queries -------------------------------------------------------------------------------------------------
+    def contains(self, key: str) -> str | None:
+        with self._lock:
+            e = self._entries.get(key)
+            return self.tiers[e.tier].name if e else None
+
+    def usage(self) -> list[dict]:
+        with self._lock:
+            return [
+                {"tier": t.name, "entries": len(self._lru[i]), "used_bytes": self._used[i], "capacity_bytes": t.capacity_bytes}
+                for i, t in enumerate(self.tiers)
+            ]
+
+    def keys_by_tier(self) -> dict[str, list[str]]:
+        with self._lock:
+            return {t.name: list(self._lru[i]) for i, t in enumerate(self.tiers)}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # ---- put -------------------------------------------------------------------------------------------------------
+    def put(self, key: str, chunks: list[memoryview], shape: tuple = (), dtype: str = "uint8") -> PutResult:
+        """Store an entry in the fastest tier that takes it. An existing key is left as it is (`stored=False`)."""
+        nbytes = sum(len(c) for c in chunks)
+        timing = OpTiming()
+        with self._lock:
+            if key in self._entries or key in self._pending:
+                return PutResult(False, None, timing, "exists")
+            self._pending.add(key)
+        try:
+            for t in range(len(self.tiers)):
+                if nbytes > self.large_entry_limit_ratio * self.tiers[t].capacity_bytes:
+                    self.stats[t].count("too_large_skipped")
+                    continue
+                if not self._reserve(t, nbytes, timing):
+                    self.stats[t].count("full_skipped")
+                    continue
+                try:
+                    w = self.tiers[t].write(key, chunks, nbytes, shape, dtype)
+                except BaseException as exc:
+                    with self._lock:
+                        self._used[t] -= nbytes
+                    self.tiers[t].delete(key)
+                    self.stats[t].count("enospc" if isinstance(exc, StorageFullError) else "write_errors")
+                    raise
+                self.stats[t].write.record(w)
+                timing.add(w)
+                with self._lock:
+                    e = _Entry(key, nbytes, t, tuple(shape), dtype)
+                    self._entries[key] = e
+                    self._lru[t][key] = e
+                return PutResult(True, self.tiers[t].name, timing)
+            self._count("put_rejected")
+            return PutResult(False, None, timing, "no tier has room")
+        finally:
+            with self._lock:
+                self._pending.discard(key)
+
+    def _count(self, event: str) -> None:
+        with self._lock:
+            self.events[event] += 1
+
+    def _limit(self, t: int, nbytes: int) -> float:
+        cap = self.tiers[t].capacity_bytes
+        # An empty tier may take one large entry; otherwise keep the target headroom.
+        return self.large_entry_limit_ratio * cap if self._used[t] == 0 else self.target_usage_ratio * cap
+
+    def _reserve(self, t: int, nbytes: int, timing: OpTiming) -> bool:
+        """Reserve `nbytes` in tier t, demoting or deleting LRU entries as needed. False if it cannot."""
+        bottom = t == len(self.tiers) - 1
+        while True:
+            with self._lock:
+                if self._used[t] + nbytes <= self._limit(t, nbytes):
+                    self._used[t] += nbytes
+                    return True
+                victim = next((e for e in self._lru[t].values() if not (e.readers or e.pins or e.moving)), None)
+                if victim is None:
+                    return False
+                del self._lru[t][victim.key]
+                if bottom:
+                    del self._entries[victim.key]
+                    self._used[t] -= victim.nbytes
+                else:
+                    victim.moving = True
+            if bottom:
+                self.tiers[t].delete(victim.key)
+                self.stats[t].count("evictions")
+                continue
+            self._move(victim, t, t + 1, timing)
+
+    def _move(self, e: _Entry, src: int, dst: int, timing: OpTiming) -> None:
+        """Move a `moving` entry from tier src to dst; on any failure the entry is dropped (it is only a cache)."""
+        fits = e.nbytes <= self.large_entry_limit_ratio * self.tiers[dst].capacity_bytes
+        if not (fits and self._reserve(dst, e.nbytes, timing)):
+            self._drop(e, src)
+            self.stats[src].count("evictions")
+            return
+        try:
+            buf = aligned_buffer(e.nbytes)[: e.nbytes]
+            r = self.tiers[src].read(e.key, e.nbytes, buf)
+            self.stats[src].read.record(r)
+            w = self.tiers[dst].write(e.key, [buf], e.nbytes, e.shape, e.dtype)
+            self.stats[dst].write.record(w)
+            timing.add(r)
+            timing.add(w)
+        except BaseException:
+            with self._lock:
+                self._used[dst] -= e.nbytes
+            self.tiers[dst].delete(e.key)
+            self._drop(e, src)
+            self.stats[src].count("move_failed")
+            raise
+        with self._lock:
+            e.tier, e.moving = dst, False
+            self._used[src] -= e.nbytes
+            self._lru[dst][e.key] = e
+            self._changed.notify_all()
+        self.tiers[src].delete(e.key)
+        self.stats[src].count("demotions_out" if dst > src else "promotions_out")
+        self.stats[dst].count("demotions_in" if dst > src else "promotions_in")
+
+    def _drop(self, e: _Entry, t: int) -> None:
+        with self._lock:
+            self._entries.pop(e.key, None)
+            self._lru[t].pop(e.key, None)
+            self._used[t] -= e.nbytes
+            e.moving = False
+            self._changed.notify_all()
+        self.tiers[t].delete(e.key)
+
+    # ---- get -------------------------------------------------------------------------------------------------------
+    def get(self, key: str, dest: memoryview | None = None) -> GetResult:
+        """Read an entry (into `dest`, or through scratch). A hit is counted only once the read has succeeded; a
+        corrupt entry is dropped and counts as a miss."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is not None and e.moving:
+                self._changed.wait_for(lambda: not e.moving)
+                e = self._entries.get(key)
+            if e is None:
+                self.events["misses"] += 1
+                return GetResult(False, None)
+            e.readers += 1
+            t = e.tier
+            self._lru[t].move_to_end(key)
+        promote = self.promote_on_hit and t > 0
+        buf = dest if dest is not None or not promote else aligned_buffer(e.nbytes)[: e.nbytes]
+        try:
+            r = self.tiers[t].read(key, e.nbytes, buf)
+        except BaseException as exc:
+            self._release_reader(e)
+            if not isinstance(exc, CorruptEntryError):
+                raise
+            self.stats[t].count("corrupt_dropped")
+            self.delete(key)
+            self._count("misses")
+            return GetResult(False, None)
+        self.stats[t].read.record(r)
+        self.stats[t].count("hits")
+        result = GetResult(True, self.tiers[t].name, r)
+        with self._lock:
+            self.events["hits"] += 1
+            e.readers -= 1
+            if e.readers == 0:
+                self._changed.notify_all()
+            start_move = promote and e.readers == 0 and not e.pins and not e.moving and e.tier == t
+            if start_move:
+                e.moving = True
+                del self._lru[t][key]
+        if start_move:
+            self._promote(e, t, buf, result.timing)
+        return result
+
+    def _promote(self, e: _Entry, src: int, data: memoryview, timing: OpTiming) -> None:
+        """Write an entry just read from tier src into the top tier (making room there by waterfall)."""
+        if not (e.nbytes <= self.large_entry_limit_ratio * self.tiers[0].capacity_bytes and self._reserve(0, e.nbytes, timing)):
+            with self._lock:
+                e.moving = False
+                self._lru[src][e.key] = e
+                self._changed.notify_all()
+            return
+        w = self.tiers[0].write(e.key, [data], e.nbytes, e.shape, e.dtype)
+        self.stats[0].write.record(w)
+        timing.add(w)
+        with self._lock:
+            e.tier, e.moving = 0, False
+            self._used[src] -= e.nbytes
+            self._lru[0][e.key] = e
+            self._changed.notify_all()
+        self.tiers[src].delete(e.key)
+        self.stats[src].count("promotions_out")
+        self.stats[0].count("promotions_in")
+
+    def _release_reader(self, e: _Entry) -> None:
+        with self._lock:
+            e.readers -= 1
+            if e.readers == 0:
+                self._changed.notify_all()
+
+    # ---- pins and removal ------------------------------------------------------------------------------------------
+    def pin(self, key: str) -> bool:
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                return False
+            e.pins += 1
+            return True
+
+    def unpin(self, key: str) -> bool:
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None or e.pins == 0:
+                return False
+            e.pins -= 1
+            return True
+
+    def delete(self, key: str) -> bool:
+        """Remove an entry once nobody reads or moves it."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                return False
+            self._changed.wait_for(lambda: not (e.moving or e.readers))
+            if self._entries.get(key) is not e:
+                return False
+            del self._entries[key]
+            self._lru[e.tier].pop(key, None)
+            self._used[e.tier] -= e.nbytes
+            t = e.tier
+        self.tiers[t].delete(key)
+        return True
+
+    def close(self) -> None:
+        for tier in self.tiers:
+            tier.close()

@@ -1,0 +1,203 @@
+"""Storage tiers: where an entry's bytes live. The store decides which tier; a tier only moves bytes and times it.
+
+Every tier reads into a caller's buffer (`dest`) or, with no destination, through a per-thread scratch buffer (what
+the benchmark does: the bytes cross the bus and are dropped). For memory tiers "device" time is the copy into or out
+of the tier's memory; for disk tiers it is the time inside the read/write/fdatasync system calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter
+from time import perf_counter_ns
+
+from .entry_format import file_name_for
+from .errors import ConfigError
+from .timed_io import CHUNK_BYTES, IOMode, OpTiming, _scratch, aligned_buffer, probe_direct, read_entry, write_entry
+
+log = logging.getLogger(__name__)
+
+GB = 1_000_000_000
+
+
+class Tier(ABC):
+    kind: str = "tier"
+
+    def __init__(self, name: str, capacity_bytes: int) -> None:
+        if capacity_bytes <= 0:
+            raise ConfigError(f"tier {name}: capacity must be positive")
+        self.name = name
+        self.capacity_bytes = int(capacity_bytes)
+        # Fallbacks and other non-silent degradations, reported with the results.
+        self.fallbacks: Counter[str] = Counter()
+
+    @abstractmethod
+    def write(self, key: str, chunks: list[memoryview], nbytes: int, shape: tuple = (), dtype: str = "uint8") -> OpTiming: ...
+
+    @abstractmethod
+    def read(self, key: str, nbytes: int, dest: memoryview | None = None) -> OpTiming: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "capacity_bytes": self.capacity_bytes}
+
+    def close(self) -> None:
+        pass
+
+
+class CPUTier(Tier):
+    """Host memory: each entry is one page-aligned anonymous mapping (so it can feed O_DIRECT writes on demotion)."""
+
+    kind = "cpu"
+
+    def __init__(self, capacity_bytes: int, name: str = "cpu") -> None:
+        super().__init__(name, capacity_bytes)
+        self._data: dict[str, memoryview] = {}
+        self._lock = threading.Lock()
+
+    def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
+        t0 = perf_counter_ns()
+        buf = aligned_buffer(nbytes)[:nbytes]
+        t1 = perf_counter_ns()
+        pos = 0
+        for c in chunks:
+            buf[pos : pos + len(c)] = c.cast("B") if c.format != "B" else c
+            pos += len(c)
+        t2 = perf_counter_ns()
+        with self._lock:
+            self._data[key] = buf
+        return OpTiming(host_ns=(t1 - t0) + (perf_counter_ns() - t2), device_ns=t2 - t1, nbytes=nbytes)
+
+    def read(self, key, nbytes, dest=None):
+        t0 = perf_counter_ns()
+        with self._lock:
+            src = self._data[key]
+        t1 = perf_counter_ns()
+        if dest is not None:
+            dest[:nbytes] = src
+        else:
+            for pos in range(0, nbytes, CHUNK_BYTES):
+                n = min(CHUNK_BYTES, nbytes - pos)
+                _scratch.data_buffer(n)[:] = src[pos : pos + n]
+        t2 = perf_counter_ns()
+        return OpTiming(host_ns=t1 - t0, device_ns=t2 - t1, nbytes=nbytes)
+
+    def delete(self, key):
+        # Dropping the last reference unmaps the memory; an in-flight reader keeps its own reference.
+        with self._lock:
+            self._data.pop(key, None)
+
+    def close(self):
+        with self._lock:
+            self._data.clear()
+
+
+class DiskTier(Tier):
+    """One file per entry under `directory`, written and read with timed O_DIRECT (or buffered+fdatasync+fadvise)."""
+
+    kind = "disk"
+
+    def __init__(self, directory: str, capacity_bytes: int = 0, io_mode: IOMode | str = IOMode.DIRECT,
+                 name: str = "disk") -> None:
+        directory = os.path.abspath(directory)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create cache dir {directory}: {exc.strerror}") from exc
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ConfigError(f"cache dir {directory} is not writable")
+        if capacity_bytes <= 0:  # auto: what the filesystem has free now
+            capacity_bytes = shutil.disk_usage(directory).free
+        super().__init__(name, capacity_bytes)
+        self.directory = directory
+        self.io_mode = IOMode(io_mode)
+        if self.io_mode is IOMode.DIRECT and not probe_direct(directory):
+            self.fallbacks["o_direct_unavailable"] += 1
+            log.warning("%s: filesystem under %s refuses O_DIRECT; using buffered I/O + fdatasync + fadvise", name, directory)
+            self.io_mode = IOMode.BUFFERED
+
+    def path_for(self, key: str) -> str:
+        return os.path.join(self.directory, file_name_for(key))
+
+    def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
+        return write_entry(self.path_for(key), key, chunks, self.io_mode, shape, dtype)
+
+    def read(self, key, nbytes, dest=None):
+        return read_entry(self.path_for(key), key, nbytes, self.io_mode, dest)
+
+    def delete(self, key):
+        try:
+            os.unlink(self.path_for(key))
+        except FileNotFoundError:
+            pass
+
+    def describe(self):
+        return {**super().describe(), "directory": self.directory, "io_mode": self.io_mode.value}
+
+
+class GPUTier(Tier):
+    """CUDA device memory through torch (imported only when this tier is built). Copies are synchronised so the
+    timing covers the transfer, not just its launch."""
+
+    kind = "gpu"
+
+    def __init__(self, capacity_bytes: int, device: str = "cuda:0", name: str = "gpu") -> None:
+        super().__init__(name, capacity_bytes)
+        torch = cuda_torch()
+        if torch is None:
+            raise ConfigError("--gpu-mem-gb > 0 needs a CUDA device and torch with CUDA; none found")
+        self._torch = torch
+        self._device = torch.device(device)
+        self._data: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
+        torch = self._torch
+        t0 = perf_counter_ns()
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
+        t1 = perf_counter_ns()
+        pos = 0
+        for c in chunks:
+            dev[pos : pos + len(c)].copy_(torch.frombuffer(c, dtype=torch.uint8))
+            pos += len(c)
+        torch.cuda.synchronize(self._device)
+        t2 = perf_counter_ns()
+        with self._lock:
+            self._data[key] = dev
+        return OpTiming(host_ns=(t1 - t0) + (perf_counter_ns() - t2), device_ns=t2 - t1, nbytes=nbytes)
+
+    def read(self, key, nbytes, dest=None):
+        torch = self._torch
+        t0 = perf_counter_ns()
+        with self._lock:
+            dev = self._data[key]
+        t1 = perf_counter_ns()
+        for pos in range(0, nbytes, CHUNK_BYTES):
+            n = min(CHUNK_BYTES, nbytes - pos)
+            out = dest[pos : pos + n] if dest is not None else _scratch.data_buffer(n)
+            torch.frombuffer(out, dtype=torch.uint8).copy_(dev[pos : pos + n])
+        torch.cuda.synchronize(self._device)
+        t2 = perf_counter_ns()
+        return OpTiming(host_ns=t1 - t0, device_ns=t2 - t1, nbytes=nbytes)
+
+    def delete(self, key):
+        with self._lock:
+            self._data.pop(key, None)
+
+
+def cuda_torch():
+    """torch, if it is installed and sees a CUDA device; else None. Never raises."""
+    try:
+        import torch
+    except Exception:
+        return None
+    try:
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None

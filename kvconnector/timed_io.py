@@ -1,0 +1,314 @@
+"""Timed entry I/O that really reaches the device, with host and device time kept apart.
+
+Device time is the time spent inside read/write/fdatasync system calls (`os.preadv`, `os.pwritev`, `os.fdatasync`);
+host time is everything else the operation costs (opening, header, checksum, copies, rename, page-cache advice).
+Both use `perf_counter_ns`.
+
+Two modes:
+- direct: O_DIRECT with page-aligned buffers and sizes; payload views that are already aligned (the benchmark's
+  random buffer, LMCache's CPU buffers) go to the kernel with no copy; the tail is padded through a scratch page.
+- buffered: plain write + fdatasync; before each read posix_fadvise(DONTNEED) drops the file's (clean) pages, so the
+  read is served by the device, not the page cache.
+Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen half-written.
+
+System calls release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from time import perf_counter_ns
+
+import xxhash
+
+from .entry_format import PAGE, EntryHeader, aligned, pack_header, unpack_header
+from .errors import CorruptEntryError, StorageFullError
+
+# One system call moves at most this much; also the size of a thread's scratch buffer for reads with no destination.
+CHUNK_BYTES = 64 << 20
+_IOV_MAX = 1024
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+class IOMode(str, Enum):
+    DIRECT = "direct"
+    BUFFERED = "buffered"
+
+
+@dataclass(slots=True)
+class OpTiming:
+    host_ns: int = 0
+    device_ns: int = 0
+    nbytes: int = 0
+
+    @property
+    def total_ns(self) -> int:
+        return self.host_ns + self.device_ns
+
+    def add(self, other: "OpTiming") -> None:
+        self.host_ns += other.host_ns
+        self.device_ns += other.device_ns
+        self.nbytes += other.nbytes
+
+
+def aligned_buffer(nbytes: int) -> memoryview:
+    """Page-aligned, zero-filled anonymous memory (mmap), suitable for O_DIRECT."""
+    return memoryview(mmap.mmap(-1, max(PAGE, aligned(nbytes))))
+
+
+def is_aligned(view: memoryview) -> bool:
+    # ctypes would import a lot for one address; numpy's interface gives it cheaply.
+    import numpy as np
+
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0 if len(view) else True
+
+
+class _Scratch(threading.local):
+    def __init__(self) -> None:
+        self.header = aligned_buffer(PAGE)
+        self.tail = aligned_buffer(PAGE)
+        self.data: memoryview | None = None
+
+    def data_buffer(self, nbytes: int) -> memoryview:
+        if self.data is None or len(self.data) < nbytes:
+            self.data = aligned_buffer(nbytes)
+        return self.data[:nbytes]
+
+
+_scratch = _Scratch()
+
+
+def probe_direct(directory: str) -> bool:
+    """Whether the filesystem under `directory` accepts an aligned O_DIRECT write and read."""
+    if not _O_DIRECT:
+        return False
+    path = os.path.join(directory, f".kvtier-odirect-probe-{os.getpid()}-{threading.get_ident()}")
+    buf = aligned_buffer(PAGE)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_DIRECT | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwritev(fd, [buf], 0)
+            os.preadv(fd, [buf], 0)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
+                shape: tuple[int, ...] = (), dtype: str = "uint8") -> OpTiming:
+    """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT."""
+    t0 = perf_counter_ns()
+    sc = _scratch
+    nbytes = sum(len(c) for c in chunks)
+    h = xxhash.xxh3_64()
+    for c in chunks:
+        h.update(c)
+    pack_header(sc.header, EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
+    iov = [sc.header] + _payload_iov(chunks, nbytes, mode)
+    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
+    device_ns = 0
+    fd = -1
+    try:
+        fd = os.open(tmp, flags, 0o600)
+        device_ns += _pwritev_all(fd, iov)
+        d0 = perf_counter_ns()
+        os.fdatasync(fd)
+        device_ns += perf_counter_ns() - d0
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+    except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        _unlink_quietly(tmp)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError(exc.errno, f"no space left for a {nbytes}-byte entry", path) from exc
+        raise
+    total = perf_counter_ns() - t0
+    return OpTiming(host_ns=total - device_ns, device_ns=device_ns, nbytes=nbytes)
+
+
+def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[memoryview]:
+    """The payload as iovecs padded to a page multiple. In direct mode, aligned views go as they are; a tail that does
+    not fill its page is copied into a zeroed scratch page; anything else misaligned is copied once into scratch."""
+    sc = _scratch
+    tail_len = nbytes % PAGE
+    zero_copy = mode is IOMode.BUFFERED or all(
+        is_aligned(c) and (len(c) % PAGE == 0 or i == len(chunks) - 1) for i, c in enumerate(chunks)
+    )
+    if not zero_copy:
+        buf = sc.data_buffer(aligned(nbytes))
+        pos = 0
+        for c in chunks:
+            buf[pos : pos + len(c)] = c
+            pos += len(c)
+        buf[pos:] = bytes(len(buf) - pos)
+        return [buf]
+    iov = [c.cast("B") if c.format != "B" else c for c in chunks[:-1]]
+    last = chunks[-1] if chunks else memoryview(b"")
+    body = len(last) - tail_len if tail_len else len(last)
+    if body:
+        iov.append(last[:body])
+    if tail_len:
+        sc.tail[:tail_len] = last[body:]
+        sc.tail[tail_len:] = bytes(PAGE - tail_len)
+        iov.append(sc.tail)
+    return iov
+
+
+def _pwritev_all(fd: int, iov: list[memoryview]) -> int:
+    """pwritev in groups of at most CHUNK_BYTES/IOV_MAX, resuming after short writes. Returns ns spent in the calls."""
+    device_ns = 0
+    offset = 0
+    for group in _groups(iov):
+        want = sum(len(v) for v in group)
+        done = 0
+        while done < want:
+            d0 = perf_counter_ns()
+            n = os.pwritev(fd, _skip(group, done), offset + done)
+            device_ns += perf_counter_ns() - d0
+            if n <= 0:
+                raise OSError(errno.EIO, "short write")
+            done += n
+        offset += want
+    return device_ns
+
+
+def _groups(iov: list[memoryview]):
+    group, size = [], 0
+    for v in iov:
+        while len(v) > CHUNK_BYTES:  # split huge views so one call stays bounded
+            if group:
+                yield group
+                group, size = [], 0
+            yield [v[:CHUNK_BYTES]]
+            v = v[CHUNK_BYTES:]
+        if group and (size + len(v) > CHUNK_BYTES or len(group) >= _IOV_MAX):
+            yield group
+            group, size = [], 0
+        if len(v):
+            group.append(v)
+            size += len(v)
+    if group:
+        yield group
+
+
+def _skip(group: list[memoryview], nbytes: int) -> list[memoryview]:
+    if nbytes == 0:
+        return group
+    out = []
+    for v in group:
+        if nbytes >= len(v):
+            nbytes -= len(v)
+            continue
+        out.append(v[nbytes:])
+        nbytes = 0
+    return out
+
+
+def read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: memoryview | None = None) -> OpTiming:
+    """Read and verify one entry. With `dest` (exactly payload_nbytes long) the payload lands there; without, it
+    streams through a per-thread scratch buffer (what a benchmark needs: the bytes are read and checked, then dropped).
+    Raises CorruptEntryError for a file that is short, has a bad header, another key, or a checksum mismatch."""
+    t0 = perf_counter_ns()
+    sc = _scratch
+    flags = os.O_RDONLY | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
+    fd = os.open(path, flags)
+    device_ns = 0
+    try:
+        if mode is IOMode.BUFFERED:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if dest is not None and len(dest) != payload_nbytes:
+            raise ValueError(f"destination holds {len(dest)} bytes, entry has {payload_nbytes}")
+        direct_into_dest = dest is not None and (mode is IOMode.BUFFERED or is_aligned(dest))
+        h = xxhash.xxh3_64()
+        if direct_into_dest:
+            tail_len = payload_nbytes % PAGE
+            body = payload_nbytes - tail_len
+            iov = [sc.header] + ([dest[:body]] if body else []) + ([sc.tail] if tail_len else [])
+            device_ns += _preadv_all(fd, iov, path)
+            hdr = _check_header(sc.header, key, payload_nbytes, path)
+            if tail_len:
+                dest[body:] = sc.tail[:tail_len]
+            h.update(dest)
+        else:
+            first = True
+            hdr = None
+            remaining = PAGE + aligned(payload_nbytes)
+            offset = 0
+            out_pos = 0
+            while remaining:
+                n = min(remaining, CHUNK_BYTES)
+                buf = sc.data_buffer(n)
+                device_ns += _preadv_all(fd, [buf], path, offset)
+                start = 0
+                if first:
+                    hdr = _check_header(buf[:PAGE], key, payload_nbytes, path)
+                    start, first = PAGE, False
+                useful = min(n - start, payload_nbytes - out_pos)
+                piece = buf[start : start + useful]
+                h.update(piece)
+                if dest is not None:
+                    dest[out_pos : out_pos + useful] = piece
+                out_pos += useful
+                offset += n
+                remaining -= n
+        if h.intdigest() != hdr.checksum:
+            raise CorruptEntryError(f"{path}: payload checksum mismatch")
+    finally:
+        os.close(fd)
+    total = perf_counter_ns() - t0
+    return OpTiming(host_ns=total - device_ns, device_ns=device_ns, nbytes=payload_nbytes)
+
+
+def _preadv_all(fd: int, iov: list[memoryview], path: str, offset: int = 0) -> int:
+    device_ns = 0
+    for group in _groups(iov):
+        want = sum(len(v) for v in group)
+        done = 0
+        while done < want:
+            d0 = perf_counter_ns()
+            n = os.preadv(fd, _skip(group, done), offset + done)
+            device_ns += perf_counter_ns() - d0
+            if n <= 0:
+                raise CorruptEntryError(f"{path}: file shorter than its header says")
+            done += n
+        offset += want
+    return device_ns
+
+
+def _check_header(page: memoryview, key: str, payload_nbytes: int, path: str) -> EntryHeader:
+    hdr = unpack_header(page, path)
+    if hdr.key != key or hdr.payload_nbytes != payload_nbytes:
+        raise CorruptEntryError(f"{path}: holds key {hdr.key!r} of {hdr.payload_nbytes} bytes, expected {key!r}")
+    return hdr
+
+
+def read_header(path: str) -> EntryHeader:
+    """The header of an entry file (for rescans after a restart). Raises CorruptEntryError for a bad one."""
+    with open(path, "rb") as f:
+        page = f.read(PAGE)
+    hdr = unpack_header(page, path)
+    if os.path.getsize(path) < hdr.file_nbytes:
+        raise CorruptEntryError(f"{path}: truncated ({os.path.getsize(path)} < {hdr.file_nbytes} bytes)")
+    return hdr
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

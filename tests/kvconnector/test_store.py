@@ -1,0 +1,219 @@
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvconnector.errors import StorageFullError
+from kvconnector.store import TieredStore
+from kvconnector.tiers import CPUTier, DiskTier
+from kvconnector.timed_io import IOMode
+
+KB = 1024
+
+
+def data(key: str, n: int) -> bytes:
+    # Bytes derived from the key, so any mix-up between entries shows.
+    seed = int.from_bytes(key.encode()[-8:].rjust(8, b"\0"), "little")
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def put(store, key, n):
+    return store.put(key, [memoryview(data(key, n))])
+
+
+def read(store, key, n):
+    out = memoryview(bytearray(n))
+    res = store.get(key, out)
+    return res, bytes(out)
+
+
+def make_store(tmp_path, cpu=40 * KB, disk=100 * KB, **kw):
+    tiers = []
+    if cpu:
+        tiers.append(CPUTier(cpu))
+    if disk:
+        tiers.append(DiskTier(str(tmp_path / "disk"), disk, IOMode.BUFFERED))
+    return TieredStore(tiers, **kw)
+
+
+def test_waterfall_demotes_lru_to_the_next_tier_then_deletes(tmp_path):
+    s = make_store(tmp_path)  # cpu holds up to 32K (0.8), disk 80K
+    for i in range(3):
+        assert put(s, f"k{i}", 10 * KB).tier == "cpu"
+    # k0 is LRU; reading it makes k1 the LRU entry, so the next put must demote k1, not k0.
+    assert read(s, "k0", 10 * KB)[0].tier == "cpu"
+    assert put(s, "k3", 10 * KB).tier == "cpu"
+    assert s.contains("k1") == "disk"
+    assert s.contains("k0") == "cpu"
+    for i in range(4, 14):
+        put(s, f"k{i}", 10 * KB)
+    usage = {u["tier"]: u for u in s.usage()}
+    assert usage["cpu"]["used_bytes"] <= 32 * KB and usage["disk"]["used_bytes"] <= 80 * KB
+    assert s.contains("k1") is None  # fell off the bottom
+    assert s.stats[1].events["evictions"] >= 1 and s.stats[0].events["demotions_out"] >= 1
+    # demoted bytes are intact and demotion I/O is in the disk tier's write stats
+    res, got = read(s, "k13", 10 * KB)
+    assert res.hit and got == data("k13", 10 * KB)
+    assert s.stats[1].write.ops == s.stats[0].events["demotions_out"]
+    assert len(os.listdir(tmp_path / "disk")) == usage["disk"]["entries"]
+
+
+def test_large_entries_skip_a_tier_and_empty_tier_takes_one(tmp_path):
+    s = make_store(tmp_path)
+    assert put(s, "big", 39 * KB).tier == "disk"  # > 0.95 x 40K
+    assert put(s, "fits-empty", 36 * KB).tier == "cpu"  # > target 32K, but the tier is empty
+    assert put(s, "small", 1 * KB).tier == "cpu"  # demotes fits-empty
+    assert s.contains("fits-empty") == "disk"
+    assert s.put("huge", [memoryview(bytes(200 * KB))]).stored is False
+    assert s.events["put_rejected"] == 1
+
+
+def test_hits_misses_and_existing_keys(tmp_path):
+    s = make_store(tmp_path)
+    put(s, "a", 100)
+    assert put(s, "a", 100).reason == "exists"
+    assert read(s, "a", 100)[0].hit
+    assert not s.get("nope").hit
+    assert s.events["hits"] == 1 and s.events["misses"] == 1
+
+
+def test_promote_on_hit_moves_entry_back_to_top(tmp_path):
+    s = make_store(tmp_path, promote_on_hit=True)
+    for i in range(5):
+        put(s, f"k{i}", 10 * KB)
+    assert s.contains("k0") == "disk"
+    res, got = read(s, "k0", 10 * KB)
+    assert res.tier == "disk" and got == data("k0", 10 * KB)
+    assert s.contains("k0") == "cpu" and s.stats[0].events["promotions_in"] == 1
+    # sink reads promote too
+    victim = next(k for k in ("k1", "k2", "k3", "k4") if s.contains(k) == "disk")
+    assert s.get(victim).hit and s.contains(victim) == "cpu"
+    assert read(s, victim, 10 * KB)[1] == data(victim, 10 * KB)
+
+
+def test_no_promotion_by_default(tmp_path):
+    s = make_store(tmp_path)
+    for i in range(5):
+        put(s, f"k{i}", 10 * KB)
+    read(s, "k0", 10 * KB)
+    assert s.contains("k0") == "disk"
+
+
+def test_corrupt_disk_entry_is_a_miss_and_dropped(tmp_path):
+    s = make_store(tmp_path, cpu=0)
+    put(s, "a", 8 * KB)
+    path = s.tiers[0].path_for("a")
+    with open(path, "r+b") as f:
+        f.seek(4096 + 10)
+        f.write(b"\xff\xfe")
+    assert not s.get("a").hit
+    assert s.contains("a") is None and not os.path.exists(path)
+    assert s.stats[0].events["corrupt_dropped"] == 1
+
+
+def test_pinned_entries_are_not_evicted(tmp_path):
+    s = make_store(tmp_path, disk=0)
+    put(s, "p", 10 * KB)
+    s.pin("p")
+    for i in range(6):
+        put(s, f"k{i}", 10 * KB)
+    assert s.contains("p") == "cpu"
+    s.unpin("p")
+    put(s, "z", 10 * KB)
+    put(s, "z2", 10 * KB)
+    put(s, "z3", 10 * KB)
+    assert s.contains("p") is None
+
+
+def test_enospc_is_raised_cleaned_up_and_counted(tmp_path, monkeypatch):
+    s = make_store(tmp_path, cpu=0)
+    import kvconnector.tiers as tiers_mod
+
+    def full(*a, **k):
+        raise StorageFullError(28, "no space")
+
+    monkeypatch.setattr(tiers_mod, "write_entry", full)
+    with pytest.raises(StorageFullError):
+        put(s, "a", 100)
+    assert s.usage()[0]["used_bytes"] == 0 and s.contains("a") is None
+    assert s.stats[0].events["enospc"] == 1
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def shm_tmp(tmp_path):
+    # Real files on tmpfs: the invariants are about the store, so skip the disk's fdatasync cost.
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path)
+    d = tempfile.mkdtemp(dir=base, prefix="kvtier-test-")
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["put", "get", "delete"]), st.integers(0, 15), st.integers(1, 12)),
+    min_size=5,
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(per_thread=st.lists(ops, min_size=2, max_size=6), promote=st.booleans())
+def test_invariants_under_concurrency(shm_tmp, per_thread, promote):
+    """Many threads put/get/delete at once: no tier exceeds capacity, each entry is in exactly one tier, and every
+    successful read returns the bytes that were written for that key."""
+    d = shm_tmp / f"s{next(_counter)}"
+    s = TieredStore(
+        [CPUTier(24 * KB), CPUTier(30 * KB, name="cpu2"), DiskTier(str(d / "disk"), 60 * KB, IOMode.BUFFERED)],
+        promote_on_hit=promote,
+    )
+    sizes = {}
+    errors = []
+    peak = [0, 0, 0]
+
+    def worker(seq):
+        try:
+            for op, k, kb in seq:
+                key = f"key{k}-{kb}"
+                n = kb * KB
+                if op == "put":
+                    s.put(key, [memoryview(data(key, n))])
+                elif op == "get":
+                    out = memoryview(bytearray(n))
+                    if s.get(key, out).hit and bytes(out) != data(key, n):
+                        errors.append(f"wrong bytes for {key}")
+                else:
+                    s.delete(key)
+                for i, u in enumerate(s.usage()):
+                    peak[i] = max(peak[i], u["used_bytes"])
+        except Exception as exc:  # pragma: no cover - surfaced below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=worker, args=(seq,)) for seq in per_thread]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, tier in enumerate(s.tiers):
+        assert peak[i] <= tier.capacity_bytes
+    by_tier = s.keys_by_tier()
+    all_keys = [k for keys in by_tier.values() for k in keys]
+    assert len(all_keys) == len(set(all_keys)) == len(s)
+    for i, u in enumerate(s.usage()):
+        assert u["used_bytes"] == sum(int(k.rsplit("-", 1)[1]) * KB for k in by_tier[u["tier"]])
+    s.promote_on_hit = False  # the checks below must not move entries
+    on_disk = sorted(os.listdir(d / "disk"))
+    assert on_disk == sorted(s.tiers[2].path_for(k).rsplit("/", 1)[1] for k in by_tier["disk"])
+    for k in all_keys:
+        n = int(k.rsplit("-", 1)[1]) * KB
+        out = memoryview(bytearray(n))
+        assert s.get(k, out).hit and bytes(out) == data(k, n)
