@@ -1,0 +1,402 @@
+"""`kvtier replay`: replay ShareGPT / BurstGPT / synthetic load against an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from replay.openai.driver import Driver, DriverOptions, RunState
+from replay.openai.report import build_summary, parse_slo, summary_table, write_csv, write_detail_jsonl, write_plots
+from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
+from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
+from replay.sources.base import WorkloadError
+
+EXAMPLES = """examples:
+  # ShareGPT multi-turn sessions (server answers appended), Poisson arrivals of sessions at 2/s
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --source sharegpt \\
+      --dataset-path ShareGPT_V3.json --num-requests 200 --request-rate 2 --output out.json --plots plots/
+  # BurstGPT trace at 10x speed, prompts sized with the server's /tokenize
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --source burstgpt \\
+      --trace-path 'BurstGPT_*.csv' --trace-speedup 10 --duration 300 --output bg.json --detail bg.jsonl
+  # long sessions: 16 sessions x 20 rounds, 128 output tokens each, per-round hit-rate table
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --rounds 20 --concurrency 16 \\
+      --output-len 128 --metrics-url http://127.0.0.1:8000/metrics --output long.json
+  # synthetic open loop, bursty (gamma, burstiness 0.5), SLO goodput
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --input-len 512 --output-len 64 \\
+      --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
+The API key, if the server needs one, comes from $OPENAI_API_KEY (or the variable named by --api-key-env).
+"""
+
+
+class ReplayConfig(BaseModel):
+    """Every option of a replay, validated once; unknown keys (from --config YAML) are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str
+    model: str
+    endpoint: Literal["chat", "completions"] = "chat"
+    api_key_env: str = "OPENAI_API_KEY"
+    source: Literal["sharegpt", "burstgpt", "synthetic"] = "synthetic"
+    dataset_path: str | None = None
+    trace_path: str | None = None
+    trace_speedup: float = 1.0
+    num_requests: int | None = None
+    duration: float | None = None
+    request_rate: float = math.inf
+    arrival: Literal["poisson", "gamma", "constant"] | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    users: int | None = None
+    think_time_ms: float = 0.0
+    rounds: int | None = None
+    concurrency: int | None = None
+    output_len: int = 128
+    input_len: int = 256
+    range_ratio: float = 0.0
+    prefix_len: int = 0
+    prefix_groups: int = 1
+    turns: int = 1
+    max_tokens: str = "dataset"
+    max_tokens_cap: int | None = 2048
+    ignore_eos: bool = False
+    metrics_url: list[str] = []
+    metrics_interval: float = 5.0
+    kv_bytes_per_token: float | None = None
+    kv_bytes_metric: str | None = None
+    block_size: int = 16
+    slo: str | None = None
+    percentiles: str = "50,90,95,99"
+    warmup: int = 0
+    seed: int = 0
+    request_timeout: float = 600.0
+    no_continuous_usage: bool = False
+    output: str
+    detail: str | None = None
+    csv: str | None = None
+    plots: str | None = None
+    quiet: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "ReplayConfig":
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"--base-url must start with http:// or https://, got {self.base_url!r}")
+        if self.source == "sharegpt" and not self.dataset_path:
+            raise ValueError("--source sharegpt needs --dataset-path FILE")
+        if self.source == "burstgpt" and not self.trace_path:
+            raise ValueError("--source burstgpt needs --trace-path FILE|DIR|GLOB")
+        if self.rounds is not None:
+            if not self.concurrency:
+                raise ValueError("--rounds needs --concurrency C (the number of sessions)")
+            if self.source == "burstgpt":
+                raise ValueError("--rounds works with --source synthetic or sharegpt, not burstgpt")
+        for name in ("trace_speedup", "burstiness"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        for name in ("num_requests", "max_concurrency", "users", "rounds", "concurrency"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.request_rate < 0:
+            raise ValueError("--request-rate must be >= 0 (inf = all at once)")
+        if self.max_tokens != "dataset" and not self.max_tokens.isdigit():
+            raise ValueError(f"--max-tokens must be 'dataset' or a number, got {self.max_tokens!r}")
+        parse_slo(self.slo)
+        self.percentile_tuple()
+        return self
+
+    def percentile_tuple(self) -> tuple[float, ...]:
+        try:
+            p = tuple(float(x) for x in self.percentiles.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"--percentiles: expected numbers like 50,90,99, got {self.percentiles!r}") from None
+        if not p or any(not 0 < x < 100 for x in p):
+            raise ValueError("--percentiles must be in (0, 100)")
+        return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvtier replay", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 description=__doc__, epilog=EXAMPLES)
+    g = ap.add_argument_group("server")
+    g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
+    g.add_argument("--model", help="model name the server serves")
+    g.add_argument("--endpoint", choices=["chat", "completions"], help="/v1/chat/completions (default) or /v1/completions")
+    g.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
+    g.add_argument("--request-timeout", type=float, help="seconds without data before a request fails (600)")
+    g.add_argument("--no-continuous-usage", action="store_true", default=None,
+                   help="do not ask for per-chunk usage (for servers that reject stream_options.continuous_usage_stats)")
+    g = ap.add_argument_group("workload")
+    g.add_argument("--source", choices=["sharegpt", "burstgpt", "synthetic"])
+    g.add_argument("--dataset-path", help="ShareGPT JSON file")
+    g.add_argument("--trace-path", help="BurstGPT CSV file, directory or glob")
+    g.add_argument("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
+    g.add_argument("--num-requests", type=int, help="stop after this many requests (turns)")
+    g.add_argument("--duration", type=float, help="schedule no request later than this many seconds")
+    g.add_argument("--input-len", type=int, help="synthetic: input tokens per turn (256)")
+    g.add_argument("--output-len", type=int, help="synthetic and long sessions: output tokens (128)")
+    g.add_argument("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r) (0 = fixed)")
+    g.add_argument("--prefix-len", type=int, help="synthetic: shared prefix tokens per group (0)")
+    g.add_argument("--prefix-groups", type=int, help="synthetic: number of shared-prefix groups (1)")
+    g.add_argument("--turns", type=int, help="synthetic: turns per session (1)")
+    g.add_argument("--max-tokens", help="'dataset' (the dataset's answer length) or a fixed number")
+    g.add_argument("--max-tokens-cap", type=int, help="upper bound on max_tokens from the dataset (2048)")
+    g.add_argument("--ignore-eos", action="store_true", default=None, help="force the full output length (vLLM)")
+    g = ap.add_argument_group("arrivals")
+    g.add_argument("--request-rate", type=float, help="sessions per second (inf = all at once; the default)")
+    g.add_argument("--arrival", choices=["poisson", "gamma", "constant"],
+                   help="arrival process (poisson; gamma when --burstiness != 1)")
+    g.add_argument("--burstiness", type=float, help="gamma shape: <1 burstier, >1 smoother than Poisson (1)")
+    g.add_argument("--max-concurrency", type=int, help="at most this many requests in flight; the wait is queue_ms")
+    g.add_argument("--users", type=int, help="closed loop: this many users, each sending its next turn after an answer")
+    g.add_argument("--think-time-ms", type=float, help="pause between an answer and the session's next turn (0)")
+    g.add_argument("--rounds", type=int, help="long-session mode: rounds per session")
+    g.add_argument("--concurrency", type=int, help="long-session mode: number of sessions")
+    g.add_argument("--warmup", type=int, help="warm-up requests before the measured run (excluded)")
+    g.add_argument("--seed", type=int, help="seed for the schedule and sampling (0)")
+    g = ap.add_argument_group("metrics and outputs")
+    g.add_argument("--metrics-url", action="append", help="Prometheus /metrics URL to scrape (repeatable)")
+    g.add_argument("--metrics-interval", type=float, help="seconds between scrapes (5)")
+    g.add_argument("--kv-bytes-per-token", type=float, help="turn lmcache:num_stored_tokens into bytes written")
+    g.add_argument("--kv-bytes-metric", help="counter of bytes written to the KV tier (default: kvtier/LMCache names)")
+    g.add_argument("--block-size", type=int, help="server KV block size in tokens, for the ideal hit rate (16)")
+    g.add_argument("--slo", help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (also e2el_ms, itl_ms)")
+    g.add_argument("--percentiles", help="comma list (50,90,95,99)")
+    g.add_argument("--output", help="JSON summary file")
+    g.add_argument("--detail", help="per-request JSONL file")
+    g.add_argument("--csv", help="per-request CSV file (and NAME.rounds.csv in long-session mode)")
+    g.add_argument("--plots", help="directory for PNG plots")
+    g.add_argument("--config", help="YAML file with the same keys (underscored); flags override it")
+    g.add_argument("--quiet", action="store_true", default=None, help="no live progress")
+    return ap
+
+
+def _config(argv: list[str]) -> ReplayConfig:
+    ap = build_parser()
+    args = vars(ap.parse_args(argv))
+    data: dict = {}
+    cfg_path = args.pop("config")
+    if cfg_path:
+        import yaml  # noqa: PLC0415
+
+        try:
+            loaded = yaml.safe_load(Path(cfg_path).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise WorkloadError(f"--config {cfg_path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise WorkloadError(f"--config {cfg_path}: expected a mapping of option names")
+        data.update(loaded)
+    data.update({k: v for k, v in args.items() if v is not None})
+    if "metrics_url" in data and isinstance(data["metrics_url"], str):
+        data["metrics_url"] = [data["metrics_url"]]
+    missing = [f"--{k.replace('_', '-')}" for k in ("base_url", "model", "output") if k not in data]
+    if missing:
+        raise WorkloadError(f"missing {', '.join(missing)} (see kvtier replay --help)")
+    return ReplayConfig(**data)
+
+
+def _first_error(exc: ValidationError) -> str:
+    e = exc.errors()[0]
+    loc = ".".join(str(x) for x in e.get("loc", ()))
+    msg = e.get("msg", "invalid").removeprefix("Value error, ")
+    return f"--{loc.replace('_', '-')}: {msg}" if loc else msg
+
+
+async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: RunState):
+    """Load the source, size the texts, compute the schedule. Returns (pacing, plans, offsets, traced, meta)."""
+    maker = TextMaker(cfg.seed)
+    needs_text = cfg.source in ("burstgpt", "synthetic")
+    if needs_text:
+        await maker.prepare(drv.session, cfg.base_url, cfg.model)
+    fixed = None if cfg.max_tokens == "dataset" else int(cfg.max_tokens)
+    meta: dict = {"source": cfg.source, "endpoint": cfg.endpoint, "model": cfg.model, "base_url": cfg.base_url,
+                  "seed": cfg.seed, "prompt_text_from": maker.mode if needs_text else "dataset text",
+                  "prompt_text_fallback_reason": maker.fallback_reason if needs_text else None}
+    convs = None
+    if cfg.source == "sharegpt":
+        from replay.sources.sharegpt import load_sharegpt  # noqa: PLC0415
+
+        limit = cfg.concurrency * 4 if cfg.rounds else cfg.num_requests
+        convs, report = load_sharegpt(cfg.dataset_path, max_conversations=limit)
+        meta["load_report"] = {"conversations": report.conversations, "turns": report.turns,
+                               "skipped": report.skipped, "tokenizer": report.tokenizer}
+        order = list(range(len(convs)))
+        rng.shuffle(order)
+        convs = [convs[i] for i in order]
+    if cfg.rounds:
+        plans, cycled = await long_session_plans(convs, maker, rng, concurrency=cfg.concurrency, rounds=cfg.rounds,
+                                                 output_len=cfg.output_len, input_len=cfg.input_len,
+                                                 prefix_len=cfg.prefix_len)
+        meta["long_session"] = {"rounds": cfg.rounds, "concurrency": cfg.concurrency, "output_len": cfg.output_len,
+                                "cycled_turns": cycled}
+        return "rounds", plans, None, False, meta
+    traced = False
+    trace_offsets = None
+    if cfg.source == "burstgpt":
+        from replay.sources.burstgpt import load_burstgpt  # noqa: PLC0415
+
+        convs, report = load_burstgpt(cfg.trace_path, max_requests=cfg.num_requests)
+        meta["load_report"] = {"conversations": report.conversations, "turns": report.turns,
+                               "skipped": report.skipped, "tokenizer": report.tokenizer}
+        stamps = [t.arrival_s or 0.0 for c in convs for t in c.turns]
+        trace_offsets = trace_offsets_ns(stamps, cfg.trace_speedup, cfg.duration)
+        traced = True
+        meta["trace_speedup"] = cfg.trace_speedup
+    if convs is not None:
+        plans = await plans_from_conversations(convs, maker, rng, num_requests=cfg.num_requests,
+                                               fixed_max_tokens=fixed, max_tokens_cap=cfg.max_tokens_cap,
+                                               trace_offsets_ns=trace_offsets)
+    else:
+        sessions = cfg.num_requests or 100
+        sessions = max(1, math.ceil(sessions / cfg.turns))
+        plans = await synthetic_plans(maker, rng, sessions=sessions, turns=cfg.turns, input_len=cfg.input_len,
+                                      output_len=fixed or cfg.output_len, range_ratio=cfg.range_ratio,
+                                      prefix_len=cfg.prefix_len, prefix_groups=cfg.prefix_groups)
+    if not plans:
+        raise WorkloadError("the workload is empty after --num-requests/--duration")
+    if cfg.users:
+        return "closed", plans, None, False, meta
+    if traced:
+        offsets = [p.turns[0].arrival_offset_ns or 0 for p in plans]
+    else:
+        kind = cfg.arrival or ("gamma" if cfg.burstiness != 1.0 else "poisson")
+        offsets = arrival_offsets_ns(len(plans), cfg.request_rate, kind, cfg.burstiness, cfg.seed, cfg.duration)
+        plans = plans[:len(offsets)]
+        meta["arrival"] = kind
+        meta["target_rate"] = None if math.isinf(cfg.request_rate) else cfg.request_rate
+        meta["burstiness"] = cfg.burstiness
+    return "open", plans, offsets, traced, meta
+
+
+async def _progress(state: RunState, stop: asyncio.Event, target: float | None) -> None:
+    from rich.live import Live  # noqa: PLC0415
+
+    import time  # noqa: PLC0415
+
+    last_t, last_sent = time.perf_counter(), 0
+    with Live(refresh_per_second=4, transient=True) as live:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 0.5)
+            except asyncio.TimeoutError:
+                pass
+            now = time.perf_counter()
+            rate = (state.sent - last_sent) / (now - last_t) if now > last_t else 0.0
+            last_t, last_sent = now, state.sent
+            tgt = f" (target {target:g})" if target else ""
+            live.update(f"sent {state.sent}/{state.scheduled_total}  in flight {state.in_flight}  done {state.done}  "
+                        f"errors {state.errors}  rate {rate:.1f}/s{tgt}")
+
+
+async def _run(cfg: ReplayConfig, state: RunState) -> dict:
+    opts = DriverOptions(base_url=cfg.base_url, model=cfg.model, endpoint=cfg.endpoint,
+                         api_key=os.environ.get(cfg.api_key_env), max_concurrency=cfg.max_concurrency,
+                         think_time_ms=cfg.think_time_ms, request_timeout_s=cfg.request_timeout,
+                         ignore_eos=bool(cfg.ignore_eos or cfg.rounds), continuous_usage=not cfg.no_continuous_usage,
+                         metrics_urls=list(cfg.metrics_url), metrics_interval_s=cfg.metrics_interval,
+                         warmup_requests=cfg.warmup)
+    drv = Driver(opts, state)
+    rng = random.Random(cfg.seed)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    try:
+        loop.add_signal_handler(signal.SIGINT, lambda: drv.abort("interrupted (Ctrl-C): partial results"))
+        loop.add_signal_handler(signal.SIGTERM, lambda: drv.abort("terminated: partial results"))
+    except (NotImplementedError, RuntimeError):
+        pass
+    meta: dict = {}
+    async with drv.open_session():
+        pacing, plans, offsets, traced, meta = await _prepare(cfg, drv, rng, state)
+        await drv.warmup(plans)
+        state.metrics_start = await drv.snapshot()
+        if state.metrics_start is not None and not state.metrics_start.values:
+            meta["metrics_warning"] = f"no metrics read: {'; '.join(state.metrics_start.errors)}"
+        scraper = asyncio.create_task(drv._scrape_loop()) if cfg.metrics_url else None
+        show = not cfg.quiet and sys.stderr.isatty()
+        prog = asyncio.create_task(_progress(state, stop, meta.get("target_rate"))) if show else None
+        try:
+            if pacing == "rounds":
+                await drv.run_rounds(plans, cfg.rounds)
+            elif pacing == "closed":
+                await drv.run_closed_loop(plans, cfg.users)
+            else:
+                await drv.run_open_loop(plans, offsets, traced)
+        finally:
+            stop.set()
+            if prog:
+                await prog
+            if scraper:
+                drv._abort.set() if drv.aborted else None
+                scraper.cancel()
+                await asyncio.gather(scraper, return_exceptions=True)
+            if cfg.metrics_url and not drv.aborted:
+                await drv.snapshot()
+    meta["pacing"] = pacing
+    return meta
+
+
+def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
+    summary = build_summary(state, meta, percentiles=cfg.percentile_tuple(), slo=parse_slo(cfg.slo),
+                            block_size=cfg.block_size, kv_bytes_per_token=cfg.kv_bytes_per_token,
+                            kv_bytes_metric=cfg.kv_bytes_metric)
+    Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(cfg.output).write_text(json.dumps(summary, indent=2, default=str))
+    if cfg.detail:
+        write_detail_jsonl(state, cfg.detail)
+    if cfg.csv:
+        write_csv(state, cfg.csv, summary.get("rounds"))
+    if cfg.plots:
+        summary["plots"] = write_plots(state, summary, cfg.plots)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = _config(argv)
+    except ValidationError as exc:
+        print(f"kvtier replay: {_first_error(exc)}", file=sys.stderr)
+        return 2
+    except WorkloadError as exc:
+        print(f"kvtier replay: {exc}", file=sys.stderr)
+        return 2
+    state = RunState()
+    meta: dict = {}
+    code = 0
+    try:
+        meta = asyncio.run(_run(cfg, state))
+    except (WorkloadError, ValueError) as exc:
+        print(f"kvtier replay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        state.aborted = state.aborted or "interrupted (Ctrl-C): partial results"
+    if state.aborted:
+        code = 130 if "interrupted" in state.aborted else 3
+        print(f"kvtier replay: run ended early: {state.aborted}", file=sys.stderr)
+    try:
+        summary = _write_outputs(cfg, state, meta)
+    except OSError as exc:
+        print(f"kvtier replay: cannot write results: {exc}", file=sys.stderr)
+        return 2
+    if not cfg.quiet:
+        from rich.console import Console  # noqa: PLC0415
+
+        console = Console(stderr=False)
+        for t in summary_table(summary):
+            console.print(t)
+        console.print(f"results: {cfg.output}" + (f", {cfg.detail}" if cfg.detail else ""))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

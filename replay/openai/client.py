@@ -1,0 +1,253 @@
+"""Streaming requests to an OpenAI-compatible server: one frozen spec in, one record out, never an exception.
+
+The record keeps raw monotonic timestamps (``time.perf_counter_ns``); TTFT, ITL, TPOT and E2E are derived afterwards
+(`RequestRecord.derive`). SSE is parsed incrementally: events split across reads are joined, ``:`` comments (pings)
+skipped, ``[DONE]`` ends the stream. A chunk that carries only the assistant role (no text) is not a token. When the
+server reports cumulative usage on every chunk (``stream_options.continuous_usage_stats``, vLLM and SGLang do), a chunk
+holding k tokens spreads its gap over k inter-token latencies; otherwise each content chunk counts as one token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+__all__ = ["RequestSpec", "RequestRecord", "send_streaming", "ERROR_KINDS"]
+
+ERROR_KINDS = ("http_4xx", "http_5xx", "timeout", "connection", "disconnected", "malformed_sse", "incomplete_stream",
+               "no_content", "cancelled", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """What to send: built by the driver just before the send (multi-turn history is known only then)."""
+
+    request_id: int
+    session_id: str
+    turn_index: int
+    url: str
+    payload: dict[str, Any]
+    headers: dict[str, str] | None = None
+    round_index: int | None = None
+    warmup: bool = False
+    # The prompt length the workload asked for (the server's `usage` gives the real one).
+    target_prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """The outcome of one request. Timestamps are `perf_counter_ns` values; 0 means "did not happen"."""
+
+    request_id: int
+    session_id: str
+    turn_index: int
+    round_index: int | None = None
+    warmup: bool = False
+    target_prompt_tokens: int = 0
+    max_tokens: int = 0
+    scheduled_ns: int = 0  # the absolute deadline from the precomputed schedule (or the moment the turn became ready)
+    dispatched_ns: int = 0  # when the driver woke up for it (send lag = dispatched - scheduled)
+    slot_ns: int = 0  # when a concurrency slot was free (client queue time = slot - dispatched)
+    sent_ns: int = 0
+    first_byte_ns: int = 0
+    first_token_ns: int = 0
+    last_chunk_ns: int = 0
+    chunk_ns: list[int] = field(default_factory=list)  # arrival of each content chunk
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each content chunk (1 when unknown)
+    prompt_tokens: int | None = None  # from `usage`
+    output_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens when the server reports it
+    http_status: int = 0
+    success: bool = False
+    error_kind: str | None = None
+    error: str | None = None
+    output_text: str = ""
+
+    # ---- derived metrics, in milliseconds (None when the request did not get that far) ----
+    def ttft_ms(self) -> float | None:
+        return (self.first_token_ns - self.sent_ns) / 1e6 if self.first_token_ns and self.sent_ns else None
+
+    def e2el_ms(self) -> float | None:
+        return (self.last_chunk_ns - self.sent_ns) / 1e6 if self.last_chunk_ns and self.sent_ns else None
+
+    def n_output_tokens(self) -> int:
+        if self.output_tokens is not None:
+            return self.output_tokens
+        return sum(self.chunk_tokens)
+
+    def tpot_ms(self) -> float | None:
+        n = self.n_output_tokens()
+        if not self.first_token_ns or n < 2:
+            return None
+        return (self.last_chunk_ns - self.first_token_ns) / 1e6 / (n - 1)
+
+    def itl_ns(self):
+        """Inter-token gaps in ns: each gap between content chunks, split evenly over the tokens of the later chunk."""
+        prev = 0
+        for t, k in zip(self.chunk_ns, self.chunk_tokens):
+            if prev:
+                gap = (t - prev) // max(k, 1)
+                for _ in range(max(k, 1)):
+                    yield gap
+            prev = t
+
+    def send_lag_ms(self) -> float | None:
+        return (self.dispatched_ns - self.scheduled_ns) / 1e6 if self.dispatched_ns and self.scheduled_ns else None
+
+    def queue_ms(self) -> float | None:
+        return (self.slot_ns - self.dispatched_ns) / 1e6 if self.slot_ns and self.dispatched_ns else None
+
+    def to_json(self, t0_ns: int) -> dict[str, Any]:
+        """Detail row: timestamps relative to the run start (ns) plus the derived figures."""
+        rel = lambda v: v - t0_ns if v else None  # noqa: E731
+        return {
+            "request_id": self.request_id, "session_id": self.session_id, "turn": self.turn_index,
+            "round": self.round_index, "warmup": self.warmup, "success": self.success,
+            "error_kind": self.error_kind, "error": self.error, "http_status": self.http_status,
+            "target_prompt_tokens": self.target_prompt_tokens, "max_tokens": self.max_tokens,
+            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "scheduled_ns": rel(self.scheduled_ns), "dispatched_ns": rel(self.dispatched_ns), "slot_ns": rel(self.slot_ns),
+            "sent_ns": rel(self.sent_ns), "first_byte_ns": rel(self.first_byte_ns),
+            "first_token_ns": rel(self.first_token_ns), "last_chunk_ns": rel(self.last_chunk_ns),
+            "chunk_ns": [t - t0_ns for t in self.chunk_ns], "chunk_tokens": self.chunk_tokens,
+            "ttft_ms": _r(self.ttft_ms()), "tpot_ms": _r(self.tpot_ms()), "e2el_ms": _r(self.e2el_ms()),
+            "send_lag_ms": _r(self.send_lag_ms()), "queue_ms": _r(self.queue_ms()),
+        }
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
+def _fail(rec: RequestRecord, kind: str, msg: str) -> RequestRecord:
+    rec.success = False
+    rec.error_kind = kind
+    rec.error = msg[:300]
+    return rec
+
+
+async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec: RequestRecord,
+                         timeout: aiohttp.ClientTimeout | None = None) -> RequestRecord:
+    """POST `spec.payload` with streaming on and fill `rec`. Never raises (except `CancelledError`, re-raised after
+    marking the record, so Ctrl-C and an aborted run still see what was in flight)."""
+    clock = time.perf_counter_ns
+    chat = "messages" in spec.payload
+    text_parts: list[str] = []
+    prev_completion = 0
+    continuous = False
+    try:
+        rec.sent_ns = clock()
+        async with session.post(spec.url, json=spec.payload, headers=spec.headers, timeout=timeout) as resp:
+            rec.http_status = resp.status
+            if resp.status != 200:
+                body = (await resp.text(errors="replace"))[:200]
+                rec.first_byte_ns = clock()
+                kind = "http_5xx" if resp.status >= 500 else "http_4xx"
+                return _fail(rec, kind, f"HTTP {resp.status}: {body}")
+            buf = b""
+            done = False
+            async for data in resp.content.iter_any():
+                now = clock()
+                if not rec.first_byte_ns:
+                    rec.first_byte_ns = now
+                buf += data
+                while True:
+                    # Events end with a blank line; accept \n\n and \r\n\r\n.
+                    cut = buf.find(b"\n\n")
+                    cut_r = buf.find(b"\r\n\r\n")
+                    if cut < 0 and cut_r < 0:
+                        break
+                    if cut_r >= 0 and (cut < 0 or cut_r < cut):
+                        event, buf = buf[:cut_r], buf[cut_r + 4:]
+                    else:
+                        event, buf = buf[:cut], buf[cut + 2:]
+                    payload = _event_data(event)
+                    if payload is None:
+                        continue  # comment / ping / empty event
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    try:
+                        obj = json.loads(payload)
+                    except ValueError:
+                        return _fail(rec, "malformed_sse", f"undecodable SSE data: {payload[:80]!r}")
+                    if not isinstance(obj, dict):
+                        return _fail(rec, "malformed_sse", f"SSE data is not an object: {payload[:80]!r}")
+                    if "error" in obj and not obj.get("choices"):
+                        return _fail(rec, "http_5xx", f"error event in stream: {str(obj['error'])[:200]}")
+                    usage = obj.get("usage")
+                    piece = _content(obj, chat)
+                    if piece:
+                        rec.last_chunk_ns = now
+                        if not rec.first_token_ns:
+                            rec.first_token_ns = now
+                        rec.chunk_ns.append(now)
+                        k = 1
+                        if usage and usage.get("completion_tokens") is not None:
+                            ct = int(usage["completion_tokens"])
+                            k = max(ct - prev_completion, 1)
+                            prev_completion = ct
+                            continuous = True
+                        rec.chunk_tokens.append(k)
+                        text_parts.append(piece)
+                    if usage:
+                        if usage.get("prompt_tokens") is not None:
+                            rec.prompt_tokens = int(usage["prompt_tokens"])
+                        if usage.get("completion_tokens") is not None:
+                            rec.output_tokens = int(usage["completion_tokens"])
+                            if not piece and continuous:
+                                prev_completion = rec.output_tokens
+                        details = usage.get("prompt_tokens_details") or {}
+                        if details.get("cached_tokens") is not None:
+                            rec.cached_tokens = int(details["cached_tokens"])
+                if done:
+                    break
+            if not done:
+                return _fail(rec, "incomplete_stream", "stream ended without [DONE]")
+    except asyncio.CancelledError:
+        _fail(rec, "cancelled", "cancelled (run interrupted or aborted)")
+        raise
+    except asyncio.TimeoutError:
+        return _fail(rec, "timeout", "no data within the request timeout")
+    except aiohttp.ClientConnectorError as exc:
+        return _fail(rec, "connection", f"cannot connect: {exc}")
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+        return _fail(rec, "disconnected", f"connection dropped: {type(exc).__name__}: {exc}")
+    except aiohttp.ClientError as exc:
+        return _fail(rec, "other", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # a request function never raises: anything else is recorded too
+        return _fail(rec, "other", f"{type(exc).__name__}: {exc}")
+    rec.output_text = "".join(text_parts)
+    if not rec.first_token_ns:
+        return _fail(rec, "no_content", "stream finished with no content token")
+    rec.success = True
+    return rec
+
+
+def _event_data(event: bytes) -> bytes | None:
+    data = None
+    for line in event.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if not line or line.startswith(b":"):
+            continue
+        if line.startswith(b"data:"):
+            chunk = line[5:].lstrip(b" ")
+            data = chunk if data is None else data + b"\n" + chunk
+    return data
+
+
+def _content(obj: dict, chat: bool) -> str:
+    choices = obj.get("choices")
+    if not choices:
+        return ""
+    c = choices[0]
+    if chat:
+        delta = c.get("delta") or {}
+        return (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+    return c.get("text") or ""

@@ -1,0 +1,305 @@
+"""The driver: sends session plans to the server on a precomputed schedule and collects request records.
+
+Three ways to pace:
+- open loop (default): the first turn of each session at its precomputed arrival offset (Poisson/gamma/constant, or the
+  trace's timestamps); a later turn when the previous answer has arrived plus the think time (and, for traces, not
+  before its own timestamp). The dispatcher sleeps to absolute deadlines ``t0 + offset``, so lateness never
+  accumulates; each record keeps how late it was dispatched (send lag) and how long it then waited for a concurrency
+  slot (client queue time) separately.
+- closed loop (`users`): U users each run sessions back to back, with think time between turns.
+- long sessions (`rounds`): C sessions advance one turn per round together; metrics are scraped between rounds, so
+  each round gets its own row.
+Every multi-turn request sends the whole history with the server's own earlier answers appended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from replay.openai.client import RequestRecord, RequestSpec, send_streaming
+from replay.openai.server_metrics import Snapshot, scrape
+from replay.openai.workload import SessionPlan, TurnPlan
+
+__all__ = ["DriverOptions", "RunState", "Driver"]
+
+_CONNECTION_KINDS = ("connection",)
+
+
+@dataclass
+class DriverOptions:
+    base_url: str
+    model: str
+    endpoint: str = "chat"  # chat | completions
+    api_key: str | None = None
+    max_concurrency: int | None = None
+    think_time_ms: float = 0.0
+    request_timeout_s: float = 600.0
+    ignore_eos: bool = False
+    temperature: float | None = 0.0
+    continuous_usage: bool = True
+    session_header: str | None = "X-Session-ID"
+    metrics_urls: list[str] = field(default_factory=list)
+    metrics_interval_s: float = 5.0
+    max_consecutive_connection_errors: int = 5
+    warmup_requests: int = 0
+    # Kept: the detail of each request's text answer only as long as its session needs it.
+    start_lead_ms: float = 20.0
+
+
+@dataclass
+class RunState:
+    """What the run produced; filled as it goes so an interrupted run still has it all."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    warmup_records: list[RequestRecord] = field(default_factory=list)
+    t0_ns: int = 0
+    end_ns: int = 0
+    sent: int = 0
+    in_flight: int = 0
+    done: int = 0
+    errors: int = 0
+    scheduled_total: int = 0
+    aborted: str | None = None
+    sessions_cut_by_error: int = 0
+    turns_held_by_previous_answer: int = 0
+    metrics_start: Snapshot | None = None
+    metrics_last: Snapshot | None = None
+    round_snapshots: list[tuple[int, int, int, Snapshot | None, Snapshot | None]] = field(default_factory=list)
+    progress_target_rate: float | None = None
+
+
+def _render_completion_prompt(system: str | None, history: list[tuple[str, str]], user: str) -> str:
+    parts = [system] if system else []
+    for u, a in history:
+        parts.append(f"User: {u}\nAssistant: {a}")
+    parts.append(f"User: {user}\nAssistant:")
+    return "\n\n".join(parts)
+
+
+class Driver:
+    def __init__(self, opts: DriverOptions, state: RunState | None = None):
+        self.o = opts
+        self.s = state or RunState()
+        self._abort = asyncio.Event()
+        self._consecutive_conn_errors = 0
+        self._sem: asyncio.Semaphore | None = None
+        self._next_id = 0
+        self.session: aiohttp.ClientSession | None = None
+        path = "/v1/chat/completions" if opts.endpoint == "chat" else "/v1/completions"
+        self._url = opts.base_url.rstrip("/") + path
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=opts.request_timeout_s)
+
+    # ---------------------------------------------------------------- plumbing
+    def open_session(self) -> aiohttp.ClientSession:
+        headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
+        # One pool for the whole run; keep-alive connections are reused across requests and sessions.
+        connector = aiohttp.TCPConnector(limit=self.o.max_concurrency or 0, keepalive_timeout=60, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(connector=connector, headers=headers, timeout=self._timeout,
+                                             auto_decompress=False)
+        return self.session
+
+    def abort(self, reason: str) -> None:
+        if self.s.aborted is None:
+            self.s.aborted = reason
+        self._abort.set()
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort.is_set()
+
+    def _payload(self, plan: SessionPlan, history: list[tuple[str, str]], turn: TurnPlan) -> dict[str, Any]:
+        o = self.o
+        if o.endpoint == "chat":
+            msgs = [{"role": "system", "content": plan.system_prompt}] if plan.system_prompt else []
+            for u, a in history:
+                msgs.append({"role": "user", "content": u})
+                msgs.append({"role": "assistant", "content": a})
+            msgs.append({"role": "user", "content": turn.user_text})
+            p: dict[str, Any] = {"model": o.model, "messages": msgs}
+        else:
+            p = {"model": o.model, "prompt": _render_completion_prompt(plan.system_prompt, history, turn.user_text)}
+        p["max_tokens"] = turn.max_tokens
+        p["stream"] = True
+        p["stream_options"] = {"include_usage": True, "continuous_usage_stats": True} if o.continuous_usage \
+            else {"include_usage": True}
+        if o.temperature is not None:
+            p["temperature"] = o.temperature
+        if o.ignore_eos:
+            p["ignore_eos"] = True
+        return p
+
+    async def _sleep_until(self, deadline_ns: int) -> None:
+        delay = deadline_ns - time.perf_counter_ns()
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self._abort.wait(), delay / 1e9)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _send_turn(self, plan: SessionPlan, history: list[tuple[str, str]], turn: TurnPlan, turn_index: int,
+                         scheduled_ns: int, round_index: int | None = None, warmup: bool = False) -> RequestRecord:
+        rid = self._next_id
+        self._next_id += 1
+        rec = RequestRecord(rid, plan.session_id, turn_index, round_index, warmup, turn.target_input_tokens,
+                            turn.max_tokens, scheduled_ns=scheduled_ns)
+        rec.dispatched_ns = time.perf_counter_ns()
+        headers = {self.o.session_header: plan.session_id} if self.o.session_header else None
+        spec = RequestSpec(rid, plan.session_id, turn_index, self._url, self._payload(plan, history, turn), headers,
+                           round_index, warmup, turn.target_input_tokens)
+        (self.s.warmup_records if warmup else self.s.records).append(rec)
+        if self._sem is not None:
+            await self._sem.acquire()
+        try:
+            rec.slot_ns = time.perf_counter_ns()
+            if self.aborted:
+                rec.error_kind, rec.error = "cancelled", "run ended before this request was sent"
+                return rec
+            self.s.sent += 1
+            self.s.in_flight += 1
+            try:
+                await send_streaming(self.session, spec, rec, self._timeout)
+            finally:
+                self.s.in_flight -= 1
+        finally:
+            if self._sem is not None:
+                self._sem.release()
+        self.s.done += 1
+        if not rec.success:
+            self.s.errors += 1
+            if rec.error_kind in _CONNECTION_KINDS or (rec.error_kind == "disconnected" and not rec.first_byte_ns):
+                self._consecutive_conn_errors += 1
+                if self._consecutive_conn_errors >= self.o.max_consecutive_connection_errors:
+                    self.abort(f"server unreachable: {self._consecutive_conn_errors} connection failures in a row "
+                               f"({rec.error})")
+        else:
+            self._consecutive_conn_errors = 0
+        return rec
+
+    async def _run_session(self, plan: SessionPlan, first_deadline_ns: int, trace_t0_ns: int | None) -> None:
+        history: list[tuple[str, str]] = []
+        prev_done = 0
+        for k, turn in enumerate(plan.turns):
+            if self.aborted:
+                return
+            if k == 0:
+                ready = first_deadline_ns
+            else:
+                ready = prev_done + int(self.o.think_time_ms * 1e6)
+                if trace_t0_ns is not None and turn.arrival_offset_ns is not None:
+                    own = trace_t0_ns + turn.arrival_offset_ns
+                    if own < ready:
+                        self.s.turns_held_by_previous_answer += 1
+                    ready = max(ready, own)
+            await self._sleep_until(ready)
+            if self.aborted:
+                return
+            rec = await self._send_turn(plan, history, turn, k, ready)
+            prev_done = time.perf_counter_ns()
+            if not rec.success:
+                if k + 1 < len(plan.turns):
+                    self.s.sessions_cut_by_error += 1
+                return  # the history would lack an answer: the rest of the session is not sent
+            history.append((turn.user_text, rec.output_text))
+            rec.output_text = ""  # the history holds it now; the record need not
+
+    # ---------------------------------------------------------------- warm-up and metrics
+    async def warmup(self, plans: list[SessionPlan]) -> None:
+        n = self.o.warmup_requests
+        if n <= 0 or not plans:
+            return
+        tasks = []
+        for i in range(n):
+            plan = plans[i % len(plans)]
+            wplan = SessionPlan(f"warmup-{i}", plan.turns[:1], plan.system_prompt)
+            t = TurnPlan(f"warm-up {i}: " + plan.turns[0].user_text[:200], min(plan.turns[0].max_tokens, 16), 0)
+            tasks.append(self._send_turn(wplan, [], t, 0, time.perf_counter_ns(), warmup=True))
+        await asyncio.gather(*tasks)
+
+    async def _scrape_loop(self) -> None:
+        while not self._abort.is_set():
+            try:
+                await asyncio.wait_for(self._abort.wait(), self.o.metrics_interval_s)
+            except asyncio.TimeoutError:
+                pass
+            snap = await scrape(self.session, self.o.metrics_urls)
+            if not snap.errors or snap.values:
+                self.s.metrics_last = snap
+
+    async def snapshot(self) -> Snapshot | None:
+        if not self.o.metrics_urls:
+            return None
+        snap = await scrape(self.session, self.o.metrics_urls)
+        if snap.values:
+            self.s.metrics_last = snap
+        return snap
+
+    # ---------------------------------------------------------------- the three pacings
+    async def run_open_loop(self, plans: list[SessionPlan], first_offsets_ns: list[int], traced: bool) -> None:
+        self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
+        self.s.scheduled_total = sum(len(p.turns) for p in plans)
+        self.s.t0_ns = t0 = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
+        tasks: set[asyncio.Task] = set()
+        order = sorted(range(len(plans)), key=lambda i: first_offsets_ns[i])
+        for i in order:
+            deadline = t0 + first_offsets_ns[i]
+            await self._sleep_until(deadline)
+            if self.aborted:
+                break
+            task = asyncio.create_task(self._run_session(plans[i], deadline, t0 if traced else None))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def run_closed_loop(self, plans: list[SessionPlan], users: int) -> None:
+        self._sem = None
+        self.s.scheduled_total = sum(len(p.turns) for p in plans)
+        self.s.t0_ns = t0 = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
+        queue = deque(plans)
+
+        async def user() -> None:
+            ready = t0
+            while queue and not self.aborted:
+                plan = queue.popleft()
+                await self._run_session(plan, ready, None)
+                ready = time.perf_counter_ns() + int(self.o.think_time_ms * 1e6)
+
+        await asyncio.gather(*(user() for _ in range(max(1, users))), return_exceptions=True)
+
+    async def run_rounds(self, plans: list[SessionPlan], rounds: int) -> None:
+        self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
+        self.s.scheduled_total = sum(min(len(p.turns), rounds) for p in plans)
+        self.s.t0_ns = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
+        histories: dict[str, list[tuple[str, str]] | None] = {p.session_id: [] for p in plans}
+        before = self.s.metrics_start
+        for r in range(rounds):
+            if self.aborted:
+                break
+            start = max(time.perf_counter_ns(), self.s.t0_ns)
+            await self._sleep_until(start)
+
+            async def one(plan: SessionPlan) -> None:
+                hist = histories[plan.session_id]
+                if hist is None or r >= len(plan.turns):
+                    return
+                rec = await self._send_turn(plan, hist, plan.turns[r], r, start, round_index=r)
+                if rec.success:
+                    hist.append((plan.turns[r].user_text, rec.output_text))
+                    rec.output_text = ""
+                else:
+                    histories[plan.session_id] = None
+                    if r + 1 < min(len(plan.turns), rounds):
+                        self.s.sessions_cut_by_error += 1
+
+            await asyncio.gather(*(one(p) for p in plans), return_exceptions=True)
+            end = time.perf_counter_ns()
+            after = await self.snapshot()
+            self.s.round_snapshots.append((r, start, end, before, after))
+            before = after

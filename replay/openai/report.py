@@ -1,0 +1,316 @@
+"""Results: the JSON summary (vLLM bench's metric names where they mean the same), per-request JSONL and CSV,
+per-round rows for long sessions, goodput against SLOs, PNG plots and the closing table.
+
+Every percentile comes from a mergeable HDR histogram (`kvconnector.histogram.LatencyHistogram`); per-request figures
+appear only in the detail files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kvconnector.histogram import LatencyHistogram
+from replay.openai.client import RequestRecord
+from replay.openai.driver import RunState
+from replay.openai.server_metrics import derive
+
+__all__ = ["build_summary", "write_detail_jsonl", "write_csv", "write_plots", "summary_table", "parse_slo"]
+
+_SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft_ms=500,tpot_ms=50' -> dict; ValueError with a clear message otherwise."""
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, sep, val = part.partition("=")
+        key = key.strip()
+        if not sep or key not in _SLO_KEYS:
+            raise ValueError(f"--slo: expected KEY=MS with KEY in {', '.join(_SLO_KEYS)}, got {part!r}")
+        try:
+            out[key] = float(val)
+        except ValueError:
+            raise ValueError(f"--slo: {key} needs a number of milliseconds, got {val!r}") from None
+        if out[key] <= 0:
+            raise ValueError(f"--slo: {key} must be > 0")
+    return out
+
+
+def _hist_summary(h: LatencyHistogram, pcts: tuple[float, ...]) -> dict[str, float]:
+    s = h.summary_ms(pcts)
+    return s
+
+
+def _record_hists(recs: list[RequestRecord]) -> dict[str, LatencyHistogram]:
+    hs = {k: LatencyHistogram() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms")}
+    for r in recs:
+        lag = r.send_lag_ms()
+        if lag is not None:
+            hs["send_lag_ms"].record_ns(max(0, r.dispatched_ns - r.scheduled_ns))
+        q = r.queue_ms()
+        if q is not None and r.slot_ns:
+            hs["queue_ms"].record_ns(r.slot_ns - r.dispatched_ns)
+        if not r.success:
+            continue
+        hs["ttft_ms"].record_ns(r.first_token_ns - r.sent_ns)
+        hs["e2el_ms"].record_ns(r.last_chunk_ns - r.sent_ns)
+        tpot = r.tpot_ms()
+        if tpot is not None:
+            hs["tpot_ms"].record_ns(int(tpot * 1e6))
+        for gap in r.itl_ns():
+            hs["itl_ms"].record_ns(gap)
+    return hs
+
+
+def _goodput(recs: list[RequestRecord], slo: dict[str, float], duration_s: float) -> dict[str, Any] | None:
+    if not slo:
+        return None
+    good = 0
+    for r in recs:
+        if not r.success:
+            continue
+        ok = True
+        for key, limit in slo.items():
+            if key == "itl_ms":
+                v = max((g / 1e6 for g in r.itl_ns()), default=0.0)
+            else:
+                v = getattr(r, key)()
+            if v is not None and v > limit:
+                ok = False
+                break
+        good += ok
+    return {"slo": slo, "good_requests": good, "request_goodput": round(good / duration_s, 4) if duration_s else 0.0,
+            "good_fraction": round(good / len(recs), 4) if recs else 0.0}
+
+
+def _ideal_hit_rate(recs: list[RequestRecord], block_size: int, prev: dict[str, int]) -> float | None:
+    """Upper bound for a round: the part of each prompt that was sent before in its session (previous prompt plus the
+    previous answer), in whole blocks, never the last prompt token (a server always computes it)."""
+    reusable = total = 0
+    for r in recs:
+        if not r.success or r.prompt_tokens is None:
+            continue
+        before = prev.get(r.session_id, 0)
+        reuse = min(before, r.prompt_tokens - 1)
+        reusable += max(0, reuse // block_size * block_size)
+        total += r.prompt_tokens
+        prev[r.session_id] = r.prompt_tokens + (r.output_tokens or 0)
+    return round(reusable / total, 6) if total else None
+
+
+def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[float, ...], slo: dict[str, float],
+                  block_size: int = 16, kv_bytes_per_token: float | None = None,
+                  kv_bytes_metric: str | None = None) -> dict[str, Any]:
+    recs = state.records
+    ok = [r for r in recs if r.success]
+    sent = [r for r in recs if r.sent_ns]
+    end_ns = max((r.last_chunk_ns or r.first_byte_ns or r.sent_ns for r in sent), default=state.t0_ns)
+    duration_s = max((end_ns - state.t0_ns) / 1e9, 1e-9) if sent else 0.0
+    hs = _record_hists(recs)
+    out_tokens = sum(r.n_output_tokens() for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    errors: dict[str, int] = {}
+    for r in recs:
+        if not r.success and r.error_kind:
+            errors[r.error_kind] = errors.get(r.error_kind, 0) + 1
+    first_sent = min((r.sent_ns for r in sent), default=0)
+    last_sent = max((r.sent_ns for r in sent), default=0)
+    achieved = (len(sent) - 1) / ((last_sent - first_sent) / 1e9) if len(sent) > 1 and last_sent > first_sent else None
+    sched = sorted(r.scheduled_ns for r in sent)
+    sched_rate = (len(sched) - 1) / ((sched[-1] - sched[0]) / 1e9) if len(sched) > 1 and sched[-1] > sched[0] else None
+    s: dict[str, Any] = dict(meta)
+    s.update({
+        "completed": len(ok), "failed": len(recs) - len(ok), "not_sent": len(recs) - len(sent),
+        "scheduled": state.scheduled_total, "warmup_requests": len(state.warmup_records),
+        "errors_by_kind": errors, "aborted": state.aborted,
+        "sessions_cut_by_error": state.sessions_cut_by_error,
+        "duration_s": round(duration_s, 4),
+        "request_throughput": round(len(ok) / duration_s, 4) if duration_s else 0.0,
+        "output_throughput": round(out_tokens / duration_s, 4) if duration_s else 0.0,
+        "total_token_throughput": round((in_tokens + out_tokens) / duration_s, 4) if duration_s else 0.0,
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "achieved_rate": round(achieved, 4) if achieved else None,
+        "schedule_rate": round(sched_rate, 4) if sched_rate else None,
+    })
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms"):
+        s[key] = _hist_summary(hs[key], percentiles)
+    s["send_lag_note"] = "dispatch time minus the absolute schedule deadline; queue_ms is the wait for a slot after it"
+    s["histograms"] = {k: h.encode() for k, h in hs.items()}
+    targets = [(r.target_prompt_tokens, r.prompt_tokens) for r in ok if r.prompt_tokens and r.target_prompt_tokens]
+    if targets:
+        s["prompt_tokens_vs_target_mean"] = round(sum(a for _, a in targets) / sum(t for t, _ in targets), 4)
+    s["goodput"] = _goodput(recs, slo, duration_s)
+    if state.metrics_start is not None and state.metrics_last is not None:
+        s["server_metrics"] = derive(state.metrics_start, state.metrics_last, kv_bytes_per_token, kv_bytes_metric)
+    else:
+        s["server_metrics"] = None
+    if state.round_snapshots:
+        s["rounds"] = _rounds(state, percentiles, block_size, kv_bytes_per_token, kv_bytes_metric)
+    return s
+
+
+def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metric) -> list[dict[str, Any]]:
+    by_round: dict[int, list[RequestRecord]] = {}
+    for r in state.records:
+        if r.round_index is not None:
+            by_round.setdefault(r.round_index, []).append(r)
+    prev: dict[str, int] = {}
+    rows = []
+    for idx, start, end, before, after in state.round_snapshots:
+        recs = by_round.get(idx, [])
+        ok = [r for r in recs if r.success]
+        ttft = LatencyHistogram()
+        for r in ok:
+            ttft.record_ns(r.first_token_ns - r.sent_ns)
+        m = derive(before, after, kv_bytes_per_token, kv_bytes_metric) if before and after else None
+        prompt = sum(r.prompt_tokens or 0 for r in ok)
+        recomputed = None
+        if m:
+            src = m.get("prompt_tokens_by_source")
+            if src and src.get("local_compute") is not None:
+                recomputed = src["local_compute"]
+            elif m.get("prefix_cache_queries") is not None:
+                recomputed = m["prefix_cache_queries"] - (m.get("prefix_cache_hits") or 0) - \
+                    (m.get("external_prefix_cache_hits") or 0)
+        rows.append({
+            "round": idx + 1, "requests": len(recs), "completed": len(ok),
+            "hit_rate": m["hit_rate"] if m else None,
+            "ideal_hit_rate": _ideal_hit_rate(ok, block_size, prev),
+            "prefix_cache_hit_rate": m["prefix_cache_hit_rate"] if m else None,
+            "external_hit_rate": m["external_prefix_cache_hit_rate"] if m else None,
+            "ttft_p50_ms": round(ttft.percentile_ms(50), 3), "ttft_p95_ms": round(ttft.percentile_ms(95), 3),
+            "prompt_tokens_per_request": round(prompt / len(ok), 1) if ok else None,
+            "recomputed_tokens_per_request": round(recomputed / len(ok), 1) if recomputed is not None and ok else None,
+            "kv_written_bytes": m["kv_written_bytes"] if m else None,
+            "preemptions": m["preemptions"] if m else None,
+            "wall_s": round((end - start) / 1e9, 4),
+        })
+    return rows
+
+
+def write_detail_jsonl(state: RunState, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in state.warmup_records + state.records:
+            fh.write(json.dumps(r.to_json(state.t0_ns)) + "\n")
+
+
+_CSV_COLS = ("request_id", "session_id", "turn", "round", "success", "error_kind", "http_status", "prompt_tokens",
+             "output_tokens", "max_tokens", "target_prompt_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "send_lag_ms",
+             "queue_ms", "scheduled_ns", "sent_ns", "first_token_ns", "last_chunk_ns")
+
+
+def write_csv(state: RunState, path: str | os.PathLike, rounds: list[dict] | None = None) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(_CSV_COLS)
+        for r in state.records:
+            row = r.to_json(state.t0_ns)
+            w.writerow([row[c] for c in _CSV_COLS])
+    if rounds:
+        p = Path(path)
+        with open(p.with_name(p.stem + ".rounds.csv"), "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rounds[0]))
+            w.writeheader()
+            w.writerows(rounds)
+
+
+def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
+    import matplotlib  # noqa: PLC0415 (only when plots are asked for)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    grid = [i / 2 for i in range(1, 200)] + [99.9]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "Inter-token latency")):
+        h = LatencyHistogram.decode(summary["histograms"][key])
+        if h.count:
+            ax.plot([h.percentile_ms(p) for p in grid], [p / 100 for p in grid])
+        ax.set_xlabel(f"{title} (ms)")
+        ax.set_ylabel("fraction of requests" if key == "ttft_ms" else "fraction of tokens")
+        ax.set_title(f"{title} CDF (n={h.count})")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdf.png", dpi=110)
+    plt.close(fig)
+    written.append(str(out / "latency_cdf.png"))
+
+    recs = [r for r in state.records if r.sent_ns]
+    if recs:
+        fig, ax = plt.subplots(figsize=(10, 4))
+        t0 = state.t0_ns
+        for r in recs:
+            end = r.last_chunk_ns or r.first_byte_ns or r.sent_ns
+            color = "tab:blue" if r.success else "tab:red"
+            ax.plot([(r.sent_ns - t0) / 1e9, (end - t0) / 1e9], [r.request_id, r.request_id], color=color, lw=1)
+            if r.first_token_ns:
+                ax.plot([(r.first_token_ns - t0) / 1e9], [r.request_id], ".", color="black", ms=2)
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("request id")
+        ax.set_title("Request timeline (line: sent to last chunk, dot: first token, red: failed)")
+        fig.tight_layout()
+        fig.savefig(out / "timeline.png", dpi=110)
+        plt.close(fig)
+        written.append(str(out / "timeline.png"))
+
+    rounds = summary.get("rounds")
+    if rounds:
+        xs = [r["round"] for r in rounds]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        axes[0].plot(xs, [r["hit_rate"] if r["hit_rate"] is not None else float("nan") for r in rounds], "o-",
+                     label="measured (server /metrics)")
+        axes[0].plot(xs, [r["ideal_hit_rate"] if r["ideal_hit_rate"] is not None else float("nan") for r in rounds],
+                     "s--", label="ideal (reusable prefix)")
+        axes[0].set_ylim(0, 1.05)
+        axes[0].set_xlabel("round")
+        axes[0].set_ylabel("prefix hit rate")
+        axes[0].legend()
+        axes[0].grid(alpha=0.3)
+        axes[1].plot(xs, [r["ttft_p50_ms"] for r in rounds], "o-", label="p50")
+        axes[1].plot(xs, [r["ttft_p95_ms"] for r in rounds], "s-", label="p95")
+        axes[1].set_xlabel("round")
+        axes[1].set_ylabel("TTFT (ms)")
+        axes[1].legend()
+        axes[1].grid(alpha=0.3)
+        fig.suptitle("Per-round prefix reuse and TTFT")
+        fig.tight_layout()
+        fig.savefig(out / "rounds.png", dpi=110)
+        plt.close(fig)
+        written.append(str(out / "rounds.png"))
+    return written
+
+
+def summary_table(summary: dict[str, Any]):
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title="kvtier replay", show_header=True)
+    t.add_column("metric")
+    for c in ("mean", "p50", "p90", "p99"):
+        t.add_column(c, justify="right")
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms"):
+        v = summary[key]
+        t.add_row(key, *(f"{v.get(c, 0):.2f}" for c in ("mean", "p50", "p90", "p99")))
+    t.caption = (f"completed {summary['completed']}  failed {summary['failed']}  "
+                 f"req/s {summary['request_throughput']:.2f}  out tok/s {summary['output_throughput']:.1f}  "
+                 f"achieved rate {summary['achieved_rate'] or 0:.2f}")
+    tables = [t]
+    if summary.get("rounds"):
+        rt = Table(title="per round", show_header=True)
+        cols = ("round", "hit_rate", "ideal_hit_rate", "ttft_p50_ms", "ttft_p95_ms", "recomputed_tokens_per_request",
+                "kv_written_bytes", "wall_s")
+        for c in cols:
+            rt.add_column(c, justify="right")
+        for r in summary["rounds"]:
+            rt.add_row(*("-" if r[c] is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]))
+                         for c in cols))
+        tables.append(rt)
+    return tables

@@ -1,0 +1,282 @@
+"""`kvtier replay` against the fake OpenAI server (replay/openai/fake_server.py) with known, injected delays.
+
+The fake stands in for an inference server only where a real one cannot give known timings; the end-to-end test
+(tests/e2e/test_replay_vllm.py) runs the same code against a real vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from replay.openai.cli import main
+from replay.openai.client import RequestRecord, RequestSpec, send_streaming
+from replay.openai.fake_server import FakeServer, FakeServerConfig, free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _replay(srv_url: str, tmp_path: Path, *extra: str, name: str = "out") -> tuple[int, dict]:
+    out = tmp_path / f"{name}.json"
+    rc = main(["--base-url", srv_url, "--model", "fake", "--output", str(out), "--quiet", *extra])
+    return rc, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def test_measured_latencies_match_injected_delays(tmp_path):
+    cfg = FakeServerConfig(ttft_ms=20, itl_ms=5, default_max_tokens=8)
+    with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "40", "--request-rate",
+                        "40", "--arrival", "constant", "--input-len", "16", "--output-len", "8")
+    assert rc == 0 and s["completed"] == 40 and s["failed"] == 0
+    assert abs(s["ttft_ms"]["p50"] - 20) < 2
+    assert abs(s["itl_ms"]["p50"] - 5) < 2
+    assert abs(s["tpot_ms"]["p50"] - 5) < 2
+    assert abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2
+    assert s["itl_ms"]["count"] == 40 * 7
+    assert s["total_output_tokens"] == 40 * 8  # from usage
+
+
+def test_achieved_rate_at_200_per_second(tmp_path):
+    with FakeServer(FakeServerConfig(default_max_tokens=4), process=True) as srv:
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "400", "--request-rate",
+                        "200", "--arrival", "constant", "--input-len", "8", "--output-len", "4")
+    assert rc == 0 and s["completed"] == 400
+    assert abs(s["achieved_rate"] - 200) / 200 < 0.02
+    assert s["send_lag_ms"]["count"] == 400 and "p99" in s["send_lag_ms"]
+    assert s["send_lag_ms"]["p99"] < 20
+
+
+def test_poisson_schedule_is_seeded_and_close_to_its_rate(tmp_path):
+    with FakeServer(FakeServerConfig(default_max_tokens=2)) as srv:
+        args = ("--source", "synthetic", "--num-requests", "80", "--request-rate", "200", "--seed", "7",
+                "--input-len", "4", "--output-len", "2")
+        _, a = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "a.jsonl"), name="a")
+        _, b = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "b.jsonl"), name="b")
+    sched = lambda p: [json.loads(line)["scheduled_ns"] for line in p.read_text().splitlines()]  # noqa: E731
+    assert sched(tmp_path / "a.jsonl") == sched(tmp_path / "b.jsonl")
+    assert a["schedule_rate"] == b["schedule_rate"]
+    assert abs(a["achieved_rate"] - a["schedule_rate"]) / a["schedule_rate"] < 0.05
+
+
+async def _one(url: str, payload: dict) -> RequestRecord:
+    async with aiohttp.ClientSession() as session:
+        spec = RequestSpec(0, "s", 0, url, payload)
+        return await send_streaming(session, spec, RequestRecord(0, "s", 0))
+
+
+def test_role_only_first_chunk_is_not_a_token():
+    with FakeServer(FakeServerConfig(ttft_ms=40, itl_ms=1, role_chunk=True)) as srv:
+        rec = asyncio.run(_one(srv.base_url + "/v1/chat/completions",
+                               {"model": "f", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                "stream": True, "stream_options": {"include_usage": True}}))
+    assert rec.success
+    assert rec.first_byte_ns < rec.first_token_ns  # the role chunk came first, and at once
+    assert (rec.first_byte_ns - rec.sent_ns) / 1e6 < 30
+    assert rec.ttft_ms() >= 39
+    assert rec.output_tokens == 3 and len(rec.chunk_ns) == 3
+
+
+def test_chunk_with_several_tokens_spreads_its_gap():
+    cfg = FakeServerConfig(ttft_ms=5, itl_ms=6, tokens_per_chunk=4)
+    with FakeServer(cfg) as srv:
+        rec = asyncio.run(_one(srv.base_url + "/v1/completions",
+                               {"model": "f", "prompt": "a b c", "max_tokens": 12, "stream": True,
+                                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    assert rec.success and rec.chunk_tokens == [4, 4, 4]
+    gaps = list(rec.itl_ns())
+    assert len(gaps) == 8  # two later chunks x four tokens each
+    assert all(4 < g / 1e6 < 9 for g in gaps)  # 24 ms chunk gap spread over 4 tokens, not one 24 ms ITL
+    assert rec.tpot_ms() == pytest.approx((rec.last_chunk_ns - rec.first_token_ns) / 1e6 / 11)
+
+
+def test_sse_split_events_comments_and_crlf():
+    """Events split across TCP writes, ping comments, CRLF framing: all parsed; [DONE] ends the stream."""
+    async def run():
+        async def handler(request):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            ev = b'data: {"choices":[{"index":0,"text":"hel"}]}\r\n\r\n: ping\n\ndata: {"choices":[{"index":0,"te'
+            for piece in (ev[:10], ev[10:37], ev[37:]):
+                await resp.write(piece)
+                await asyncio.sleep(0.005)
+            await resp.write(b'xt":"lo"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+            await resp.write(b'data: {"choices":[{"text":"after done"}]}\n\n')
+            return resp
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                spec = RequestSpec(0, "s", 0, f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x"})
+                return await send_streaming(session, spec, RequestRecord(0, "s", 0))
+        finally:
+            await runner.cleanup()
+    rec = asyncio.run(run())
+    assert rec.success, rec.error
+    assert rec.output_text == "hello" and rec.output_tokens == 2 and rec.prompt_tokens == 3
+    assert len(rec.chunk_ns) == 2
+
+
+def test_faults_are_recorded_not_fatal(tmp_path):
+    cfg = FakeServerConfig(default_max_tokens=6, fault_every={"malformed_sse": 4, "disconnect": 5, "http_500": 7})
+    with FakeServer(cfg) as srv:
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "30", "--input-len", "4",
+                        "--output-len", "6", "--max-concurrency", "4", "--detail", str(tmp_path / "d.jsonl"))
+    assert rc == 0 and s["aborted"] is None
+    errs = s["errors_by_kind"]
+    assert errs["malformed_sse"] >= 5 and errs["disconnected"] >= 4 and errs["http_5xx"] >= 3
+    assert s["completed"] + s["failed"] == 30 and s["completed"] >= 14
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert {r["error_kind"] for r in rows if not r["success"]} == {"malformed_sse", "disconnected", "http_5xx"}
+
+
+def test_dead_server_ends_run_early_with_partial_results(tmp_path):
+    port = free_port()  # nothing listens there
+    rc, s = _replay(f"http://127.0.0.1:{port}", tmp_path, "--source", "synthetic", "--num-requests", "50",
+                    "--request-rate", "100", "--input-len", "4", "--output-len", "2")
+    assert rc == 3
+    assert s["aborted"].startswith("server unreachable") and s["failed"] >= 5
+    assert s["errors_by_kind"]["connection"] >= 5
+    assert s["prompt_text_from"].startswith("estimate")  # no /tokenize either: the fallback is reported
+
+
+def test_multi_turn_sends_server_answers_in_history(tmp_path):
+    data = [{"id": "c1", "conversations": [
+        {"from": "human", "value": "first question"}, {"from": "gpt", "value": "DATASET ANSWER ONE"},
+        {"from": "human", "value": "second question"}, {"from": "gpt", "value": "DATASET ANSWER TWO"}]}]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    with FakeServer(FakeServerConfig(word="srv")) as srv:
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "sharegpt", "--dataset-path", str(path),
+                        "--max-tokens", "3")
+        bodies = srv.recent_bodies
+    assert rc == 0 and s["completed"] == 2
+    second = bodies[-1]["messages"]
+    assert [m["role"] for m in second] == ["user", "assistant", "user"]
+    assert second[1]["content"] == " srv0 srv1 srv2"  # the server's answer, not the dataset's
+    assert bodies[-1]["max_tokens"] == 3 and bodies[-1]["stream"] is True
+    assert bodies[-1]["stream_options"]["include_usage"] is True
+
+
+def test_long_session_rounds_table(tmp_path):
+    with FakeServer(FakeServerConfig(block_size=4)) as srv:
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--rounds", "4", "--concurrency", "3",
+                        "--output-len", "5", "--input-len", "12", "--block-size", "4",
+                        "--metrics-url", srv.base_url + "/metrics", "--csv", str(tmp_path / "r.csv"),
+                        "--plots", str(tmp_path / "plots"))
+    assert rc == 0 and s["completed"] == 12
+    rounds = s["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4]
+    assert rounds[0]["hit_rate"] == 0.0 and rounds[0]["ideal_hit_rate"] == 0.0
+    hits = [r["hit_rate"] for r in rounds]
+    assert hits[1] > 0.3 and hits == sorted(hits)  # history reuse grows round by round
+    for r in rounds[1:]:
+        assert 0 < r["ideal_hit_rate"] <= 1 and r["recomputed_tokens_per_request"] > 0 and r["wall_s"] > 0
+    assert (tmp_path / "r.rounds.csv").exists()
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"latency_cdf.png", "timeline.png", "rounds.png"}
+
+
+def test_burstgpt_trace_speedup_and_server_tokenizer(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "0,a,1,ChatGPT,20,3,23,Conversation log\n"
+                     "1,b,1,ChatGPT,30,2,32,Conversation log\n"
+                     "2,a,1,ChatGPT,40,0,40,Conversation log\n"
+                     "3,c,1,ChatGPT,25,4,29,Conversation log\n")
+    with FakeServer() as srv:
+        t = time.monotonic()
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "burstgpt", "--trace-path", str(trace),
+                        "--trace-speedup", "10", "--endpoint", "completions", "--detail", str(tmp_path / "d.jsonl"))
+        took = time.monotonic() - t
+    assert rc == 0 and s["completed"] == 3 and s["load_report"]["skipped"] == {"failed_request": 1}
+    assert s["prompt_text_from"] == "server:/tokenize"
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert [r["max_tokens"] for r in rows] == [3, 2, 4]
+    # the fake tokenizer splits on spaces and the completion prompt adds "User:"/"Assistant:" around it
+    assert [r["target_prompt_tokens"] for r in rows] == [20, 30, 25]
+    assert all(t <= r["prompt_tokens"] <= t + 3 for t, r in zip((20, 30, 25), rows))
+    offsets_ms = [r["scheduled_ns"] / 1e6 for r in rows]
+    assert offsets_ms[2] - offsets_ms[0] == pytest.approx(300, abs=1)  # 3 s of trace at 10x
+    assert took < 5
+
+
+def test_closed_loop_users_and_goodput(tmp_path):
+    with FakeServer(FakeServerConfig(ttft_ms=10, itl_ms=1)) as srv:
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--users", "2", "--num-requests", "8",
+                        "--turns", "2", "--input-len", "4", "--output-len", "4", "--think-time-ms", "5",
+                        "--slo", "ttft_ms=5,tpot_ms=100")
+    assert rc == 0 and s["completed"] == 8 and s["pacing"] == "closed"
+    assert s["goodput"]["good_requests"] == 0  # every TTFT is >= 10 ms, above the 5 ms SLO
+
+
+def test_warmup_excluded(tmp_path):
+    with FakeServer() as srv:
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "5", "--warmup", "3",
+                        "--input-len", "4", "--output-len", "2")
+        seen = srv.requests_seen
+    assert rc == 0 and s["completed"] == 5 and s["warmup_requests"] == 3 and seen == 8
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--base-url", "http://x", "--model", "m"], "missing --output"),
+    (["--base-url", "x", "--model", "m", "--output", "o.json"], "--base-url must start with"),
+    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--slo", "ttft=5"], "--slo"),
+    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--source", "sharegpt"], "--dataset-path"),
+    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--rounds", "3"], "--concurrency"),
+    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--source", "sharegpt",
+      "--dataset-path", "/nonexistent.json"], "not found"),
+])
+def test_user_errors_are_one_line(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_help_has_examples(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--rounds" in out and "--trace-speedup" in out
+
+
+def test_ctrl_c_writes_partial_results(tmp_path):
+    with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=5, default_max_tokens=4), process=True) as srv:
+        out = tmp_path / "p.json"
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen([sys.executable, "-m", "replay.openai.cli", "--base-url", srv.base_url, "--model",
+                                 "f", "--source", "synthetic", "--num-requests", "10000", "--request-rate", "50",
+                                 "--input-len", "4", "--output-len", "4", "--output", str(out), "--quiet"],
+                                env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while srv_requests(srv.base_url) < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    s = json.loads(out.read_text())
+    assert s["aborted"].startswith("interrupted") and s["completed"] >= 10
+    assert b"Traceback" not in err
+
+
+def srv_requests(base_url: str) -> int:
+    import urllib.request
+    with urllib.request.urlopen(base_url + "/metrics", timeout=2) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("vllm:request_success_total"):
+                return int(float(line.split()[-1]))
+    return 0
