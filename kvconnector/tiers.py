@@ -44,6 +44,10 @@ class Tier(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
+    def view(self, key: str) -> memoryview | None:
+        """The entry's bytes in place, for tiers in host memory (so moving it to another tier needs no extra copy)."""
+        return None
+
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "capacity_bytes": self.capacity_bytes}
 
@@ -87,6 +91,10 @@ class CPUTier(Tier):
                 _scratch.data_buffer(n)[:] = src[pos : pos + n]
         t2 = perf_counter_ns()
         return OpTiming(host_ns=t1 - t0, device_ns=t2 - t1, nbytes=nbytes)
+
+    def view(self, key):
+        with self._lock:
+            return self._data.get(key)
 
     def delete(self, key):
         # Dropping the last reference unmaps the memory; an in-flight reader keeps its own reference.

@@ -1,7 +1,7 @@
 """Timed entry I/O that really reaches the device, with host and device time kept apart.
 
-Device time is the time spent inside read/write/fdatasync system calls (`os.preadv`, `os.pwritev`, `os.fdatasync`);
-host time is everything else the operation costs (opening, header, checksum, copies, rename, page-cache advice).
+Device time is the time spent inside the system calls that move or allocate data (`os.preadv`, `os.pwritev`,
+`os.fdatasync`, `posix_fallocate`); host time is everything else the operation costs (opening, header, checksum, copies, rename, page-cache advice).
 Both use `perf_counter_ns`.
 
 Two modes:
@@ -56,9 +56,13 @@ class OpTiming:
         self.nbytes += other.nbytes
 
 
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+
+
 def aligned_buffer(nbytes: int) -> memoryview:
-    """Page-aligned, zero-filled anonymous memory (mmap), suitable for O_DIRECT."""
-    return memoryview(mmap.mmap(-1, max(PAGE, aligned(nbytes))))
+    """Page-aligned, zero-filled anonymous memory (mmap), suitable for O_DIRECT. MAP_POPULATE faults the pages in
+    inside the kernel, which is several times cheaper than touching them one by one from Python."""
+    return memoryview(mmap.mmap(-1, max(PAGE, aligned(nbytes)), flags=_MAP_FLAGS))
 
 
 def is_aligned(view: memoryview) -> bool:
@@ -123,6 +127,10 @@ def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
     fd = -1
     try:
         fd = os.open(tmp, flags, 0o600)
+        d0 = perf_counter_ns()
+        # Block allocation is storage work the write would otherwise do inside pwritev: device time.
+        _preallocate(fd, PAGE + sum(len(v) for v in iov[1:]))
+        device_ns += perf_counter_ns() - d0
         device_ns += _pwritev_all(fd, iov)
         d0 = perf_counter_ns()
         os.fdatasync(fd)
@@ -139,6 +147,16 @@ def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
         raise
     total = perf_counter_ns() - t0
     return OpTiming(host_ns=total - device_ns, device_ns=device_ns, nbytes=nbytes)
+
+
+def _preallocate(fd: int, nbytes: int) -> None:
+    """Reserve the file's blocks up front: a full filesystem fails here, before any data moves, and the data
+    write does not allocate extents piecemeal. Filesystems without fallocate just skip it."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
 
 
 def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[memoryview]:

@@ -1,0 +1,124 @@
+"""What the run ran on: CPU, memory, the filesystem and block device under the cache dir, and that device's own
+counters (/proc/diskstats), so anyone can check that the reads kvtier reports really reached the device."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+SECTOR = 512
+
+
+def block_device_of(path: str) -> str | None:
+    """The whole-disk name (e.g. 'vda', 'nvme0n1') holding `path`, resolving a partition to its disk."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sys_path = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    if not os.path.exists(sys_path):
+        return None  # tmpfs, overlay and other filesystems with no block device
+    real = os.path.realpath(sys_path)
+    if os.path.exists(os.path.join(real, "partition")):
+        real = os.path.dirname(real)
+    return os.path.basename(real)
+
+
+def filesystem_of(path: str) -> dict:
+    """Mount point and type from /proc/mounts: the longest mount point that prefixes the path."""
+    path = os.path.realpath(path)
+    best = {"mount_point": "/", "fs_type": "unknown", "source": ""}
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                src, mnt, fstype = line.split()[:3]
+                mnt = mnt.replace("\\040", " ")
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best["mount_point"]):
+                    best = {"mount_point": mnt, "fs_type": fstype, "source": src}
+    except OSError:
+        pass
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class DiskCounters:
+    reads: int
+    read_bytes: int
+    writes: int
+    written_bytes: int
+    busy_ms: int
+
+    def minus(self, start: "DiskCounters") -> dict:
+        return {
+            "reads": self.reads - start.reads,
+            "read_bytes": self.read_bytes - start.read_bytes,
+            "writes": self.writes - start.writes,
+            "written_bytes": self.written_bytes - start.written_bytes,
+            "busy_ms": self.busy_ms - start.busy_ms,
+        }
+
+
+def disk_counters(device: str | None) -> DiskCounters | None:
+    if not device:
+        return None
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                p = line.split()
+                if len(p) >= 14 and p[2] == device:
+                    return DiskCounters(int(p[3]), int(p[5]) * SECTOR, int(p[7]), int(p[9]) * SECTOR, int(p[12]))
+    except OSError:
+        pass
+    return None
+
+
+def environment(cache_dir: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem_total = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem_total = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    dev = block_device_of(cache_dir)
+    env = {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": mem_total,
+        "cache_dir": cache_dir,
+        "filesystem": filesystem_of(cache_dir),
+        "block_device": dev,
+    }
+    if dev:
+        for attr in ("queue/scheduler", "queue/rotational", "queue/max_sectors_kb", "queue/logical_block_size"):
+            try:
+                with open(f"/sys/block/{dev}/{attr}") as f:
+                    env[attr.replace("queue/", "")] = f.read().strip()
+            except OSError:
+                pass
+    return env
+
+
+def mem_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
