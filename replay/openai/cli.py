@@ -74,7 +74,7 @@ class ReplayConfig(BaseModel):
     metrics_interval: float = 5.0
     kv_bytes_per_token: float | None = None
     kv_bytes_metric: str | None = None
-    block_size: int = 16
+    block_size: int | None = None
     slo: str | None = None
     percentiles: str = "50,90,95,99"
     warmup: int = 0
@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-interval", type=float, help="seconds between scrapes (5)")
     g.add_argument("--kv-bytes-per-token", type=float, help="turn lmcache:num_stored_tokens into bytes written")
     g.add_argument("--kv-bytes-metric", help="counter of bytes written to the KV tier (default: kvtier/LMCache names)")
-    g.add_argument("--block-size", type=int, help="server KV block size in tokens, for the ideal hit rate (16)")
+    g.add_argument("--block-size", type=int, help="server KV block size in tokens, for the ideal hit rate (default: vLLM's cache_config_info, else 16)")
     g.add_argument("--slo", help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (also e2el_ms, itl_ms)")
     g.add_argument("--percentiles", help="comma list (50,90,95,99)")
     g.add_argument("--output", help="JSON summary file")

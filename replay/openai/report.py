@@ -105,7 +105,7 @@ def _ideal_hit_rate(recs: list[RequestRecord], block_size: int, prev: dict[str, 
 
 
 def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[float, ...], slo: dict[str, float],
-                  block_size: int = 16, kv_bytes_per_token: float | None = None,
+                  block_size: int | None = None, kv_bytes_per_token: float | None = None,
                   kv_bytes_metric: str | None = None) -> dict[str, Any]:
     recs = state.records
     ok = [r for r in recs if r.success]
@@ -151,6 +151,10 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
     else:
         s["server_metrics"] = None
     if state.round_snapshots:
+        server_block = state.metrics_start.get("vllm:cache_config_block_size") if state.metrics_start else None
+        if block_size is None:
+            block_size = int(server_block) if server_block else 16
+        s["block_size"] = block_size
         s["rounds"] = _rounds(state, percentiles, block_size, kv_bytes_per_token, kv_bytes_metric)
     return s
 
@@ -281,6 +285,10 @@ def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.Path
         axes[1].set_ylabel("TTFT (ms)")
         axes[1].legend()
         axes[1].grid(alpha=0.3)
+        from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+        for ax in axes:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.suptitle("Per-round prefix reuse and TTFT")
         fig.tight_layout()
         fig.savefig(out / "rounds.png", dpi=110)
@@ -307,8 +315,9 @@ def summary_table(summary: dict[str, Any]):
         rt = Table(title="per round", show_header=True)
         cols = ("round", "hit_rate", "ideal_hit_rate", "ttft_p50_ms", "ttft_p95_ms", "recomputed_tokens_per_request",
                 "kv_written_bytes", "wall_s")
-        for c in cols:
-            rt.add_column(c, justify="right")
+        heads = ("round", "hit", "ideal", "TTFT p50 ms", "TTFT p95 ms", "recomputed/req", "KV written B", "wall s")
+        for h in heads:
+            rt.add_column(h, justify="right")
         for r in summary["rounds"]:
             rt.add_row(*("-" if r[c] is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]))
                          for c in cols))

