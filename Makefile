@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 bench: $(STAMP)
-	$(BIN)/kvtier bench
+	$(BIN)/kvtier bench --duration 30
 
 system-deps:
 	bash deploy/install-system-deps.sh

@@ -201,6 +201,8 @@ class GPUTier(Tier):
 
 def cuda_torch():
     """torch, if it is installed and sees a CUDA device; else None. Never raises."""
+    if not (os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidia0")):
+        return None  # no NVIDIA driver: skip importing torch (seconds) to learn what we already know
     try:
         import torch
     except Exception:

@@ -69,7 +69,9 @@ def summary_tables(doc: dict) -> list[Table]:
     cs = s["cache_stats"]
     run.add_row("cache hit rate", f"{cs['cache_hit_rate']:.1%} ({cs['cache_hits']:,} hits, {cs['cache_misses']:,} misses)")
     if s["multi_turn_stats"]["enabled"]:
-        run.add_row("previous-turn hit rate", f"{s['multi_turn_stats']['hit_rate']:.1%}")
+        mt = s["multi_turn_stats"]
+        tries = mt["previous_turn_hits"] + mt["previous_turn_misses"]
+        run.add_row("previous-turn hit rate", f"{mt['hit_rate']:.1%} of {tries:,}" if tries else "n/a (no later turns yet)")
     blk = doc.get("block_device")
     if blk:
         run.add_row(f"block device {blk['device']} (whole device)",

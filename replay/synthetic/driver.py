@@ -3,8 +3,8 @@
 One request = (multi-turn) a read of the conversation's previous turn, one prefill write of the turn's KV, then
 ceil(generate_tokens / decode_batch_size) decode reads of it, with simulated generation time between batches.
 
-Users are asyncio tasks (thousands are cheap); storage operations run in a pool of `io_workers` threads, whose system
-calls release the GIL. At the end of the window no new operation starts: user tasks are cancelled, operations not yet
+Users are asyncio tasks (thousands are cheap); storage operations run in a pool of `io_workers` threads (whose system
+calls release the GIL), earliest request first. At the end of the window no new operation starts: user tasks are cancelled, operations not yet
 started are dropped, those in flight finish, and the elapsed time runs until the last of them did, so bandwidth is
 bytes over the real time it took.
 """
@@ -16,7 +16,6 @@ import math
 import random
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvconnector.errors import KvtierError
@@ -25,6 +24,7 @@ from kvconnector.store import TieredStore
 
 from ..bench_config import BenchConfig
 from ..sources.synthetic_users import SyntheticUser
+from .executor import PriorityExecutor
 from .payload import RandomPayload
 
 
@@ -99,7 +99,7 @@ class SyntheticDriver:
     async def _run(self) -> RunOutcome:
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._pool = ThreadPoolExecutor(self.cfg.io_workers, thread_name_prefix="kvtier-io")
+        self._pool = PriorityExecutor(self.cfg.io_workers)
         self._alloc = asyncio.Semaphore(self.cfg.max_concurrent_allocs) if self.cfg.max_concurrent_allocs else None
         self._done = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -120,7 +120,7 @@ class SyntheticDriver:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         # Operations queued but not started are dropped; those in flight finish and count.
-        await loop.run_in_executor(None, lambda: self._pool.shutdown(wait=True, cancel_futures=True))
+        await loop.run_in_executor(None, self._pool.shutdown)
         end_ns = time.perf_counter_ns()
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
@@ -154,8 +154,8 @@ class SyntheticDriver:
         if self.on_sample:
             self.on_sample(snap)
 
-    async def _io(self, fn, *args):
-        return await self._loop.run_in_executor(self._pool, fn, *args)
+    async def _io(self, priority: tuple, fn, *args):
+        return await self._pool.run(priority, fn, *args)
 
     async def _rate_limit(self) -> None:
         """Global request-rate cap: requests start at most `request_rate` per second, in slots."""
@@ -187,6 +187,7 @@ class SyntheticDriver:
                        generate_tokens: int, rng: random.Random) -> None:
         cfg = self.cfg
         t_submit = time.perf_counter_ns()
+        prio = (0, t_submit)  # earlier requests' operations first
         await self._rate_limit()
         storage_ns = 0
         multi_turn_hit = None
@@ -195,11 +196,11 @@ class SyntheticDriver:
         try:
             t_start = time.perf_counter_ns()
             if prev_key is not None:
-                r = await self._io(self.store.get, prev_key)
+                r = await self._io(prio, self.store.get, prev_key)
                 storage_ns += r.timing.total_ns
                 multi_turn_hit = r.hit
             chunks = self.payload.chunks(context_tokens * self.bytes_per_token, rng)
-            w = await self._io(self.store.put, key, chunks)
+            w = await self._io(prio, self.store.put, key, chunks)
             storage_ns += w.timing.total_ns
         finally:
             if self._alloc:
@@ -213,7 +214,7 @@ class SyntheticDriver:
                 g0 = time.perf_counter_ns()
                 await asyncio.sleep(max(tokens, 0) * cfg.ms_per_token / 1000)
                 gen_ns += time.perf_counter_ns() - g0
-            r = await self._io(self.store.get, key)
+            r = await self._io(prio, self.store.get, key)
             storage_ns += r.timing.total_ns
             decode_misses += not r.hit
         # Only whole requests are counted; a request cut by the end of the window is not.

@@ -1,0 +1,143 @@
+"""`kvtier bench` end to end in-process and as a subprocess: results schema, honest accounting, user errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvconnector.histogram import LatencyHistogram
+from replay.bench_cli import main
+
+KVTIER = [sys.executable, "-m", "replay.cli", "bench"]
+
+
+@pytest.fixture
+def small_model(tmp_path):
+    # 4 layers x 2 x 2 heads x 64 x 2 bytes = 2 KiB per token: entries of 1-50 MiB, quick on any disk.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128}))
+    return str(path)
+
+
+def run_bench(tmp_path, *extra):
+    out = tmp_path / "r.json"
+    rc = main(["--no-progress", "--output", str(out), "--cache-dir", str(tmp_path / "cache"), *extra])
+    return rc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
+    rc, doc = run_bench(tmp_path, "--model", small_model, "--duration", "3", "--num-users", "6", "--cpu-mem-gb", "0.02",
+                        "--storage-capacity-gb", "0.3", "--seed", "3", "--gpu-mem-gb", "0")
+    assert rc == 0, capsys.readouterr().err
+    s = doc["summary"]
+    assert doc["status"] == "completed" and s["total_requests"] > 0
+    # the window is honoured: no operation starts after it, in-flight ones finish quickly at these sizes
+    assert 3.0 <= s["elapsed_time"] < 3.0 + 2.0
+    for key in ("end_to_end_latency_ms", "storage_io_latency_ms"):
+        assert set(s[key]) >= {"mean", "p50", "p95", "p99", "p999"}
+        assert s[key]["p50"] <= s[key]["p99"]
+    cs = s["cache_stats"]
+    assert cs["cpu_entries"] + cs["storage_entries"] > 0
+    assert cs["tier_storage_kv_bytes_written_gb"] > 0 and cs["tier_storage_kv_bytes_read_gb"] > 0
+    disk = doc["tiers"]["disk"]
+    # host and device split, and the histograms decode to the reported counts
+    assert disk["read"]["device_ms"]["p50"] > 0 and disk["write"]["host_ms"]["count"] == disk["write"]["ops"]
+    assert LatencyHistogram.decode(disk["read"]["histograms"]["total"]).count == disk["read"]["ops"]
+    # bandwidth is bytes over elapsed time
+    assert cs["tier_storage_read_bandwidth_gbps"] == pytest.approx(disk["read"]["bytes"] / 1e9 / s["elapsed_time"], rel=0.01)
+    # waterfall: the small CPU tier overflowed into the disk tier, which never exceeded its capacity
+    assert doc["tiers"]["cpu"]["events"].get("demotions_out", 0) > 0
+    assert disk["used_bytes"] <= disk["capacity_bytes"]
+    # the device's own counters saw the reads (O_DIRECT reached the block device)
+    if doc["block_device"]:
+        assert doc["block_device"]["read_bytes"] >= 0.9 * disk["read"]["bytes"]
+    assert doc["config"]["seed"] == 3 and doc["environment"]["filesystem"]["fs_type"]
+    assert doc["timeline"] and doc["timeline"][-1]["requests"] == s["total_requests"]
+    assert not os.listdir(tmp_path / "cache")  # the run's entries are removed
+    out = capsys.readouterr().out
+    assert "request latency" in out and "tier operations" in out
+
+
+def test_max_requests_stops_the_run(tmp_path, small_model):
+    rc, doc = run_bench(tmp_path, "--model", small_model, "--duration", "60", "--num-users", "4", "--max-requests", "5",
+                        "--gpu-mem-gb", "0")
+    assert rc == 0 and 5 <= doc["summary"]["total_requests"] <= 8 and doc["summary"]["elapsed_time"] < 30
+
+
+def test_generation_mode_adds_generation_time(tmp_path, small_model):
+    rc, doc = run_bench(tmp_path, "--model", small_model, "--duration", "2", "--num-users", "2", "--generation-mode",
+                        "fast", "--gpu-mem-gb", "0")
+    assert rc == 0
+    gen = doc["summary"]["generation_latency_ms"]
+    # fast = 2 ms per generated token; profiles generate at least 50 tokens
+    assert gen["count"] > 0 and gen["p50"] >= 50 * 2 * 0.9
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "gpt-9"], "unknown model"),
+        (["--num-users", "-3"], "--num-users"),
+        (["--cpu-mem-gb", "99999"], "--cpu-mem-gb"),
+        (["--storage-capacity-gb", "9999999"], "--storage-capacity-gb"),
+        (["--gpu-mem-gb", "4"], "CUDA"),
+        (["--cache-dir", "/proc/kvtier"], "cache-dir"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(args, needle, tmp_path):
+    if "CUDA" == needle:
+        from kvconnector.tiers import cuda_torch
+
+        if cuda_torch() is not None:
+            pytest.skip("a CUDA device is present")
+    base = ["--duration", "1", "--no-progress", "--output", str(tmp_path / "x.json")]
+    if "--cache-dir" not in args:
+        base += ["--cache-dir", str(tmp_path / "c")]
+    p = subprocess.run(KVTIER + base + args, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_ctrl_c_writes_partial_results(tmp_path, small_model):
+    out = tmp_path / "r.json"
+    p = subprocess.Popen(KVTIER + ["--model", small_model, "--duration", "60", "--num-users", "4", "--no-progress",
+                                   "--gpu-mem-gb", "0", "--cache-dir", str(tmp_path / "c"), "--output", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "interrupted" and doc["summary"]["elapsed_time"] < 30
+    assert "Traceback" not in stderr and "partial results" in stderr
+
+
+@pytest.mark.root
+def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, small_model):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mnt)], check=True)
+    try:
+        out = tmp_path / "r.json"
+        p = subprocess.Popen(KVTIER + ["--model", small_model, "--duration", "60", "--num-users", "4", "--no-progress",
+                                       "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--cache-dir", str(mnt),
+                                       "--output", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        # Someone else fills the filesystem under the running benchmark.
+        subprocess.run(["fallocate", "-l", str(os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize), str(mnt / "filler")])
+        _, stderr = p.communicate(timeout=60)
+        assert p.returncode == 1, stderr
+        assert "filesystem full" in stderr and "Traceback" not in stderr
+        doc = json.loads(out.read_text())
+        assert doc["status"] == "failed" and doc["tiers"]["disk"]["events"].get("enospc", 0) >= 1
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
