@@ -73,6 +73,9 @@ class TieredStore:
         self._used = [0] * len(self.tiers)
         # Store-wide events (hits, misses, rejected puts); per-tier ones live in `stats`.
         self.events: Counter[str] = Counter()
+        # Called after every tier operation as (op, tier, key, nbytes, timing or None, phase), phase one of
+        # put/get/demote/promote/evict; runs on the I/O thread, so it must be cheap (e.g. an I/O trace writer).
+        self.op_listener = None
 
     # ---- queries -------------------------------------------------------------------------------------------------
     def contains(self, key: str) -> str | None:
@@ -119,7 +122,7 @@ class TieredStore:
                     self.tiers[t].delete(key)
                     self.stats[t].count("enospc" if isinstance(exc, StorageFullError) else "write_errors")
                     raise
-                self.stats[t].write.record(w)
+                self._record(t, "write", key, w, "put")
                 timing.add(w)
                 with self._lock:
                     e = _Entry(key, nbytes, t, tuple(shape), dtype)
@@ -131,6 +134,14 @@ class TieredStore:
         finally:
             with self._lock:
                 self._pending.discard(key)
+
+    def _record(self, t: int, op: str, key: str, timing: OpTiming, phase: str) -> None:
+        (self.stats[t].read if op == "read" else self.stats[t].write).record(timing)
+        self._notify(t, op, key, timing.nbytes, timing, phase)
+
+    def _notify(self, t: int, op: str, key: str, nbytes: int, timing: OpTiming | None, phase: str) -> None:
+        if self.op_listener is not None:
+            self.op_listener(op, self.tiers[t].name, key, nbytes, timing, phase)
 
     def _count(self, event: str) -> None:
         with self._lock:
@@ -161,6 +172,7 @@ class TieredStore:
             if bottom:
                 self.tiers[t].delete(victim.key)
                 self.stats[t].count("evictions")
+                self._notify(t, "evict", victim.key, victim.nbytes, None, "evict")
                 continue
             self._move(victim, t, t + 1, timing)
 
@@ -176,10 +188,10 @@ class TieredStore:
             if buf is None:  # not in host memory: read it out first
                 buf = aligned_buffer(e.nbytes)[: e.nbytes]
                 r = self.tiers[src].read(e.key, e.nbytes, buf)
-                self.stats[src].read.record(r)
+                self._record(src, "read", e.key, r, "demote")
                 timing.add(r)
             w = self.tiers[dst].write(e.key, [buf], e.nbytes, e.shape, e.dtype)
-            self.stats[dst].write.record(w)
+            self._record(dst, "write", e.key, w, "demote" if dst > src else "promote")
             timing.add(w)
         except BaseException:
             with self._lock:
@@ -233,7 +245,7 @@ class TieredStore:
             self.delete(key)
             self._count("misses")
             return GetResult(False, None)
-        self.stats[t].read.record(r)
+        self._record(t, "read", key, r, "get")
         self.stats[t].count("hits")
         result = GetResult(True, self.tiers[t].name, r)
         with self._lock:
@@ -258,7 +270,7 @@ class TieredStore:
                 self._changed.notify_all()
             return
         w = self.tiers[0].write(e.key, [data], e.nbytes, e.shape, e.dtype)
-        self.stats[0].write.record(w)
+        self._record(0, "write", e.key, w, "promote")
         timing.add(w)
         with self._lock:
             e.tier, e.moving = 0, False
