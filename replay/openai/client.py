@@ -207,6 +207,8 @@ async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec:
                         if details.get("cached_tokens") is not None:
                             rec.cached_tokens = int(details["cached_tokens"])
                 if done:
+                    # Read the (empty) rest so the keep-alive connection goes back to the pool instead of closing.
+                    await resp.content.read()
                     break
             if not done:
                 return _fail(rec, "incomplete_stream", "stream ended without [DONE]")

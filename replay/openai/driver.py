@@ -136,12 +136,12 @@ class Driver:
         return p
 
     async def _sleep_until(self, deadline_ns: int) -> None:
-        delay = deadline_ns - time.perf_counter_ns()
-        if delay > 0:
-            try:
-                await asyncio.wait_for(self._abort.wait(), delay / 1e9)
-            except asyncio.TimeoutError:
-                pass
+        # Plain sleeps (no task per wait); long ones in slices so an abort is noticed within 0.2 s.
+        while not self._abort.is_set():
+            delay = deadline_ns - time.perf_counter_ns()
+            if delay <= 0:
+                return
+            await asyncio.sleep(min(delay / 1e9, 0.2))
 
     async def _send_turn(self, plan: SessionPlan, history: list[tuple[str, str]], turn: TurnPlan, turn_index: int,
                          scheduled_ns: int, round_index: int | None = None, warmup: bool = False) -> RequestRecord:

@@ -42,19 +42,35 @@ def parse_slo(text: str | None) -> dict[str, float]:
     return out
 
 
-def _hist_summary(h: LatencyHistogram, pcts: tuple[float, ...]) -> dict[str, float]:
-    s = h.summary_ms(pcts)
-    return s
+class _Dist:
+    """A LatencyHistogram plus the exact sum: percentiles from the histogram, the mean without walking its buckets."""
+
+    __slots__ = ("hist", "sum_ns")
+
+    def __init__(self) -> None:
+        self.hist = LatencyHistogram()
+        self.sum_ns = 0
+
+    def record_ns(self, v: int) -> None:
+        v = max(0, int(v))
+        self.hist.record_ns(v)
+        self.sum_ns += v
+
+    def summary(self, pcts: tuple[float, ...]) -> dict[str, float]:
+        n = self.hist.count
+        out: dict[str, float] = {"count": n, "mean": round(self.sum_ns / n / 1e6, 4) if n else 0.0}
+        for p in pcts:
+            out["p" + f"{p:g}".replace(".", "")] = round(self.hist.percentile_ms(p), 4)
+        out["max"] = round(self.hist.max_ms(), 4)
+        return out
 
 
-def _record_hists(recs: list[RequestRecord]) -> dict[str, LatencyHistogram]:
-    hs = {k: LatencyHistogram() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms")}
+def _record_hists(recs: list[RequestRecord]) -> dict[str, _Dist]:
+    hs = {k: _Dist() for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms")}
     for r in recs:
-        lag = r.send_lag_ms()
-        if lag is not None:
-            hs["send_lag_ms"].record_ns(max(0, r.dispatched_ns - r.scheduled_ns))
-        q = r.queue_ms()
-        if q is not None and r.slot_ns:
+        if r.dispatched_ns and r.scheduled_ns:
+            hs["send_lag_ms"].record_ns(r.dispatched_ns - r.scheduled_ns)
+        if r.slot_ns and r.dispatched_ns:
             hs["queue_ms"].record_ns(r.slot_ns - r.dispatched_ns)
         if not r.success:
             continue
@@ -139,9 +155,9 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
         "schedule_rate": round(sched_rate, 4) if sched_rate else None,
     })
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms"):
-        s[key] = _hist_summary(hs[key], percentiles)
+        s[key] = hs[key].summary(percentiles)
     s["send_lag_note"] = "dispatch time minus the absolute schedule deadline; queue_ms is the wait for a slot after it"
-    s["histograms"] = {k: h.encode() for k, h in hs.items()}
+    s["histograms"] = {k: h.hist.encode() for k, h in hs.items()}
     targets = [(r.target_prompt_tokens, r.prompt_tokens) for r in ok if r.prompt_tokens and r.target_prompt_tokens]
     if targets:
         s["prompt_tokens_vs_target_mean"] = round(sum(a for _, a in targets) / sum(t for t, _ in targets), 4)
