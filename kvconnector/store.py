@@ -20,7 +20,7 @@ import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
-from .errors import ConfigError, CorruptEntryError, StorageFullError
+from .errors import ConfigError, CorruptEntryError, EntryNotFound, StorageFullError
 from .telemetry import TierStats
 from .tiers import Tier
 from .timed_io import OpTiming, aligned_buffer
@@ -96,6 +96,36 @@ class TieredStore:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def entry_info(self, key: str) -> tuple[int, tuple, str, str] | None:
+        """(nbytes, shape, dtype, tier name) of a stored entry, or None."""
+        with self._lock:
+            e = self._entries.get(key)
+            return (e.nbytes, e.shape, e.dtype, self.tiers[e.tier].name) if e else None
+
+    def adopt(self, t: int, key: str, nbytes: int, shape: tuple = (), dtype: str = "uint8") -> bool:
+        """Register an entry whose bytes are already in tier t (found by a rescan after a restart, or written to a
+        shared tier by another instance). Room is made as for a put (LRU entries of tier t are demoted or deleted);
+        False if the key is already known or the tier cannot take it, and the caller decides what to do with the
+        bytes. Adopted entries become the most recently used ones, so adopt in oldest-first order."""
+        with self._lock:
+            if key in self._entries or key in self._pending:
+                return False
+            self._pending.add(key)
+        try:
+            if nbytes > self.large_entry_limit_ratio * self.tiers[t].capacity_bytes:
+                return False
+            if not self._reserve(t, nbytes, OpTiming()):
+                return False
+            with self._lock:
+                e = _Entry(key, nbytes, t, tuple(shape), dtype)
+                self._entries[key] = e
+                self._lru[t][key] = e
+            self.stats[t].count("adopted")
+            return True
+        finally:
+            with self._lock:
+                self._pending.discard(key)
 
     # ---- put -------------------------------------------------------------------------------------------------------
     def put(self, key: str, chunks: list[memoryview], shape: tuple = (), dtype: str = "uint8") -> PutResult:
@@ -193,12 +223,14 @@ class TieredStore:
             w = self.tiers[dst].write(e.key, [buf], e.nbytes, e.shape, e.dtype)
             self._record(dst, "write", e.key, w, "demote" if dst > src else "promote")
             timing.add(w)
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._used[dst] -= e.nbytes
             self.tiers[dst].delete(e.key)
             self._drop(e, src)
             self.stats[src].count("move_failed")
+            if isinstance(exc, (CorruptEntryError, EntryNotFound)):
+                return  # the source was bad or gone (a shared tier): nothing to move, the entry is dropped
             raise
         with self._lock:
             e.tier, e.moving = dst, False
@@ -239,9 +271,10 @@ class TieredStore:
             r = self.tiers[t].read(key, e.nbytes, buf)
         except BaseException as exc:
             self._release_reader(e)
-            if not isinstance(exc, CorruptEntryError):
+            if not isinstance(exc, (CorruptEntryError, EntryNotFound)):
                 raise
-            self.stats[t].count("corrupt_dropped")
+            # A corrupt entry, or one another instance removed from a shared tier: dropped, counted, a miss.
+            self.stats[t].count("corrupt_dropped" if isinstance(exc, CorruptEntryError) else "vanished")
             self.delete(key)
             self._count("misses")
             return GetResult(False, None)
@@ -323,3 +356,9 @@ class TieredStore:
     def close(self) -> None:
         for tier in self.tiers:
             tier.close()
+
+    def reset_stats(self) -> None:
+        """Start the statistics afresh (after set-up I/O that a benchmark must not count); entries stay."""
+        with self._lock:
+            self.stats = [TierStats(t.name) for t in self.tiers]
+            self.events.clear()

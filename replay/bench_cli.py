@@ -5,29 +5,44 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
-from pydantic import ValidationError
-
-from kvconnector.errors import ConfigError, KvtierError, StorageFullError
+from kvconnector.errors import ConfigError, KvtierError
 from kvconnector.models import CATALOG
 
-from .bench_config import BenchConfig
-from .bench_view import LiveView, print_summary
+from .bench_config import BenchConfig, load_config
+from .bench_view import LiveView, SetupProgress, print_summary
 from .results import write_json
 from .synthetic.bench import Bench, default_output_path
 
 EXAMPLES = """\
 examples:
   kvtier bench                                   # tiny-1b, 100 users, 60 s, 4 GB CPU tier + a temp disk tier
-  kvtier bench --duration 30 --num-users 50 --cache-dir /mnt/nvme --output run.json
+  kvtier bench --duration 30 --num-users 50 --cache-dir /mnt/nvme --output run.json --plots plots/
   kvtier bench --model llama3.1-8b --cpu-mem-gb 0 --gpu-mem-gb 0 --cache-dir /mnt/nvme   # storage only
   kvtier bench --generation-mode realistic --num-users 1000 --duration 120
-  kvtier bench --model ./my-model/config.json --kv-dtype fp8 --io-mode buffered
-  kvtier bench --max-requests 500 --request-rate 20 --seed 7 --promote-on-hit
+  kvtier bench --dataset-path ShareGPT_V3.json --max-conversations 200 --replay-cycles 2
+  kvtier bench --use-burst-trace --burst-trace-path 'BurstGPT/*.csv' --trace-speedup 10
+  kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
+  kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
+  kvtier bench --num-clients 2 --num-users 200                 # two processes, merged results
+  kvtier bench --config config.yaml --xlsx-output run.xlsx --io-trace-log ops.csv.zst
+
+config.yaml: the top-level keys are these flags with underscores (num_users: 50); sections user_templates,
+qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode, generation, sharegpt,
+model_configs. Unknown keys are errors. Precedence: defaults < config.yaml < KVTIER_<KEY> env < flags.
 
 exit status: 0 done, 1 run failed (e.g. filesystem full; partial results written), 2 bad arguments, 130 interrupted
 (partial results written).
 """
+
+# Flags whose value lives in a config section.
+SECTION_FLAGS = {
+    "decode_batch_size": ("decode", "batch_size"),
+    "target_usage_ratio": ("eviction", "target_usage_ratio"),
+    "large_entry_limit_ratio": ("eviction", "large_entry_limit_ratio"),
+    "rag_top_k": ("rag", "top_k"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,43 +52,90 @@ def build_parser() -> argparse.ArgumentParser:
         "measure what each tier costs a request. Flags follow the MLPerf Storage KV Cache benchmark.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,  # only flags given on the command line override config.yaml
     )
-    w = p.add_argument_group("workload")
-    w.add_argument("--model", default="tiny-1b", help=f"one of {', '.join(CATALOG)}, or a Hugging Face config.json path (default tiny-1b)")
-    w.add_argument("--kv-dtype", default="bf16", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="KV cache element type (default bf16)")
-    w.add_argument("--num-users", type=int, default=100, help="simulated users (default 100)")
-    w.add_argument("--duration", type=float, default=60, help="run window in seconds (default 60)")
-    w.add_argument("--max-requests", type=int, default=0, help="stop after this many completed requests (0 = no limit)")
-    w.add_argument("--request-rate", type=float, default=0, help="cap on requests started per second (0 = closed loop)")
-    w.add_argument("--seed", type=int, help="seed for users, sizes and payloads (repeatable runs)")
-    w.add_argument("--disable-multi-turn", action="store_true", help="every conversation has one turn")
-    w.add_argument("--generation-mode", default="none", choices=["none", "fast", "realistic"],
-                   help="simulated GPU time per generated token: none 0 ms, fast 2 ms, realistic 30 ms (default none)")
-    w.add_argument("--decode-batch-size", type=int, default=32, help="tokens per decode read (default 32)")
-    t = p.add_argument_group("tiers")
-    t.add_argument("--gpu-mem-gb", type=float, default=None, help="GPU tier size (default 16 with CUDA, 0 without)")
-    t.add_argument("--cpu-mem-gb", type=float, default=4.0, help="CPU tier size (default 4; 0 disables)")
-    t.add_argument("--cache-dir", help="where the disk tier writes (a fresh subdirectory per run; default a temp dir in /var/tmp)")
-    t.add_argument("--storage-capacity-gb", type=float, default=0, help="disk tier size (0 = free space of the filesystem)")
-    t.add_argument("--io-mode", default="direct", choices=["direct", "buffered"],
-                   help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads (default direct)")
-    t.add_argument("--promote-on-hit", action="store_true", help="move entries hit in a lower tier back to the top tier")
-    t.add_argument("--target-usage-ratio", type=float, default=0.8, help="evict to keep each tier below this fill (default 0.8)")
-    t.add_argument("--large-entry-limit-ratio", type=float, default=0.95, help="entries larger than this share of a tier skip it (default 0.95)")
-    x = p.add_argument_group("execution and output")
-    x.add_argument("--max-concurrent-allocs", type=int, default=0, help="limit on concurrent prefill writes (0 = no limit)")
-    x.add_argument("--io-workers", type=int, default=8, help="threads doing storage I/O (default 8)")
-    x.add_argument("--output", help="results JSON (default results/<timestamp>.json)")
-    x.add_argument("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
-    x.add_argument("--no-progress", action="store_true", help="no live status line")
-    x.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add = p.add_argument
+    w = p.add_argument_group("workload").add_argument
+    w("--model", help=f"one of {', '.join(CATALOG)}, a name from config model_configs, or a Hugging Face config.json (default tiny-1b)")
+    w("--kv-dtype", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="KV cache element type (default bf16)")
+    w("--num-users", type=int, help="simulated users (default 100)")
+    w("--duration", type=float, help="run window in seconds (default 60)")
+    w("--max-requests", type=int, help="stop after this many completed requests (default 0 = no limit)")
+    w("--request-rate", type=float, help="cap on requests started per second (default 0 = closed loop)")
+    w("--seed", type=int, help="seed for users, sizes and payloads (repeatable runs)")
+    w("--disable-multi-turn", action="store_true", help="every conversation has one turn")
+    w("--disable-prefix-caching", action="store_true", help="no shared system-prompt KV entries")
+    w("--generation-mode", choices=["none", "fast", "realistic"],
+      help="simulated GPU time per generated token: none 0 ms, fast 2 ms, realistic 30 ms (default none)")
+    w("--decode-batch-size", type=int, help="tokens per decode read (default 32)")
+    w("--performance-profile", choices=["latency", "throughput"],
+      help="latency: users think between requests (default); throughput: back-to-back requests")
+    w("--prefill-only", action="store_true", help="writes only (a prefill node)")
+    w("--decode-only", action="store_true", help="reads only, of num_users x 10 pre-populated entries (a decode node)")
+    w("--enable-rag", action="store_true", help="documents ingested as chunk entries; RAG queries read top-k chunks first")
+    w("--rag-num-docs", type=int, help="documents to ingest (default 10)")
+    w("--rag-top-k", type=int, help="chunks read per RAG query (default 5)")
+    w("--enable-autoscaling", action="store_true", help="start and stop users as the autoscaler decides")
+    w("--autoscaler-mode", choices=["qos", "capacity"], help="qos: hold saturation and SLAs; capacity: find peak throughput")
+    w("--target-saturation", type=float, help="qos autoscaler's target I/O saturation (default 0.8)")
+    s = p.add_argument_group("workload sources").add_argument
+    s("--dataset-path", help="ShareGPT JSON: replay real conversations (multi-turn)")
+    s("--max-conversations", type=int, help="ShareGPT conversations to load (default 500)")
+    s("--use-burst-trace", action="store_true", help="replay a BurstGPT trace (needs --burst-trace-path)")
+    s("--burst-trace-path", help="BurstGPT CSV file, directory or glob")
+    s("--trace-speedup", type=float, help="trace time scale: 1 real time, 10 ten times faster, 0 no delay (default 1)")
+    s("--replay-cycles", type=int, help="times to replay the dataset/trace (default 0 = until the run ends)")
+    t = p.add_argument_group("tiers").add_argument
+    t("--gpu-mem-gb", type=float, help="GPU tier size (default 16 with CUDA, 0 without)")
+    t("--cpu-mem-gb", type=float, help="CPU tier size (default 4; 0 disables)")
+    t("--cache-dir", help="where the disk tier writes (a fresh subdirectory per run; default a temp dir in /var/tmp)")
+    t("--storage-capacity-gb", type=float, help="disk tier size (default 0 = free space of the filesystem)")
+    t("--io-mode", choices=["direct", "buffered"],
+      help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads (default direct)")
+    t("--promote-on-hit", action="store_true", help="move entries hit in a lower tier back to the top tier")
+    t("--target-usage-ratio", type=float, help="evict to keep each tier below this fill (default 0.8)")
+    t("--large-entry-limit-ratio", type=float, help="entries larger than this share of a tier skip it (default 0.95)")
+    x = p.add_argument_group("execution").add_argument
+    x("--max-concurrent-allocs", type=int, help="limit on concurrent prefill writes (default 0 = no limit)")
+    x("--io-workers", type=int, help="threads doing storage I/O (default 8)")
+    x("--num-clients", type=int, help="worker processes, each with its share of users and its own cache subdirectory (default 1)")
+    x("--precondition", action="store_true", help="sequential writes before the run to reach SSD steady state")
+    x("--precondition-size-gb", type=float, help="preconditioning volume (default 0 = 2x the disk tier)")
+    x("--precondition-threads", type=int, help="preconditioning writers (default 0 = io-workers)")
+    o = p.add_argument_group("output").add_argument
+    o("--output", help="results JSON (default results/<timestamp>.json)")
+    o("--xlsx-output", help="also write an Excel workbook")
+    o("--csv-output", help="also write a flat CSV of the metrics")
+    o("--io-trace-log", help="one CSV row per storage operation (.zst compresses)")
+    o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
+    o("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
+    o("--enable-latency-tracing", action="store_true", help="trace the block layer with bpftrace around the run (root)")
+    add("--config", help="config.yaml with any of the keys above and the sections")
+    add("--no-progress", action="store_true", help="no live status line")
+    add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
+def cli_values(args: argparse.Namespace) -> dict:
+    values = {k: v for k, v in vars(args).items() if k not in ("config", "no_progress", "log_level")}
+    if getattr(args, "no_progress", False):
+        values["progress"] = False
+    sections: dict = {}
+    for flag, (section, key) in SECTION_FLAGS.items():
+        if flag in values:
+            sections.setdefault(section, {})[key] = values.pop(flag)
+    return values, sections
+
+
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    fields = {k: v for k, v in vars(args).items() if k not in ("no_progress", "log_level")}
-    fields["progress"] = not args.no_progress
-    return BenchConfig(**fields)
+    values, sections = cli_values(args)
+    cfg = load_config(getattr(args, "config", None), values)
+    if sections:  # section flags override the section's keys, not the whole section
+        data = cfg.model_dump()
+        for section, keys in sections.items():
+            data[section].update(keys)
+        cfg = load_config(None, data)
+    return cfg
 
 
 def _fail(msg: str, code: int = 2) -> int:
@@ -86,27 +148,72 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="kvtier: %(levelname)s %(message)s")
     try:
         cfg = config_from_args(args)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        return _fail(f"--{'-'.join(str(p) for p in err['loc']).replace('_', '-')}: {err['msg']}")
-    output = cfg.output or default_output_path()
-    bench = Bench(cfg)
-    try:
-        bench.prepare()
     except ConfigError as exc:
         return _fail(str(exc))
-    for note in bench.notes:
-        print(f"kvtier bench: {note}", file=sys.stderr)
+    if cfg.num_clients > 1:
+        from .synthetic.multiclient import run_clients
+
+        return run_clients(cfg, argv if argv is not None else sys.argv[2:])
+    return run_single(cfg)
+
+
+def run_single(cfg: BenchConfig, status_file: str | None = None) -> int:
+    output = cfg.output or default_output_path()
+    bench = Bench(cfg)
+    trace_log = None
     try:
-        with LiveView(cfg.duration, enabled=cfg.progress) as view:
-            doc = bench.run(on_sample=view.update)
+        bench.prepare()
+        for note in bench.notes:
+            print(f"kvtier bench: {note}", file=sys.stderr)
+        with SetupProgress(enabled=cfg.progress) as setup_view:
+            bench.set_up(on_progress=setup_view.update)
+        phase_hook = None
+        if cfg.io_trace_log:
+            from .outputs.io_trace import IOTraceLog, set_request_phase
+
+            trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
+            bench.store.op_listener = trace_log
+            phase_hook = set_request_phase
+        with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
+            doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
+    except ConfigError as exc:
+        bench.cleanup()
+        return _fail(str(exc))
     except KvtierError as exc:
         bench.cleanup()
         return _fail(str(exc), 1)
-    finally:
+    except KeyboardInterrupt:  # during set-up: nothing measured yet
         bench.cleanup()
+        return _fail("interrupted during set-up; no results", 130)
+    finally:
+        if trace_log is not None:
+            trace_log.close()
+    bench.cleanup()
+    return finish(doc, cfg, output)
+
+
+def finish(doc: dict, cfg: BenchConfig, output: str) -> int:
+    """Write every requested output, print the summary, and turn the run's status into an exit code."""
     write_json(output, doc)
-    print_summary(doc, output)
+    extra = []
+    try:
+        if cfg.xlsx_output:
+            from .outputs.xlsx import write_xlsx
+
+            write_xlsx(doc, cfg.xlsx_output)
+            extra.append(cfg.xlsx_output)
+        if cfg.csv_output:
+            from .outputs.csv_out import write_csv
+
+            write_csv(doc, cfg.csv_output)
+            extra.append(cfg.csv_output)
+        if cfg.plots:
+            from .outputs.plots import write_plots
+
+            extra.extend(write_plots(doc, cfg.plots))
+    except OSError as exc:
+        print(f"kvtier bench: could not write an output: {exc}", file=sys.stderr)
+    print_summary(doc, output, extra)
     if doc["status"] == "failed":
         err = doc["error"] or "unknown error"
         hint = " (filesystem full)" if "space" in err else ""

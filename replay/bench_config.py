@@ -1,38 +1,141 @@
-"""The one validated configuration of `kvtier bench`, fed by CLI flags (and, later, a YAML file).
+"""The one validated configuration of `kvtier bench`: defaults < YAML file (`--config`) < KVTIER_* env < CLI flags.
 
-Flag names follow the MLPerf Storage KV Cache benchmark where the concept is the same, so its users can switch.
-Unknown keys are errors; every key is used by the run.
+Top-level keys are the MLPerf Storage KV Cache benchmark's flags (underscored); sections are its config.yaml sections
+(user_templates, qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode,
+generation, sharegpt, model_configs). Unknown keys are errors, and every key is used by the run (tests prove it).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-GENERATION_MS_PER_TOKEN = {"none": 0.0, "fast": 2.0, "realistic": 30.0}
+from kvconnector.errors import ConfigError
 
 
-class UserProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_range(name: str, rng: tuple, minimum: float = 0) -> None:
+    lo, hi = rng
+    if lo < minimum or hi < lo:
+        raise ValueError(f"{name} must be [low, high] with {minimum} <= low <= high, got {list(rng)}")
+
+
+class UserTemplate(_Section):
     context_tokens: tuple[int, int]
     generate_tokens: tuple[int, int]
     think_time_s: tuple[float, float]
-    weight: float = 1.0
+    weight: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "UserTemplate":
+        _check_range("context_tokens", self.context_tokens, 1)
+        _check_range("generate_tokens", self.generate_tokens, 0)
+        _check_range("think_time_s", self.think_time_s, 0)
+        return self
 
 
 # Context, generation and think-time ranges of the MLPerf KV Cache spec (section 4.1).
-DEFAULT_PROFILES = {
-    "chatbot": UserProfile(context_tokens=(512, 4096), generate_tokens=(50, 200), think_time_s=(0.1, 0.5)),
-    "coding": UserProfile(context_tokens=(4096, 25000), generate_tokens=(100, 500), think_time_s=(0.2, 1.0)),
-    "document": UserProfile(context_tokens=(4096, 16384), generate_tokens=(200, 800), think_time_s=(0.3, 1.5)),
+DEFAULT_USER_TEMPLATES = {
+    "chatbot": UserTemplate(context_tokens=(512, 4096), generate_tokens=(50, 200), think_time_s=(0.1, 0.5)),
+    "coding": UserTemplate(context_tokens=(4096, 25000), generate_tokens=(100, 500), think_time_s=(0.2, 1.0)),
+    "document": UserTemplate(context_tokens=(4096, 16384), generate_tokens=(200, 800), think_time_s=(0.3, 1.5)),
 }
 
 
-class BenchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class QoSProfile(_Section):
+    priority: int = Field(ge=0)
+    target_p95_ms: float = Field(gt=0)
+    target_p99_ms: float = Field(gt=0)
 
-    # what is simulated
+
+# MLPerf KV Cache spec section 3.9. Higher priority goes first.
+DEFAULT_QOS = {
+    "interactive": QoSProfile(priority=3, target_p95_ms=50, target_p99_ms=100),
+    "responsive": QoSProfile(priority=2, target_p95_ms=100, target_p99_ms=200),
+    "batch": QoSProfile(priority=1, target_p95_ms=1000, target_p99_ms=5000),
+}
+DEFAULT_QOS_DISTRIBUTION = {"interactive": 0.15, "responsive": 0.35, "batch": 0.50}
+
+
+class EvictionConfig(_Section):
+    target_usage_ratio: float = Field(0.8, gt=0, le=1)
+    large_entry_limit_ratio: float = Field(0.95, gt=0, le=1)
+
+
+class SystemPrompt(_Section):
+    text: str
+    tokens: int = Field(gt=0)
+
+
+class PrefixCacheConfig(_Section):
+    # The three common system prompts of the MLPerf spec, with a realistic prefix length each.
+    system_prompts: list[SystemPrompt] = Field(default_factory=lambda: [
+        SystemPrompt(text="You are a helpful assistant.", tokens=512),
+        SystemPrompt(text="You are an AI assistant helping with coding tasks.", tokens=1024),
+        SystemPrompt(text="You are a professional writing assistant.", tokens=768),
+    ])
+    # Share of conversations that start with one of the system prompts.
+    probability: float = Field(0.8, ge=0, le=1)
+
+
+class RAGConfig(_Section):
+    chunk_tokens: int = Field(512, gt=0)
+    chunks_per_doc: int = Field(8, gt=0)
+    top_k: int = Field(5, gt=0)
+    # Share of requests that are RAG queries (read top_k chunks as a burst before prefill).
+    probability: float = Field(0.3, ge=0, le=1)
+
+
+class ConversationConfig(_Section):
+    end_probability: float = Field(0.2, ge=0, le=1)
+    max_turns: int = Field(64, ge=1)
+
+
+class AutoscalerConfig(_Section):
+    interval_s: float = Field(5.0, gt=0)
+    min_users: int = Field(1, ge=1)
+    max_users: int = Field(10_000, ge=1)
+    scale_up_factor: float = Field(1.2, gt=1)
+    scale_down_factor: float = Field(0.8, gt=0, lt=1)
+    cooldown_s: float = Field(30.0, ge=0)
+    # qos mode holds saturation within +- band around the target.
+    band: float = Field(0.1, gt=0, lt=1)
+    # capacity mode: ramp factor while throughput grows fast, then the fine-tune factor.
+    ramp_factor: float = Field(2.0, gt=1)
+    fine_factor: float = Field(1.5, gt=1)
+    fast_growth: float = Field(0.2, gt=0)
+
+
+class DecodeConfig(_Section):
+    batch_size: int = Field(32, ge=1)
+
+
+class GenerationConfig(_Section):
+    ms_per_token: dict[Literal["none", "fast", "realistic"], float] = Field(
+        default_factory=lambda: {"none": 0.0, "fast": 2.0, "realistic": 30.0})
+
+
+class ShareGPTConfig(_Section):
+    min_turns: int = Field(1, ge=1)
+    max_turn_tokens: int | None = Field(None, gt=0)
+
+
+class ModelConfig(_Section):
+    num_layers: int = Field(gt=0)
+    kv_heads: int = Field(0, ge=0)
+    head_dim: int = Field(0, ge=0)
+    kv_lora_rank: int = Field(0, ge=0)
+    qk_rope_head_dim: int = Field(0, ge=0)
+
+
+class BenchConfig(_Section):
+    # ---- what is simulated
     model: str = "tiny-1b"
     kv_dtype: Literal["bf16", "fp16", "fp8", "int8", "fp32"] = "bf16"
     num_users: int = Field(100, ge=1, le=100_000)
@@ -41,44 +144,130 @@ class BenchConfig(BaseModel):
     request_rate: float = Field(0.0, ge=0)
     seed: int | None = None
     disable_multi_turn: bool = False
-    end_conversation_probability: float = Field(0.2, ge=0, le=1)
+    disable_prefix_caching: bool = False
     generation_mode: Literal["none", "fast", "realistic"] = "none"
-    decode_batch_size: int = Field(32, ge=1)
-    user_profiles: dict[str, UserProfile] = Field(default_factory=lambda: dict(DEFAULT_PROFILES))
-
-    # tiers
+    performance_profile: Literal["latency", "throughput"] = "latency"
+    prefill_only: bool = False
+    decode_only: bool = False
+    enable_rag: bool = False
+    rag_num_docs: int = Field(10, ge=1)
+    enable_autoscaling: bool = False
+    autoscaler_mode: Literal["qos", "capacity"] = "qos"
+    target_saturation: float = Field(0.8, gt=0, lt=1)
+    # ---- workload sources
+    dataset_path: str | None = None
+    max_conversations: int = Field(500, ge=1)
+    use_burst_trace: bool = False
+    burst_trace_path: str | None = None
+    trace_speedup: float = Field(1.0, ge=0)
+    replay_cycles: int = Field(0, ge=0)
+    # ---- tiers
     gpu_mem_gb: float | None = Field(None, ge=0, le=100_000)
     cpu_mem_gb: float = Field(4.0, ge=0, le=100_000)
     cache_dir: str | None = None
     storage_capacity_gb: float = Field(0.0, ge=0, le=10_000_000)
     io_mode: Literal["direct", "buffered"] = "direct"
-    target_usage_ratio: float = Field(0.8, gt=0, le=1)
-    large_entry_limit_ratio: float = Field(0.95, gt=0, le=1)
     promote_on_hit: bool = False
-
-    # execution
+    # ---- execution
     max_concurrent_allocs: int = Field(0, ge=0)
     io_workers: int = Field(8, ge=1, le=1024)
     random_buffer_mb: int = Field(256, ge=16, le=16384)
-
-    # output
+    precondition: bool = False
+    precondition_size_gb: float = Field(0.0, ge=0)
+    precondition_threads: int = Field(0, ge=0, le=256)
+    num_clients: int = Field(1, ge=1, le=256)
+    # ---- output
     output: str | None = None
+    xlsx_output: str | None = None
+    csv_output: str | None = None
+    io_trace_log: str | None = None
+    plots: str | None = None
     keep_cache: bool = False
     progress: bool = True
+    enable_latency_tracing: bool = False
+    # ---- config.yaml sections
+    user_templates: dict[str, UserTemplate] = Field(default_factory=lambda: dict(DEFAULT_USER_TEMPLATES))
+    qos_profiles: dict[str, QoSProfile] = Field(default_factory=lambda: dict(DEFAULT_QOS))
+    qos_distribution: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QOS_DISTRIBUTION))
+    eviction: EvictionConfig = Field(default_factory=EvictionConfig)
+    prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
+    rag: RAGConfig = Field(default_factory=RAGConfig)
+    conversation: ConversationConfig = Field(default_factory=ConversationConfig)
+    autoscaler: AutoscalerConfig = Field(default_factory=AutoscalerConfig)
+    decode: DecodeConfig = Field(default_factory=DecodeConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    sharegpt: ShareGPTConfig = Field(default_factory=ShareGPTConfig)
+    model_configs: dict[str, ModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check(self) -> "BenchConfig":
-        for name, p in self.user_profiles.items():
-            for field in ("context_tokens", "generate_tokens", "think_time_s"):
-                lo, hi = getattr(p, field)
-                if lo < 0 or hi < lo:
-                    raise ValueError(f"user profile {name}: {field} must be a range [low, high] with 0 <= low <= high")
-            if p.context_tokens[0] < 1:
-                raise ValueError(f"user profile {name}: context_tokens must be at least 1")
-        if not self.user_profiles:
-            raise ValueError("at least one user profile is needed")
+        if not self.user_templates:
+            raise ValueError("user_templates: at least one template is needed")
+        if self.prefill_only and self.decode_only:
+            raise ValueError("--prefill-only and --decode-only exclude each other")
+        if self.use_burst_trace and not self.burst_trace_path:
+            raise ValueError("--use-burst-trace needs --burst-trace-path FILE|DIR|GLOB")
+        if self.use_burst_trace and self.dataset_path:
+            raise ValueError("--use-burst-trace and --dataset-path exclude each other: pick one workload source")
+        unknown = set(self.qos_distribution) - set(self.qos_profiles)
+        if unknown:
+            raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")
+        if not self.qos_distribution or sum(self.qos_distribution.values()) <= 0 or min(self.qos_distribution.values()) < 0:
+            raise ValueError("qos_distribution needs non-negative shares with a positive sum")
+        if self.autoscaler.min_users > self.autoscaler.max_users:
+            raise ValueError("autoscaler.min_users must not exceed autoscaler.max_users")
         return self
 
     @property
     def ms_per_token(self) -> float:
-        return GENERATION_MS_PER_TOKEN[self.generation_mode]
+        return self.generation.ms_per_token.get(self.generation_mode, 0.0)
+
+
+def _flag(loc: tuple) -> str:
+    head = str(loc[0])
+    if len(loc) == 1 and head in BenchConfig.model_fields and not isinstance(
+            BenchConfig.model_fields[head].default, BaseModel):
+        return "--" + head.replace("_", "-")
+    return ".".join(str(p) for p in loc)
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = _flag(err["loc"]) if err["loc"] else "config"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if err["loc"] else msg
+
+
+def _env_overrides() -> dict:
+    """KVTIER_<TOP_LEVEL_KEY>=value (scalars only), parsed as YAML scalars: KVTIER_NUM_USERS=50."""
+    out = {}
+    for key in BenchConfig.model_fields:
+        val = os.environ.get("KVTIER_" + key.upper())
+        if val is not None:
+            out[key] = yaml.safe_load(val)
+    return out
+
+
+def load_config(yaml_path: str | None, cli: dict) -> BenchConfig:
+    """Merge defaults, a YAML file, KVTIER_* env and explicit CLI values; raise ConfigError with one clear line."""
+    data: dict = {}
+    if yaml_path:
+        try:
+            with open(yaml_path) as f:
+                loaded = yaml.safe_load(f) or {}
+        except OSError as exc:
+            raise ConfigError(f"--config {yaml_path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"--config {yaml_path}{where}: not valid YAML") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"--config {yaml_path}: expected a mapping of keys at the top")
+        data.update(loaded)
+    data.update(_env_overrides())
+    data.update(cli)
+    try:
+        return BenchConfig(**data)
+    except ValidationError as exc:
+        prefix = f"--config {yaml_path}: " if yaml_path and exc.errors()[0]["loc"] and str(exc.errors()[0]["loc"][0]) not in cli else ""
+        raise ConfigError(prefix + describe_validation_error(exc)) from exc

@@ -17,8 +17,11 @@ class LiveView:
     """A one-line live status (elapsed, requests, read/write GB/s over the last interval, tier occupancy).
     On a non-terminal it prints a plain line every `plain_every_s` seconds instead."""
 
-    def __init__(self, duration_s: float, enabled: bool = True, plain_every_s: float = 10.0) -> None:
+    def __init__(self, duration_s: float, enabled: bool = True, plain_every_s: float = 10.0,
+                 status_file: str | None = None) -> None:
         self.console = Console(stderr=True)
+        # A multi-client parent reads each client's latest snapshot from here for its aggregate view.
+        self.status_file = status_file
         self.duration_s = duration_s
         self.enabled = enabled
         self.plain_every_s = plain_every_s
@@ -37,19 +40,62 @@ class LiveView:
             self._live.__exit__(*exc)
 
     def update(self, snap: dict) -> None:
+        if self.status_file:
+            write_status(self.status_file, snap)
         prev = self._prev or {"t_s": 0.0, "read_bytes": 0, "written_bytes": 0}
         self._prev = snap
         dt = max(snap["t_s"] - prev["t_s"], 1e-9)
         rd = (snap["read_bytes"] - prev["read_bytes"]) / GB / dt
         wr = (snap["written_bytes"] - prev["written_bytes"]) / GB / dt
         tiers = "  ".join(f"{name} {t['entries']}e/{t['used_bytes'] / GB:.2f}GB" for name, t in snap["tiers"].items())
-        line = (f"{snap['t_s']:6.1f}/{self.duration_s:g}s  requests {snap['requests']:>7}  "
+        users = f"users {snap['users']}  " if snap.get("users") else ""
+        line = (f"{snap['t_s']:6.1f}/{self.duration_s:g}s  {users}requests {snap['requests']:>7}  "
                 f"read {rd:6.2f} GB/s  write {wr:6.2f} GB/s  |  {tiers}")
         if self._live:
             self._live.update(Text(line))
         elif self.enabled and time.monotonic() - self._last_plain >= self.plain_every_s:
             self._last_plain = time.monotonic()
             print(line, file=sys.stderr, flush=True)
+
+
+def write_status(path: str, snap: dict) -> None:
+    import json
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(snap, f)
+    os.replace(tmp, path)
+
+
+class SetupProgress:
+    """Progress of set-up steps (preconditioning, RAG ingest, pre-population), which can take a while."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self._progress = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self) -> "SetupProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress:
+            self._progress.__exit__(*exc)
+
+    def update(self, step: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self._progress is None:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                      TimeRemainingColumn(), console=self.console, transient=True)
+            self._progress.__enter__()
+        if step not in self._tasks:
+            self._tasks[step] = self._progress.add_task(step, total=total)
+        self._progress.update(self._tasks[step], completed=done)
 
 
 def _ms(d: dict, key: str) -> str:
@@ -66,6 +112,19 @@ def summary_tables(doc: dict) -> list[Table]:
     run.add_row("requests completed", f"{s['total_requests']:,} ({s['requests_per_second']:.1f}/s)")
     run.add_row("tokens/s (prompt + generated)", f"{s['avg_throughput_tokens_per_sec']:,.0f}")
     run.add_row("storage tier tokens/s", f"{s['storage_throughput_tokens_per_sec']:,.0f}")
+    wl = doc.get("workload", {})
+    if wl.get("source") and wl["source"] != "synthetic":
+        run.add_row("workload", f"{wl['source']}" + (" (timed)" if wl.get("timed") else ""))
+    pc = s.get("prefix_cache_stats", {})
+    if pc.get("enabled") and pc["hits"] + pc["misses"]:
+        run.add_row("system-prompt prefix hit rate", f"{pc['hit_rate']:.1%} ({pc['bytes_saved_gb']:.2f} GB not rewritten)")
+    rag = s.get("rag_stats", {})
+    if rag.get("enabled"):
+        run.add_row("RAG queries / chunk hit rate", f"{rag['queries']:,} / {rag['chunk_hit_rate']:.1%}")
+    auto = s.get("autoscaling_summary")
+    if auto:
+        run.add_row("autoscaler", f"{auto['mode']}: final {auto['final_users']} users; peak "
+                    f"{auto['peak_throughput_tokens_per_sec']:,.0f} tok/s at {auto['peak_users']} users")
     cs = s["cache_stats"]
     run.add_row("cache hit rate", f"{cs['cache_hit_rate']:.1%} ({cs['cache_hits']:,} hits, {cs['cache_misses']:,} misses)")
     if s["multi_turn_stats"]["enabled"]:
@@ -98,10 +157,30 @@ def summary_tables(doc: dict) -> list[Table]:
             tiers.add_row(f"{name} {op}", f"{o['ops']:,}", f"{o['bytes'] / GB:.2f}", f"{o['bytes'] / GB / elapsed:.2f}",
                           _ms(o["latency_ms"], "p50"), _ms(o["latency_ms"], "p99"), _ms(o["host_ms"], "p99"),
                           _ms(o["device_ms"], "p99"))
-    return [run, lat, tiers]
+    tables = [run, lat, tiers]
+    qos = s.get("qos_metrics") or {}
+    if qos:
+        q = Table(title="QoS classes (service latency = end to end minus simulated generation)")
+        for col in ("class", "requests", "p95 ms", "target", "p99 ms", "target", "SLA"):
+            q.add_column(col, justify="left" if col in ("class", "SLA") else "right")
+        for name, c in sorted(qos.items(), key=lambda kv: -kv[1]["priority"]):
+            sv = c["service_latency_ms"]
+            q.add_row(name, f"{c['requests']:,}", _ms(sv, "p95"), f"{c['sla']['target_p95_ms']:g}", _ms(sv, "p99"),
+                      f"{c['sla']['target_p99_ms']:g}", "met" if c["sla"]["met"] else "MISSED")
+        tables.append(q)
+    steps = doc.get("autoscaling_stats") or []
+    if steps:
+        a = Table(title="autoscaler steps")
+        for col in ("t s", "users", "tok/s", "saturation", "action", "reason"):
+            a.add_column(col, justify="left" if col in ("action", "reason") else "right")
+        for st in steps[-12:]:
+            a.add_row(f"{st['t_s']:.0f}", str(st["users"]), f"{st['throughput_tokens_per_sec']:,.0f}",
+                      f"{st['saturation']:.2f}", st["action"], st["reason"])
+        tables.append(a)
+    return tables
 
 
-def print_summary(doc: dict, output_path: str | None) -> None:
+def print_summary(doc: dict, output_path: str | None, extra: list[str] = ()) -> None:
     console = Console()
     for table in summary_tables(doc):
         console.print(table)
@@ -109,3 +188,5 @@ def print_summary(doc: dict, output_path: str | None) -> None:
         console.print(f"note: {note}")
     if output_path:
         console.print(f"results: {output_path}")
+    for path in extra:
+        console.print(f"wrote: {path}")

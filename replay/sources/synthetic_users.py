@@ -23,13 +23,14 @@ class SyntheticUser:
     generate_tokens: tuple[int, int]
     think_time_s: tuple[float, float]
 
-    def conversations(self, rng: random.Random, multi_turn: bool, end_probability: float) -> Iterator[Conversation]:
+    def conversations(self, rng: random.Random, multi_turn: bool, end_probability: float,
+                      max_turns: int = MAX_TURNS) -> Iterator[Conversation]:
         n = 0
         while True:
             turns = []
             while True:
                 turns.append(Turn(input_tokens=rng.randint(*self.context_tokens), output_tokens=rng.randint(*self.generate_tokens)))
-                if not multi_turn or len(turns) >= MAX_TURNS or rng.random() < end_probability:
+                if not multi_turn or len(turns) >= max_turns or rng.random() < end_probability:
                     break
             yield Conversation(f"u{self.user_id}-c{n}", tuple(turns))
             n += 1

@@ -1,4 +1,4 @@
-"""`kvtier bench` without the command line: build the tiers from a config, drive them, assemble the results."""
+"""`kvtier bench` without the command line: build the tiers from a config, set up, drive them, assemble results."""
 
 from __future__ import annotations
 
@@ -11,20 +11,23 @@ import tempfile
 import time
 
 from kvconnector.errors import ConfigError
-from kvconnector.models import resolve_model
+from kvconnector.models import ModelSpec, resolve_model
 from kvconnector.store import TieredStore
 from kvconnector.tiers import GB, CPUTier, DiskTier, GPUTier, cuda_torch
 
 from .. import sysinfo
 from ..bench_config import BenchConfig
 from ..results import cache_stats, tier_details
-from ..sources.synthetic_users import make_users
-from .driver import RunOutcome, SyntheticDriver
+from ..sources.base import WorkloadError
+from .driver import RunOutcome, SyntheticDriver, rag_key
 from .payload import RandomPayload
+from .precondition import precondition
+from .workload import Workload
 
 log = logging.getLogger("kvtier.bench")
 
 DEFAULT_GPU_MEM_GB = 16.0
+PREPOPULATE_PER_USER = 10
 
 
 def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
@@ -54,19 +57,26 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
     return tiers
 
 
-def make_run_dir(cfg: BenchConfig) -> tuple[str, bool]:
+def make_run_dir(cfg: BenchConfig) -> str:
     """A fresh directory for this run's entries: inside --cache-dir when given, else a temporary one."""
     stamp = f"kvtier-run-{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-"
     if cfg.cache_dir:
         base = os.path.abspath(cfg.cache_dir)
         try:
             os.makedirs(base, exist_ok=True)
-            return tempfile.mkdtemp(prefix=stamp, dir=base), True
+            return tempfile.mkdtemp(prefix=stamp, dir=base)
         except OSError as exc:
             raise ConfigError(f"cannot use --cache-dir {base}: {exc.strerror}") from exc
     # /var/tmp is disk-backed on most systems, where /tmp may be tmpfs.
     base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
-    return tempfile.mkdtemp(prefix=stamp, dir=base), True
+    return tempfile.mkdtemp(prefix=stamp, dir=base)
+
+
+def model_spec(cfg: BenchConfig) -> ModelSpec:
+    custom = cfg.model_configs.get(cfg.model)
+    if custom is not None:
+        return ModelSpec(cfg.model, **custom.model_dump())
+    return resolve_model(cfg.model)
 
 
 class Bench:
@@ -75,45 +85,95 @@ class Bench:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
         self.notes: list[str] = []
+        self.setup: dict = {}
+        self.store = None
+        self.run_dir = None
 
     def prepare(self) -> None:
         cfg = self.cfg
-        self.spec = resolve_model(cfg.model)
+        self.spec = model_spec(cfg)
         self.bytes_per_token = self.spec.bytes_per_token(cfg.kv_dtype)
-        self.run_dir, self._remove_run_dir = make_run_dir(cfg)
+        self.seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
+        try:
+            self.workload = Workload(cfg, self.seed)
+        except WorkloadError as exc:
+            raise ConfigError(str(exc)) from exc
+        if self.workload.report:
+            r = self.workload.report
+            self.notes.append(f"{r.source}: {r.conversations} conversations, {r.turns} turns, tokenizer {r.tokenizer}"
+                              + (f", skipped {dict(r.skipped)}" if r.skipped else ""))
+        self.run_dir = make_run_dir(cfg)
         try:
             self.tiers = build_tiers(cfg, self.run_dir, self.notes)
         except BaseException:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.notes.extend(f"{t.name}: fallback {k} x{v}" for t in self.tiers for k, v in t.fallbacks.items())
-        self.store = TieredStore(self.tiers, target_usage_ratio=cfg.target_usage_ratio,
-                                 large_entry_limit_ratio=cfg.large_entry_limit_ratio, promote_on_hit=cfg.promote_on_hit)
-        self.seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
-        self.users = make_users(cfg.num_users, cfg.user_profiles, random.Random(self.seed))
+        self.store = TieredStore(self.tiers, target_usage_ratio=cfg.eviction.target_usage_ratio,
+                                 large_entry_limit_ratio=cfg.eviction.large_entry_limit_ratio,
+                                 promote_on_hit=cfg.promote_on_hit)
         self.payload = RandomPayload(cfg.random_buffer_mb, self.seed)
 
-    def run(self, on_sample=None) -> dict:
+    # ---- set-up I/O, excluded from the results ------------------------------------------------------------------------
+    def set_up(self, on_progress=None) -> None:
+        cfg = self.cfg
+        rng = random.Random(self.seed ^ 0x5E7)
+        disk = self.tiers[-1]
+        if cfg.precondition:
+            size = int(cfg.precondition_size_gb * GB) or 2 * disk.capacity_bytes
+            free = shutil.disk_usage(self.run_dir).free
+            if size > 0.95 * free:
+                raise ConfigError(f"--precondition-size-gb {size / GB:.1f} GB does not fit the {free / GB:.1f} GB free "
+                                  f"under {self.run_dir}; pass a smaller --precondition-size-gb")
+            threads = cfg.precondition_threads or cfg.io_workers
+            self.setup["precondition"] = precondition(
+                os.path.join(self.run_dir, "precondition"), size, threads, self.payload,
+                direct=getattr(disk, "io_mode", None) and disk.io_mode.value == "direct",
+                on_progress=on_progress and (lambda done, total: on_progress("precondition", done, total)))
+        if cfg.enable_rag:
+            chunk_bytes = cfg.rag.chunk_tokens * self.bytes_per_token
+            total = cfg.rag_num_docs * cfg.rag.chunks_per_doc
+            for i, (d, c) in enumerate((d, c) for d in range(cfg.rag_num_docs) for c in range(cfg.rag.chunks_per_doc)):
+                self.store.put(rag_key(d, c), self.payload.chunks(chunk_bytes, rng))
+                if on_progress:
+                    on_progress("rag ingest", i + 1, total)
+            self.setup["rag_ingest"] = {"documents": cfg.rag_num_docs, "chunks": total, "chunk_bytes": chunk_bytes}
+        self.prepopulated: list[str] = []
+        if cfg.decode_only:
+            n = cfg.num_users * PREPOPULATE_PER_USER
+            templates = list(cfg.user_templates.values())
+            for i in range(n):
+                t = templates[i % len(templates)]
+                key = f"pre/{i}"
+                self.store.put(key, self.payload.chunks(rng.randint(*t.context_tokens) * self.bytes_per_token, rng))
+                self.prepopulated.append(key)
+                if on_progress:
+                    on_progress("pre-populate", i + 1, n)
+            self.setup["prepopulated_entries"] = n
+        self.store.reset_stats()
+
+    def run(self, on_sample=None, phase_hook=None) -> dict:
         cfg = self.cfg
         started = dt.datetime.now(dt.timezone.utc)
         env = sysinfo.environment(self.run_dir)
         disk0 = sysinfo.disk_counters(env["block_device"])
-        driver = SyntheticDriver(cfg.model_copy(update={"seed": self.seed}), self.store, self.bytes_per_token,
-                                 self.users, self.payload, on_sample=on_sample)
+        driver = SyntheticDriver(cfg, self.store, self.bytes_per_token, self.workload, self.payload, self.seed,
+                                 on_sample=on_sample, prepopulated=getattr(self, "prepopulated", []),
+                                 phase_hook=phase_hook)
         self.driver = driver
         try:
             outcome = driver.run()
         finally:
             disk1 = sysinfo.disk_counters(env["block_device"])
-        doc = self.results(outcome, env, started, disk0, disk1)
-        return doc
+        return self.results(outcome, env, started, disk0, disk1)
 
     def cleanup(self) -> None:
-        if getattr(self, "store", None) is not None:
+        if self.store is not None:
             self.store.close()
-        if getattr(self, "run_dir", None) and self._remove_run_dir and not self.cfg.keep_cache:
+        if self.run_dir and not self.cfg.keep_cache:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    # ---- results -----------------------------------------------------------------------------------------------------
     def results(self, outcome: RunOutcome, env: dict, started, disk0, disk1) -> dict:
         cfg = self.cfg
         elapsed = outcome.elapsed_s
@@ -129,6 +189,21 @@ class Bench:
                 "read_gbps": round(delta["read_bytes"] / GB / elapsed, 4) if elapsed else 0.0,
                 "write_gbps": round(delta["written_bytes"] / GB / elapsed, 4) if elapsed else 0.0,
                 "note": "whole-device counters for the run's window: other processes' I/O is included",
+            }
+        rate = lambda hits, total: round(hits / total, 4) if total else 0.0  # noqa: E731
+        qos = {}
+        for name, cs in sorted(req.by_class.items()):
+            prof = cfg.qos_profiles[name]
+            svc = cs.service
+            qos[name] = {
+                "requests": cs.requests,
+                "priority": prof.priority,
+                "end_to_end_latency_ms": cs.end_to_end.summary_ms(),
+                "service_latency_ms": svc.summary_ms(),
+                "sla": {"target_p95_ms": prof.target_p95_ms, "target_p99_ms": prof.target_p99_ms,
+                        "met": bool(svc.count) and svc.percentile_ms(95) <= prof.target_p95_ms
+                        and svc.percentile_ms(99) <= prof.target_p99_ms},
+                "histograms": {"end_to_end": cs.end_to_end.encode(), "service": svc.encode()},
             }
         summary = {
             "status": outcome.status,
@@ -150,13 +225,35 @@ class Bench:
                 "enabled": not cfg.disable_multi_turn,
                 "previous_turn_hits": req.multi_turn_hits,
                 "previous_turn_misses": req.multi_turn_misses,
-                "hit_rate": round(req.multi_turn_hits / (req.multi_turn_hits + req.multi_turn_misses), 4)
-                if req.multi_turn_hits + req.multi_turn_misses else 0.0,
+                "hit_rate": rate(req.multi_turn_hits, req.multi_turn_hits + req.multi_turn_misses),
             },
-            "decode_stats": {"reads": req.decode_reads, "misses": req.decode_misses, "batch_size": cfg.decode_batch_size},
+            "prefix_cache_stats": {
+                "enabled": not cfg.disable_prefix_caching,
+                "hits": req.prefix_hits,
+                "misses": req.prefix_misses,
+                "hit_rate": rate(req.prefix_hits, req.prefix_hits + req.prefix_misses),
+                "bytes_saved_gb": round(req.prefix_bytes_saved / GB, 4),
+            },
+            "rag_stats": {
+                "enabled": cfg.enable_rag,
+                "queries": req.rag_queries,
+                "chunk_reads": req.rag_chunk_reads,
+                "chunk_misses": req.rag_chunk_misses,
+                "chunk_hit_rate": rate(req.rag_chunk_reads - req.rag_chunk_misses, req.rag_chunk_reads),
+                "burst_latency_ms": req.rag_burst.summary_ms(),
+            },
+            "decode_stats": {"reads": req.decode_reads, "misses": req.decode_misses, "batch_size": cfg.decode.batch_size},
+            "qos_metrics": qos,
             "requests_by_profile": dict(sorted(req.by_profile.items())),
         }
+        if outcome.autoscaling:
+            peak = max(outcome.autoscaling, key=lambda s: s["throughput_tokens_per_sec"])
+            summary["autoscaling_summary"] = {"mode": cfg.autoscaler_mode, "steps": len(outcome.autoscaling),
+                                              "final_users": outcome.autoscaling[-1]["next_users"],
+                                              "peak_throughput_tokens_per_sec": peak["throughput_tokens_per_sec"],
+                                              "peak_users": peak["users"], "reason": outcome.autoscaling[-1]["reason"]}
         fallbacks = {f"{t.name}.{k}": v for t in self.store.tiers for k, v in t.fallbacks.items()}
+        report = self.workload.report
         return {
             "kvtier_version": _version(),
             "started_at": started.isoformat(timespec="seconds"),
@@ -165,8 +262,13 @@ class Bench:
             "notes": self.notes,
             "model": {"name": self.spec.name, "bytes_per_token": self.bytes_per_token, "kv_dtype": cfg.kv_dtype,
                       "mla": self.spec.is_mla},
+            "workload": {"source": self.workload.kind, "timed": self.workload.timed,
+                         "load_report": None if report is None else {
+                             "conversations": report.conversations, "turns": report.turns,
+                             "skipped": dict(report.skipped), "tokenizer": report.tokenizer}},
             "config": cfg.model_dump(mode="json") | {"seed": self.seed},
             "environment": env,
+            "setup": self.setup,
             "summary": summary,
             "tiers": tier_details(self.store),
             "block_device": block,
@@ -177,6 +279,7 @@ class Bench:
                 "generation": req.generation.encode(),
                 "queue_wait": req.queue_wait.encode(),
             },
+            "autoscaling_stats": outcome.autoscaling,
             "timeline": outcome.timeline,
         }
 

@@ -1,12 +1,15 @@
 """The in-process driver: simulated users issue requests against the tiered store, with no inference engine.
 
-One request = (multi-turn) a read of the conversation's previous turn, one prefill write of the turn's KV, then
-ceil(generate_tokens / decode_batch_size) decode reads of it, with simulated generation time between batches.
+A request, in order: (prefix caching) read the conversation's system-prompt KV, or write it on a miss; (RAG) read
+its top-k document chunks as one burst; (multi-turn) read the previous turn's KV; (prefill) write the KV of the
+tokens this turn adds (its input plus the previous answer); (decode) read it ceil(generate_tokens / batch size) times,
+with simulated generation time between batches. --prefill-only skips decode; --decode-only only reads pre-populated
+entries.
 
-Users are asyncio tasks (thousands are cheap); storage operations run in a pool of `io_workers` threads (whose system
-calls release the GIL), earliest request first. At the end of the window no new operation starts: user tasks are cancelled, operations not yet
-started are dropped, those in flight finish, and the elapsed time runs until the last of them did, so bandwidth is
-bytes over the real time it took.
+Users are asyncio tasks (thousands are cheap); storage operations run in a pool of `io_workers` threads (their system
+calls release the GIL), most urgent first: higher QoS class, then earlier request. At the end of the window no new
+operation starts: users are cancelled, operations not yet started are dropped, those in flight finish, and the elapsed
+time runs until the last of them did, so bandwidth is bytes over the real time it took.
 """
 
 from __future__ import annotations
@@ -18,14 +21,31 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import xxhash
+
 from kvconnector.errors import KvtierError
 from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 
 from ..bench_config import BenchConfig
-from ..sources.synthetic_users import SyntheticUser
+from .autoscaler import Autoscaler
 from .executor import PriorityExecutor
 from .payload import RandomPayload
+from .workload import Session, User, Workload
+
+
+def _hist() -> LatencyHistogram:
+    return LatencyHistogram()
+
+
+@dataclass
+class ClassStats:
+    """Per-QoS-class latencies. Service latency = end to end minus simulated generation: what storage and queueing
+    cost the request, which is what the class's SLA is judged on."""
+
+    requests: int = 0
+    end_to_end: LatencyHistogram = field(default_factory=_hist)
+    service: LatencyHistogram = field(default_factory=_hist)
 
 
 @dataclass
@@ -35,15 +55,23 @@ class RequestStats:
     completed: int = 0
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    end_to_end: LatencyHistogram = field(default_factory=LatencyHistogram)
-    storage_io: LatencyHistogram = field(default_factory=LatencyHistogram)
-    generation: LatencyHistogram = field(default_factory=LatencyHistogram)
-    queue_wait: LatencyHistogram = field(default_factory=LatencyHistogram)
+    end_to_end: LatencyHistogram = field(default_factory=_hist)
+    storage_io: LatencyHistogram = field(default_factory=_hist)
+    generation: LatencyHistogram = field(default_factory=_hist)
+    queue_wait: LatencyHistogram = field(default_factory=_hist)
     multi_turn_hits: int = 0
     multi_turn_misses: int = 0
     decode_reads: int = 0
     decode_misses: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    prefix_bytes_saved: int = 0
+    rag_queries: int = 0
+    rag_chunk_reads: int = 0
+    rag_chunk_misses: int = 0
+    rag_burst: LatencyHistogram = field(default_factory=_hist)
     by_profile: dict[str, int] = field(default_factory=dict)
+    by_class: dict[str, ClassStats] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,31 +82,46 @@ class RunOutcome:
     end_ns: int
     requests: RequestStats
     timeline: list[dict]
+    autoscaling: list[dict]
 
     @property
     def elapsed_s(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
 
 
-class _Stop(Exception):
-    pass
+def system_prompt_key(text: str) -> str:
+    return "sys/" + xxhash.xxh3_64_hexdigest(text.encode())
+
+
+def rag_key(doc: int, chunk: int) -> str:
+    return f"rag/d{doc}/c{chunk}"
 
 
 class SyntheticDriver:
-    def __init__(self, cfg: BenchConfig, store: TieredStore, bytes_per_token: int, users: list[SyntheticUser],
-                 payload: RandomPayload, on_sample=None, sample_interval_s: float = 0.5) -> None:
+    def __init__(self, cfg: BenchConfig, store: TieredStore, bytes_per_token: int, workload: Workload,
+                 payload: RandomPayload, seed: int, on_sample=None, sample_interval_s: float = 0.5,
+                 prepopulated: list[str] | None = None, phase_hook=None) -> None:
         self.cfg = cfg
         self.store = store
         self.bytes_per_token = bytes_per_token
-        self.users = users
+        self.workload = workload
         self.payload = payload
+        self.seed = seed
         self.on_sample = on_sample
         self.sample_interval_s = sample_interval_s
+        self.prepopulated = prepopulated or []
+        # Called as phase_hook(name) on the I/O thread before each store call (the I/O trace log's request phase).
+        self.phase_hook = phase_hook
         self.req = RequestStats()
         self.timeline: list[dict] = []
+        self.autoscaling: list[dict] = []
         self._status = "completed"
         self._error: str | None = None
         self._next_slot = 0.0
+        self._users: list[tuple[User, asyncio.Task]] = []
+        self._next_user_id = 0
+        self._rng = random.Random(seed ^ 0xD21)
+        self._class_window: dict[str, LatencyHistogram] | None = None
 
     # ---- public ----------------------------------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -86,51 +129,53 @@ class SyntheticDriver:
 
     def snapshot(self) -> dict:
         """Cumulative figures for progress views and the timeline."""
-        read = sum(s.read.nbytes for s in self.store.stats)
-        written = sum(s.write.nbytes for s in self.store.stats)
         return {
             "requests": self.req.completed,
-            "read_bytes": read,
-            "written_bytes": written,
+            "read_bytes": sum(s.read.nbytes for s in self.store.stats),
+            "written_bytes": sum(s.write.nbytes for s in self.store.stats),
+            "users": sum(1 for u, _ in self._users if not u.stop) if self._users else 0,
             "tiers": {u["tier"]: {"entries": u["entries"], "used_bytes": u["used_bytes"]} for u in self.store.usage()},
         }
 
     # ---- run loop --------------------------------------------------------------------------------------------------
     async def _run(self) -> RunOutcome:
         loop = asyncio.get_running_loop()
-        self._loop = loop
         self._pool = PriorityExecutor(self.cfg.io_workers)
         self._alloc = asyncio.Semaphore(self.cfg.max_concurrent_allocs) if self.cfg.max_concurrent_allocs else None
         self._done = asyncio.Event()
+        self._sessions_open: set[asyncio.Task] = set()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self._interrupt)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 pass
-        seed = self.cfg.seed if self.cfg.seed is not None else random.randrange(2**32)
         self.start_ns = time.perf_counter_ns()
         self._next_slot = time.monotonic()
-        tasks = [asyncio.create_task(self._user(u, random.Random(seed * 1_000_003 + u.user_id))) for u in self.users]
-        sampler = asyncio.create_task(self._sample())
+        background = [asyncio.create_task(self._sample())]
+        if self.workload.timed:
+            background.append(asyncio.create_task(self._dispatch_timed()))
+        else:
+            self._scale_to(self.cfg.num_users)
+            if self.cfg.enable_autoscaling:
+                background.append(asyncio.create_task(self._autoscale()))
         try:
             await asyncio.wait_for(self._done.wait(), timeout=self.cfg.duration)
         except asyncio.TimeoutError:
             pass
+        tasks = [t for _, t in self._users] + list(self._sessions_open) + background
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         # Operations queued but not started are dropped; those in flight finish and count.
         await loop.run_in_executor(None, self._pool.shutdown)
         end_ns = time.perf_counter_ns()
-        sampler.cancel()
-        await asyncio.gather(sampler, return_exceptions=True)
         self._record_sample(end_ns)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
-        return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline)
+        return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline, self.autoscaling)
 
     def _interrupt(self) -> None:
         if self._status == "completed":
@@ -141,6 +186,9 @@ class SyntheticDriver:
         if self._status != "failed":
             self._status, self._error = "failed", str(exc)
         self._done.set()
+
+    def _now_s(self) -> float:
+        return (time.perf_counter_ns() - self.start_ns) / 1e9
 
     async def _sample(self) -> None:
         while True:
@@ -154,8 +202,115 @@ class SyntheticDriver:
         if self.on_sample:
             self.on_sample(snap)
 
-    async def _io(self, priority: tuple, fn, *args):
-        return await self._pool.run(priority, fn, *args)
+    # ---- users -----------------------------------------------------------------------------------------------------
+    def _scale_to(self, n: int) -> None:
+        """Really start or stop user workers until `n` are active (stopping ones finish their current request)."""
+        active = [u for u, _ in self._users if not u.stop]
+        for u in active[n:]:
+            u.stop = True
+        for _ in range(n - len(active)):
+            user = self.workload.new_user(self._next_user_id)
+            self._next_user_id += 1
+            self._users.append((user, asyncio.create_task(self._user(user))))
+        self._users = [(u, t) for u, t in self._users if not t.done()]
+
+    async def _user(self, user: User) -> None:
+        try:
+            while not user.stop:
+                session = self.workload.next_session(user)
+                if session is None:  # the dataset is exhausted (--replay-cycles)
+                    break
+                await self._session(session, user)
+            if self.workload.kind != "synthetic" and not any(not t.done() and u is not user for u, t in self._users):
+                self._done.set()  # the last user finished the last cycle
+        except asyncio.CancelledError:
+            raise
+        except (KvtierError, OSError) as exc:
+            self._fail(exc)
+
+    async def _dispatch_timed(self) -> None:
+        """Open loop: each session starts at its first turn's (scaled) trace time, its turns at theirs."""
+        speed = self.cfg.trace_speedup
+        base = None
+        for session in self.workload.timed_sessions():
+            first = session.conversation.turns[0].arrival_s or 0.0
+            if base is None:
+                base = first
+            delay = (first + session.offset_s - base) / speed - self._now_s()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(self._timed_session(session, base))
+            self._sessions_open.add(task)
+            task.add_done_callback(self._sessions_open.discard)
+        while self._sessions_open:  # trace finished: end when its last session does
+            await asyncio.gather(*list(self._sessions_open), return_exceptions=True)
+        self._done.set()
+
+    async def _timed_session(self, session: Session, base: float) -> None:
+        try:
+            await self._session(session, None, base)
+        except asyncio.CancelledError:
+            raise
+        except (KvtierError, OSError) as exc:
+            self._fail(exc)
+
+    async def _session(self, session: Session, user: User | None, base: float | None = None) -> None:
+        rng = user.rng if user else self._rng
+        throughput = self.cfg.performance_profile == "throughput"
+        prev_key, prev_output = None, 0
+        for i, turn in enumerate(session.conversation.turns):
+            if user is not None:
+                if user.stop:
+                    return
+                await asyncio.sleep(user.think_time(throughput))
+            elif turn.arrival_s is not None:
+                delay = (turn.arrival_s + session.offset_s - base) / self.cfg.trace_speedup - self._now_s()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            key = f"{session.session_id}/t{i}"
+            new_tokens = max(1, turn.input_tokens + prev_output)
+            await self._request(session, key, prev_key, new_tokens, turn.output_tokens, rng, first_turn=i == 0)
+            prev_key, prev_output = key, turn.output_tokens
+
+    # ---- autoscaling -----------------------------------------------------------------------------------------------
+    async def _autoscale(self) -> None:
+        cfg = self.cfg
+        scaler = Autoscaler(cfg.autoscaler, cfg.autoscaler_mode, cfg.target_saturation)
+        prev_busy, prev_tokens, prev_t = self._pool.busy_ns(), 0, self._now_s()
+        # Per-class service latency of the current interval only, to judge SLAs as they are now.
+        window = {c: LatencyHistogram() for c in cfg.qos_profiles}
+        self._class_window = window
+        while True:
+            await asyncio.sleep(cfg.autoscaler.interval_s)
+            now, busy = self._now_s(), self._pool.busy_ns()
+            tokens = self.req.prompt_tokens + self.req.generated_tokens
+            dt = max(now - prev_t, 1e-9)
+            saturation = min(1.0, (busy - prev_busy) / 1e9 / (self._pool.workers * dt))
+            throughput = (tokens - prev_tokens) / dt
+            missed = [c for c, h in window.items()
+                      if h.count and h.percentile_ms(95) > cfg.qos_profiles[c].target_p95_ms]
+            users = sum(1 for u, _ in self._users if not u.stop)
+            d = scaler.decide(now, users, throughput, saturation, missed)
+            self.autoscaling.append({"t_s": round(now, 2), "users": users, "throughput_tokens_per_sec": round(throughput, 1),
+                                     "saturation": round(saturation, 3), "action": d.action, "reason": d.reason,
+                                     "next_users": d.users})
+            if d.users != users:
+                self._scale_to(d.users)
+            prev_busy, prev_tokens, prev_t = busy, tokens, now
+            for c in window:
+                window[c] = LatencyHistogram()
+
+    # ---- one request -----------------------------------------------------------------------------------------------
+    async def _io(self, priority: tuple, phase: str, fn, *args):
+        if self.phase_hook is None:
+            return await self._pool.run(priority, fn, *args)
+        hook = self.phase_hook
+
+        def call():
+            hook(phase)
+            return fn(*args)
+
+        return await self._pool.run(priority, call)
 
     async def _rate_limit(self) -> None:
         """Global request-rate cap: requests start at most `request_rate` per second, in slots."""
@@ -167,68 +322,102 @@ class SyntheticDriver:
         if slot > now:
             await asyncio.sleep(slot - now)
 
-    async def _user(self, user: SyntheticUser, rng: random.Random) -> None:
-        try:
-            for conv in user.conversations(rng, not self.cfg.disable_multi_turn, self.cfg.end_conversation_probability):
-                prev_key = None
-                for i, turn in enumerate(conv.turns):
-                    await asyncio.sleep(user.think_time(rng))
-                    key = f"{conv.conversation_id}_turn_{i}"
-                    await self._request(user, key, prev_key, turn.input_tokens, turn.output_tokens, rng)
-                    prev_key = key
-        except asyncio.CancelledError:
-            raise
-        except KvtierError as exc:
-            self._fail(exc)
-        except OSError as exc:
-            self._fail(exc)
+    async def _prefix(self, prio: tuple, session: Session, rng: random.Random) -> int:
+        prompt = self.cfg.prefix_cache.system_prompts[session.system_prompt]
+        key = system_prompt_key(prompt.text)
+        nbytes = prompt.tokens * self.bytes_per_token
+        r = await self._io(prio, "prefix", self.store.get, key)
+        if r.hit:
+            self.req.prefix_hits += 1
+            self.req.prefix_bytes_saved += nbytes
+            return r.timing.total_ns
+        self.req.prefix_misses += 1  # computed again and stored for the next conversation
+        w = await self._io(prio, "prefix", self.store.put, key, self.payload.chunks(nbytes, rng))
+        return r.timing.total_ns + w.timing.total_ns
 
-    async def _request(self, user: SyntheticUser, key: str, prev_key: str | None, context_tokens: int,
-                       generate_tokens: int, rng: random.Random) -> None:
+    async def _rag(self, prio: tuple, rng: random.Random) -> int:
+        rc = self.cfg.rag
+        docs = self.cfg.rag_num_docs
+        # Retrieval favours some documents (Zipf-like), as real corpora do.
+        picks = {(rng.choices(range(docs), weights=[1 / (d + 1) for d in range(docs)])[0], rng.randrange(rc.chunks_per_doc))
+                 for _ in range(rc.top_k)}
+        t0 = time.perf_counter_ns()
+        results = await asyncio.gather(*(self._io(prio, "rag", self.store.get, rag_key(d, c)) for d, c in picks))
+        storage = sum(r.timing.total_ns for r in results)
+        for (d, c), r in zip(picks, results):
+            if not r.hit:  # chunk KV evicted: recomputed and stored again
+                self.req.rag_chunk_misses += 1
+                w = await self._io(prio, "rag", self.store.put, rag_key(d, c),
+                                   self.payload.chunks(rc.chunk_tokens * self.bytes_per_token, rng))
+                storage += w.timing.total_ns
+        self.req.rag_queries += 1
+        self.req.rag_chunk_reads += len(picks)
+        self.req.rag_burst.record_ns(time.perf_counter_ns() - t0)
+        return storage
+
+    async def _request(self, session: Session, key: str, prev_key: str | None, new_tokens: int, generate_tokens: int,
+                       rng: random.Random, first_turn: bool) -> None:
         cfg = self.cfg
         t_submit = time.perf_counter_ns()
-        prio = (0, t_submit)  # earlier requests' operations first
+        prio = (-cfg.qos_profiles[session.qos].priority, t_submit)
         await self._rate_limit()
         storage_ns = 0
         multi_turn_hit = None
+        read_key = key
         if self._alloc:
             await self._alloc.acquire()
         try:
             t_start = time.perf_counter_ns()
-            if prev_key is not None:
-                r = await self._io(prio, self.store.get, prev_key)
-                storage_ns += r.timing.total_ns
-                multi_turn_hit = r.hit
-            chunks = self.payload.chunks(context_tokens * self.bytes_per_token, rng)
-            w = await self._io(prio, self.store.put, key, chunks)
-            storage_ns += w.timing.total_ns
+            if session.system_prompt is not None and first_turn and not cfg.decode_only:
+                storage_ns += await self._prefix(prio, session, rng)
+            if cfg.enable_rag and not cfg.decode_only and rng.random() < cfg.rag.probability:
+                storage_ns += await self._rag(prio, rng)
+            if cfg.decode_only:
+                read_key = rng.choice(self.prepopulated)
+            else:
+                if prev_key is not None:
+                    r = await self._io(prio, "multi_turn", self.store.get, prev_key)
+                    storage_ns += r.timing.total_ns
+                    multi_turn_hit = r.hit
+                chunks = self.payload.chunks(new_tokens * self.bytes_per_token, rng)
+                w = await self._io(prio, "prefill", self.store.put, key, chunks)
+                storage_ns += w.timing.total_ns
         finally:
             if self._alloc:
                 self._alloc.release()
         gen_ns = 0
+        batches = 0
         decode_misses = 0
-        batches = max(1, math.ceil(generate_tokens / cfg.decode_batch_size))
-        for b in range(batches):
-            tokens = min(cfg.decode_batch_size, generate_tokens - b * cfg.decode_batch_size)
-            if cfg.ms_per_token:
-                g0 = time.perf_counter_ns()
-                await asyncio.sleep(max(tokens, 0) * cfg.ms_per_token / 1000)
-                gen_ns += time.perf_counter_ns() - g0
-            r = await self._io(prio, self.store.get, key)
-            storage_ns += r.timing.total_ns
-            decode_misses += not r.hit
+        if not cfg.prefill_only:
+            batches = max(1, math.ceil(generate_tokens / cfg.decode.batch_size))
+            for b in range(batches):
+                tokens = min(cfg.decode.batch_size, generate_tokens - b * cfg.decode.batch_size)
+                if cfg.ms_per_token and tokens > 0:
+                    g0 = time.perf_counter_ns()
+                    await asyncio.sleep(tokens * cfg.ms_per_token / 1000)
+                    gen_ns += time.perf_counter_ns() - g0
+                r = await self._io(prio, "decode", self.store.get, read_key)
+                storage_ns += r.timing.total_ns
+                decode_misses += not r.hit
         # Only whole requests are counted; a request cut by the end of the window is not.
+        e2e = time.perf_counter_ns() - t_submit
         req = self.req
         req.completed += 1
-        req.prompt_tokens += context_tokens
+        req.prompt_tokens += new_tokens
         req.generated_tokens += generate_tokens
-        req.end_to_end.record_ns(time.perf_counter_ns() - t_submit)
+        req.end_to_end.record_ns(e2e)
         req.storage_io.record_ns(storage_ns)
         req.generation.record_ns(gen_ns)
         req.queue_wait.record_ns(t_start - t_submit)
         req.decode_reads += batches
         req.decode_misses += decode_misses
-        req.by_profile[user.profile] = req.by_profile.get(user.profile, 0) + 1
+        req.by_profile[session.profile] = req.by_profile.get(session.profile, 0) + 1
+        cls = req.by_class.setdefault(session.qos, ClassStats())
+        cls.requests += 1
+        cls.end_to_end.record_ns(e2e)
+        cls.service.record_ns(e2e - gen_ns)
+        if self._class_window is not None and session.qos in self._class_window:
+            self._class_window[session.qos].record_ns(e2e - gen_ns)
         if multi_turn_hit is True:
             req.multi_turn_hits += 1
         elif multi_turn_hit is False:

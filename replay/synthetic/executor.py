@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import itertools
 import threading
+import time
 from concurrent.futures import Future
 
 
@@ -20,7 +21,11 @@ class PriorityExecutor:
         self._cv = threading.Condition()
         self._seq = itertools.count()
         self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        self.workers = workers
+        # Time each worker spent running operations; a slot per worker, so no lock is needed.
+        self._busy_ns = [0] * workers
+        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
         for t in self._threads:
             t.start()
 
@@ -36,7 +41,11 @@ class PriorityExecutor:
     async def run(self, priority: tuple, fn, *args):
         return await asyncio.wrap_future(self.submit(priority, fn, *args))
 
-    def _work(self) -> None:
+    def busy_ns(self) -> int:
+        """Total time the workers spent running operations (for saturation = busy / (workers x interval))."""
+        return sum(self._busy_ns)
+
+    def _work(self, index: int) -> None:
         while True:
             with self._cv:
                 while not self._heap and not self._closed:
@@ -46,10 +55,15 @@ class PriorityExecutor:
                 _, _, fut, fn, args = heapq.heappop(self._heap)
             if not fut.set_running_or_notify_cancel():
                 continue
+            t0 = time.perf_counter_ns()
             try:
-                fut.set_result(fn(*args))
+                result = fn(*args)
             except BaseException as exc:
+                self._busy_ns[index] += time.perf_counter_ns() - t0
                 fut.set_exception(exc)
+            else:
+                self._busy_ns[index] += time.perf_counter_ns() - t0
+                fut.set_result(result)
 
     def shutdown(self, cancel_pending: bool = True) -> None:
         """Stop taking work; drop what has not started (if asked); wait for what is running."""
