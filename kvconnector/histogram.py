@@ -8,7 +8,9 @@ p99 of the pooled samples (never an average or max of per-part percentiles).
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 _LOWEST_NS = 1
@@ -16,6 +18,16 @@ _HIGHEST_NS = 3_600 * 1_000_000_000
 _DIGITS = 3
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+@lru_cache(maxsize=1)
+def _bucket_values() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lowest, highest and median value each counts index stands for (the same for every histogram here). hdrh
+    computes percentiles and means by walking every index in Python; with these, numpy does it in microseconds."""
+    h = HdrHistogram(_LOWEST_NS, _HIGHEST_NS, _DIGITS)
+    low = np.array([h.get_value_from_index(i) for i in range(h.counts_len)], dtype=np.float64)
+    high = np.array([h.get_highest_equivalent_value(int(v)) for v in low], dtype=np.float64)
+    return low, high, (low + high + 1) / 2
 
 
 class LatencyHistogram:
@@ -41,13 +53,23 @@ class LatencyHistogram:
         with self._lock:
             self._h.add(other._h)
 
+    def _counts(self) -> np.ndarray:
+        return np.ctypeslib.as_array(self._h.counts)
+
     def percentile_ms(self, pct: float) -> float:
+        """The value at `pct` (the highest value equivalent to its bucket, as HdrHistogram reports it)."""
         if self.count == 0:
             return 0.0
-        return self._h.get_value_at_percentile(pct) / 1e6
+        low, high, _ = _bucket_values()
+        target = self._h.get_target_count_at_percentile(pct)
+        idx = int(np.searchsorted(np.cumsum(self._counts()), target))
+        return float(high[idx] if pct else low[idx]) / 1e6
 
     def mean_ms(self) -> float:
-        return self._h.get_mean_value() / 1e6 if self.count else 0.0
+        if self.count == 0:
+            return 0.0
+        _, _, mid = _bucket_values()
+        return float(np.dot(self._counts().astype(np.float64), mid) / self.count) / 1e6
 
     def max_ms(self) -> float:
         return self._h.get_max_value() / 1e6 if self.count else 0.0

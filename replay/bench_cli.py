@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -157,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     return run_single(cfg)
 
 
-def run_single(cfg: BenchConfig, status_file: str | None = None) -> int:
+def run_single(cfg: BenchConfig) -> int:
+    from .synthetic.multiclient import STATUS_ENV
+
+    status_file = os.environ.get(STATUS_ENV)  # set when this process is one client of --num-clients
     output = cfg.output or default_output_path()
     bench = Bench(cfg)
     trace_log = None

@@ -13,6 +13,7 @@ import os
 import tempfile
 
 from kvconnector.store import TieredStore
+from kvconnector.telemetry import OpStats, TierStats
 
 GB = 1e9
 PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage"}
@@ -22,29 +23,29 @@ def tier_label(kind: str, name: str) -> str:
     return PEER_TIER_NAMES.get(kind, name)
 
 
-def cache_stats(store: TieredStore, elapsed_s: float) -> dict:
-    hits, misses = store.events["hits"], store.events["misses"]
+def cache_stats(tiers: dict, events: dict, elapsed_s: float) -> dict:
+    """The MLPerf-style `cache_stats` block from `tier_details` (a live store's, or merged clients')."""
+    hits, misses = events.get("hits", 0), events.get("misses", 0)
     out: dict = {
         "cache_hits": hits,
         "cache_misses": misses,
         "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
-        "put_rejected": store.events["put_rejected"],
+        "put_rejected": events.get("put_rejected", 0),
     }
-    usage = {u["tier"]: u for u in store.usage()}
-    for tier, st in zip(store.tiers, store.stats):
-        label = tier_label(tier.kind, tier.name)
-        out[f"{label}_entries"] = usage[tier.name]["entries"]
-        out[f"tier_{label}_kv_bytes_read_gb"] = round(st.read.nbytes / GB, 4)
-        out[f"tier_{label}_kv_bytes_written_gb"] = round(st.write.nbytes / GB, 4)
-        out[f"tier_{label}_read_bandwidth_gbps"] = round(st.read.nbytes / GB / elapsed_s, 4) if elapsed_s else 0.0
-        out[f"tier_{label}_write_bandwidth_gbps"] = round(st.write.nbytes / GB / elapsed_s, 4) if elapsed_s else 0.0
-        for op_name, op in (("read", st.read), ("write", st.write)):
+    for name, t in tiers.items():
+        label = tier_label(t["kind"], name)
+        out[f"{label}_entries"] = t["entries"]
+        for op in ("read", "write"):
+            st = OpStats.from_dict(t[op])
+            verb = "read" if op == "read" else "written"
+            out[f"tier_{label}_kv_bytes_{verb}_gb"] = round(st.nbytes / GB, 4)
+            out[f"tier_{label}_{op}_bandwidth_gbps"] = round(st.nbytes / GB / elapsed_s, 4) if elapsed_s else 0.0
             for pct, key in ((50, "p50"), (95, "p95"), (99, "p99"), (99.9, "p999")):
-                out[f"tier_{label}_{op_name}_{key}_ms"] = round(op.total.percentile_ms(pct), 4)
-            if tier.kind == "disk":
-                for part, hist in (("device", op.device), ("host", op.host)):
+                out[f"tier_{label}_{op}_{key}_ms"] = round(st.total.percentile_ms(pct), 4)
+            if t["kind"] == "disk":
+                for part, hist in (("device", st.device), ("host", st.host)):
                     for pct, key in ((50, "p50"), (95, "p95"), (99, "p99")):
-                        out[f"storage_{op_name}_{part}_{key}_ms"] = round(hist.percentile_ms(pct), 4)
+                        out[f"storage_{op}_{part}_{key}_ms"] = round(hist.percentile_ms(pct), 4)
     return out
 
 
@@ -54,6 +55,27 @@ def tier_details(store: TieredStore) -> dict:
         tier.name: {**tier.describe(), **usage[tier.name], **st.to_dict(), "fallbacks": dict(tier.fallbacks)}
         for tier, st in zip(store.tiers, store.stats)
     }
+
+
+def merge_tier_details(parts: list[dict]) -> dict:
+    """Tiers of several clients as one: entries, bytes and capacities add up; histograms merge (never averaged)."""
+    out: dict = {}
+    for tiers in parts:
+        for name, t in tiers.items():
+            if name not in out:
+                out[name] = {k: v for k, v in t.items() if k not in ("read", "write", "events", "fallbacks")}
+                out[name].update(_stats=TierStats(name), fallbacks={})
+                out[name]["entries"] = out[name]["used_bytes"] = out[name]["capacity_bytes"] = 0
+            m = out[name]
+            m["entries"] += t["entries"]
+            m["used_bytes"] += t["used_bytes"]
+            m["capacity_bytes"] += t["capacity_bytes"]
+            m["_stats"].merge(TierStats.from_dict(name, t))
+            for k, v in t.get("fallbacks", {}).items():
+                m["fallbacks"][k] = m["fallbacks"].get(k, 0) + v
+    for m in out.values():
+        m.update(m.pop("_stats").to_dict())
+    return out
 
 
 def write_json(path: str, doc: dict) -> None:

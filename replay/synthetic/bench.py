@@ -220,7 +220,7 @@ class Bench:
             "storage_io_latency_ms": req.storage_io.summary_ms(),
             "generation_latency_ms": req.generation.summary_ms(),
             "queue_wait_latency_ms": req.queue_wait.summary_ms(),
-            "cache_stats": cache_stats(self.store, elapsed),
+            "cache_stats": cache_stats(tier_details(self.store), self.store.events, elapsed),
             "multi_turn_stats": {
                 "enabled": not cfg.disable_multi_turn,
                 "previous_turn_hits": req.multi_turn_hits,
@@ -271,6 +271,7 @@ class Bench:
             "setup": self.setup,
             "summary": summary,
             "tiers": tier_details(self.store),
+            "store_events": dict(self.store.events),
             "block_device": block,
             "fallbacks": fallbacks,
             "request_histograms": {

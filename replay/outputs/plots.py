@@ -1,0 +1,378 @@
+"""Figures of a results document, as PNG files: what a person would rather look at than read.
+
+    latency_cdf.png          per tier and operation, the share of operations done within x ms (log x)
+    request_latency_cdf.png  the same for whole requests: end to end, storage I/O, queue wait, generation
+    throughput.png           requests/s and read/write GB/s over time (from the timeline's cumulative counters)
+    tier_occupancy.png       GB held by each tier over time, against its capacity
+    autoscaling.png          users and tokens/s at each autoscaler step (runs with autoscaling only)
+    qos_latency.png          per QoS class, p95/p99 latency against the class's SLA targets (QoS runs only)
+
+A figure whose data is absent from the document (an older file, a run without that feature) is skipped, with an
+INFO log line on the `kvtier.outputs` logger saying why. matplotlib is imported only when plots are asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from kvconnector.histogram import LatencyHistogram
+
+from ._common import GB, OPS, timeline_series
+
+__all__ = ["write_plots", "cdf_points", "FIGURES"]
+
+log = logging.getLogger("kvtier.outputs")
+
+FIGURES = ("latency_cdf.png", "request_latency_cdf.png", "throughput.png", "tier_occupancy.png", "autoscaling.png",
+           "qos_latency.png")
+
+_DPI = 110
+_OP_STYLE = {"read": "-", "write": "--"}
+_REQUEST_HISTS = (("end_to_end", "end to end"), ("storage_io", "storage I/O"), ("queue_wait", "queue wait"),
+                  ("generation", "generation (simulated)"))
+# A histogram whose largest value is at most this (ns) recorded only zeros (clamped to 1 ns): nothing to draw.
+_ZERO_NS = 1
+
+
+def cdf_points(encoded: str) -> tuple[list[float], list[float], int]:
+    """(latency_ms, fraction of samples at or below it, count) from an encoded histogram, one point per recorded
+    bucket (a bucket's upper bound, so the curve never claims an operation was faster than it was)."""
+    if not encoded:
+        return [], [], 0
+    h = LatencyHistogram.decode(encoded)
+    total = h.count
+    if not total or h._h.get_max_value() <= _ZERO_NS:
+        return [], [], total
+    # The same points as hdrh's get_recorded_iterator(), which walks every bucket in Python (~0.1 s a histogram):
+    # only the non-empty buckets, found with numpy.
+    import numpy as np  # noqa: PLC0415
+
+    hh = h._h
+    counts = np.ctypeslib.as_array(hh.counts)[: hh.counts_len]
+    idx = np.flatnonzero(counts)
+    cum = np.cumsum(counts[idx])
+    xs = [hh.get_highest_equivalent_value(hh.get_value_from_index(int(i))) / 1e6 for i in idx]
+    return xs, (cum / total).tolist(), total
+
+
+def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...] | None = None) -> list[str]:
+    """Write every figure the document has data for into `directory` (created if needed); return their paths.
+    `figures` limits it to some of FIGURES (by file name)."""
+    unknown = set(figures or ()) - set(FIGURES)
+    if unknown:
+        raise ValueError(f"unknown figures {sorted(unknown)}; known: {', '.join(FIGURES)}")
+    import matplotlib  # noqa: PLC0415 (only when plots are asked for)
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    title = _run_title(doc)
+    for name, draw in (("latency_cdf.png", _tier_cdf), ("request_latency_cdf.png", _request_cdf),
+                       ("throughput.png", _throughput), ("tier_occupancy.png", _occupancy),
+                       ("autoscaling.png", _autoscaling), ("qos_latency.png", _qos)):
+        if figures is not None and name not in figures:
+            continue
+        with plt.style.context("default"):
+            fig = draw(plt, doc)
+            if isinstance(fig, str):
+                log.info("plots: skipped %s (%s)", name, fig)
+                continue
+            fig.text(0.995, 0.005, title, ha="right", va="bottom", fontsize=7, color="0.45")
+            path = out / name
+            fig.savefig(path, dpi=_DPI)
+            plt.close(fig)
+            written.append(str(path))
+    return written
+
+
+def _run_title(doc: dict) -> str:
+    model = (doc.get("model") or {}).get("name", "?")
+    return f"kvtier {model}, {doc.get('started_at', '')}, status {doc.get('status', '?')}"
+
+
+def _fmt_ms(ms: float) -> str:
+    if ms >= 1000:
+        return f"{ms / 1000:.3g} s"
+    if ms >= 1:
+        return f"{ms:.3g} ms"
+    return f"{ms * 1000:.3g} µs"
+
+
+def _ms_axis(ax) -> None:
+    """Log x axis in ms with readable tick labels (0.001 ms ... 10,000 ms) instead of powers of ten."""
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+
+
+def _percentile_guides(ax) -> None:
+    for q, label, dy in ((0.5, "p50", 2), (0.99, "p99", -9)):
+        ax.axhline(q, color="0.6", lw=0.8, ls=":", zorder=0)
+        ax.annotate(label, xy=(0, q), xycoords=("axes fraction", "data"), xytext=(3, dy), textcoords="offset points",
+                    fontsize=8, color="0.4")
+
+
+def _draw_cdf(ax, xs, ys, **kw) -> None:
+    # A step curve starting at 0 just below the first bucket: the share is flat between recorded values.
+    ax.step([xs[0] * 0.98, *xs], [0.0, *ys], where="post", **kw)
+
+
+def _tier_cdf(plt, doc: dict):
+    tiers = doc.get("tiers") or {}
+    curves = []
+    for name, t in tiers.items():
+        for op in OPS:
+            enc = ((t.get(op) or {}).get("histograms") or {}).get("total")
+            xs, ys, n = cdf_points(enc) if enc else ([], [], 0)
+            if xs:
+                curves.append((name, op, xs, ys, n, (t[op].get("latency_ms") or {}).get("p99")))
+    if not curves:
+        return "no per-tier latency histograms in the results"
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    colors = _tier_colors(list(tiers))
+    for name, op, xs, ys, n, p99 in curves:
+        p99_text = f", p99 {_fmt_ms(p99)}" if p99 is not None else ""
+        _draw_cdf(ax, xs, ys, color=colors[name], ls=_OP_STYLE[op], lw=1.8, label=f"{name} {op}  ({n:,} ops{p99_text})")
+    _ms_axis(ax)
+    _percentile_guides(ax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("latency of one tier operation (ms, log scale)")
+    ax.set_ylabel("fraction of operations done within x")
+    ax.set_title("Tier operation latency CDF (solid: read, dashed: write)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(loc="best", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _request_cdf(plt, doc: dict):
+    hists = doc.get("request_histograms") or {}
+    curves, zero = [], []
+    for key, label in _REQUEST_HISTS:
+        xs, ys, n = cdf_points(hists.get(key) or "")
+        if xs:
+            curves.append((label, xs, ys, n))
+        elif n:
+            zero.append(label)
+    if not curves:
+        return "no request latency histograms in the results"
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    for label, xs, ys, n in curves:
+        _draw_cdf(ax, xs, ys, lw=1.8, label=f"{label}  ({n:,} requests)")
+    _ms_axis(ax)
+    _percentile_guides(ax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("latency per request (ms, log scale)")
+    ax.set_ylabel("fraction of requests done within x")
+    ax.set_title("Request latency CDF")
+    ax.grid(alpha=0.3, which="both")
+    for label in zero:  # said in the legend, where it cannot cover a curve
+        ax.plot([], [], " ", label=f"{label}: zero for every request, not drawn")
+    ax.legend(loc="best", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _tier_colors(names: list[str]) -> dict[str, str]:
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+    return {n: palette[i % len(palette)] for i, n in enumerate(names)}
+
+
+def _throughput(plt, doc: dict):
+    ts = timeline_series(doc)
+    if not ts or len(ts["t_s"]) < 2:
+        return "fewer than two timeline samples"
+    # Each rate belongs to the interval ending at its sample; the first interval starts at 0 s.
+    t = [0.0, *ts["t_s"]]
+
+    def steps(values):
+        return [values[0], *values]
+
+    end = ts["t_s"][-1]
+    samples = sorted(doc["timeline"], key=lambda s: s["t_s"])
+    mean_rps = samples[-1].get("requests", 0) / end
+    mean_rd = samples[-1].get("read_bytes", 0) / GB / end
+    mean_wr = samples[-1].get("written_bytes", 0) / GB / end
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, gridspec_kw={"height_ratios": [1, 1.4]})
+    ax1.step(t, steps(ts["requests_per_s"]), where="pre", color="tab:blue", lw=1.6, label="completed requests/s")
+    ax1.axhline(mean_rps, color="tab:blue", ls=":", lw=1, label=f"mean {mean_rps:.2f}/s")
+    ax1.legend(loc="upper right", fontsize=9)
+    ax1.set_ylabel("completed requests/s")
+    ax1.set_title("Throughput over time (each step: the rate since the previous sample)")
+    ax1.set_ylim(bottom=0)
+    ax1.grid(alpha=0.3)
+    ax2.step(t, steps(ts["read_gbps"]), where="pre", color="tab:green", lw=1.6,
+             label=f"read, all tiers (mean {mean_rd:.2f} GB/s)")
+    ax2.step(t, steps(ts["write_gbps"]), where="pre", color="tab:red", lw=1.6,
+             label=f"write, all tiers (mean {mean_wr:.2f} GB/s)")
+    ax2.set_ylabel("bandwidth (GB/s)")
+    ax2.set_xlabel("time since the run started (s)")
+    ax2.set_ylim(bottom=0)
+    ax2.set_xlim(left=0)
+    ax2.grid(alpha=0.3)
+    ax2.legend(loc="upper right", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _occupancy(plt, doc: dict):
+    ts = timeline_series(doc)
+    if not ts or not ts["used_gb"]:
+        return "no tier occupancy in the timeline"
+    names = list(ts["used_gb"])
+    tiers = doc.get("tiers") or {}
+    colors = _tier_colors(list(tiers) + [n for n in names if n not in tiers])
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.2 + 2.2 * len(names)), sharex=True, squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        used = ts["used_gb"][name]
+        # A gauge sampled at instants: a line through the samples (not steps, which would claim each value held).
+        ax.fill_between(ts["t_s"], used, color=colors[name], alpha=0.25)
+        ax.plot(ts["t_s"], used, color=colors[name], lw=1.6, marker=".", ms=4, label="used")
+        cap_b = (tiers.get(name) or {}).get("capacity_bytes")
+        top = max(used) if used else 0.0
+        title = f"{name} tier"
+        if cap_b:
+            cap = cap_b / GB
+            ratio = (doc.get("config") or {}).get("target_usage_ratio")
+            title += f" (capacity {cap:,.1f} GB; peak {top:,.2f} GB = {top / cap:.0%})"
+            # Draw the capacity only when it is on the scale of what was used; else it flattens the curve.
+            if cap <= 2.5 * max(top, 1e-9):
+                ax.axhline(cap, color="0.3", ls="--", lw=1, label="capacity")
+                if ratio:
+                    ax.axhline(cap * ratio, color="0.55", ls=":", lw=1, label=f"eviction target ({ratio:.0%})")
+                top = max(top, cap)
+        ax.set_ylim(0, top * 1.12 if top else 1)
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_ylabel("GB held")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[-1, 0].set_xlabel("time since the run started (s)")
+    axes[-1, 0].set_xlim(left=0)
+    fig.suptitle("Tier occupancy over time")
+    fig.tight_layout()
+    return fig
+
+
+_ACTION_STYLE = {"scale_up": ("^", "tab:green"), "scale_down": ("v", "tab:red"), "hold": ("o", "0.5"),
+                 "peak_found": ("*", "tab:purple")}
+
+
+def _autoscaling(plt, doc: dict):
+    steps = [s for s in doc.get("autoscaling_stats") or [] if "t_s" in s]
+    if not steps:
+        return "no autoscaling_stats in the results"
+    t = [s["t_s"] for s in steps]
+    has_sat = any(s.get("saturation") is not None for s in steps)
+    fig, axes = plt.subplots(3 if has_sat else 2, 1, figsize=(9, 7.5 if has_sat else 6), sharex=True)
+    ax1, ax2 = axes[0], axes[1]
+    # Each step's users and tokens/s were measured over the interval that ends at its time; the decision (marker)
+    # takes effect after it. So both are drawn as steps over the interval before each point, from 0 s.
+    t0 = [0.0, *t]
+    users = [s.get("users") for s in steps]
+    ax1.step(t0, [users[0], *users], where="pre", color="tab:blue", lw=1.6, label="users")
+    seen = set()
+    for s in steps:
+        marker, color = _ACTION_STYLE.get(s.get("action"), ("x", "black"))
+        label = s.get("action") if s.get("action") not in seen else None
+        seen.add(s.get("action"))
+        ax1.plot([s["t_s"]], [s.get("users")], marker=marker, color=color, ms=8, ls="none", label=label)
+    ax1.set_ylabel("simulated users")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title("Autoscaler steps (marker: the decision taken at the end of each step)")
+    ax1.grid(alpha=0.3)
+    ax1.legend(loc="upper left", fontsize=8, ncol=5)
+    tput = [s.get("throughput_tokens_per_sec") for s in steps]
+    ax2.step(t0, [tput[0], *tput], where="pre", color="tab:orange", lw=1.6)
+    ax2.plot(t, tput, "o", color="tab:orange", ms=4)
+    ax2.set_ylabel("tokens/s over the step")
+    ax2.yaxis.set_major_formatter(_thousands())
+    ax2.set_ylim(bottom=0)
+    ax2.grid(alpha=0.3)
+    if has_sat:
+        ax3 = axes[2]
+        sat = [s.get("saturation") for s in steps]
+        ax3.step(t0, [sat[0], *sat], where="pre", color="tab:gray", lw=1.6, label="I/O saturation over the step")
+        ax3.plot(t, sat, "o", color="tab:gray", ms=4)
+        target = (doc.get("config") or {}).get("target_saturation")
+        if isinstance(target, (int, float)):
+            ax3.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.0%}")
+        ax3.set_ylim(0, 1.05)
+        ax3.set_ylabel("I/O workers busy")
+        ax3.yaxis.set_major_formatter(_percent())
+        ax3.grid(alpha=0.3)
+        ax3.legend(loc="lower right", fontsize=8)
+    axes[-1].set_xlabel("time since the run started (s)")
+    axes[-1].set_xlim(left=0)
+    fig.tight_layout()
+    return fig
+
+
+def _thousands():
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    return FuncFormatter(lambda v, _: f"{v:,.0f}")
+
+
+def _percent():
+    from matplotlib.ticker import PercentFormatter  # noqa: PLC0415
+
+    return PercentFormatter(1.0)
+
+
+def _qos(plt, doc: dict):
+    classes = (doc.get("summary") or {}).get("qos_metrics") or {}
+    if not classes:
+        return "no qos_metrics in the results"
+    import numpy as np  # noqa: PLC0415
+
+    names = sorted(classes, key=lambda c: -(classes[c].get("priority") or 0))
+    x = np.arange(len(names))
+    width = 0.2
+    fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(names) + 3), 5.2))
+    series = (("service_latency_ms", "p95", "service p95", "tab:blue", -1.5),
+              ("service_latency_ms", "p99", "service p99", "tab:cyan", -0.5),
+              ("end_to_end_latency_ms", "p95", "end-to-end p95", "tab:orange", 0.5),
+              ("end_to_end_latency_ms", "p99", "end-to-end p99", "navajowhite", 1.5))
+    for key, pct, label, color, off in series:
+        vals = [((classes[c].get(key) or {}).get(pct)) or 0.0 for c in names]
+        ax.bar(x + off * width, vals, width, label=label, color=color, edgecolor="0.3", lw=0.5)
+    # SLA targets: a black bar across the service p95/p99 bars they judge.
+    drew_target = False
+    for i, c in enumerate(names):
+        sla = classes[c].get("sla") or {}
+        for pct, off in (("target_p95_ms", -1.5), ("target_p99_ms", -0.5)):
+            if sla.get(pct):
+                ax.hlines(sla[pct], x[i] + off * width - width * 0.6, x[i] + off * width + width * 0.6, color="black",
+                          lw=2.2, label=None if drew_target else "SLA target (p95, p99)")
+                drew_target = True
+    # Bars on a log axis have no honest baseline: linear unless the classes span more than 50x.
+    shown = [v for c in names for key in ("service_latency_ms", "end_to_end_latency_ms")
+             for v in ((classes[c].get(key) or {}).get("p95"), (classes[c].get(key) or {}).get("p99")) if v]
+    log_scale = bool(shown) and max(shown) / max(min(shown), 1e-9) > 50
+    if log_scale:
+        ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.set_xticks(x, [_qos_label(c, classes[c]) for c in names])
+    for tick, c in zip(ax.get_xticklabels(), names):
+        met = (classes[c].get("sla") or {}).get("met")
+        tick.set_color("black" if met is None else "tab:green" if met else "tab:red")
+    ax.set_ylabel("latency (ms, log scale)" if log_scale else "latency (ms)")
+    ax.set_title("QoS classes: latency against SLA targets (SLA judged on service latency)")
+    ax.grid(alpha=0.3, axis="y", which="both")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def _qos_label(name: str, c: dict) -> str:
+    met = (c.get("sla") or {}).get("met")
+    verdict = "SLA met" if met else "SLA missed" if met is not None else "no SLA"
+    return f"{name}\npriority {c.get('priority', '?')}, {c.get('requests', 0):,} req\n{verdict}"

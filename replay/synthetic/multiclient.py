@@ -1,0 +1,258 @@
+"""`kvtier bench --num-clients N`: N worker processes (past the GIL), one aggregate view, one merged result.
+
+Each client is a `kvtier bench` process with its share of the users, its own cache subdirectory, its share of the
+CPU/GPU/disk capacities, and seed + i. The parent shows the clients' summed progress, forwards Ctrl-C, stops every
+client when one fails, and merges the results: bytes, counts and capacities add up; latency percentiles come from
+the merged histograms (never averaged or maxed); bandwidth is summed bytes over the longest client's elapsed time;
+the block device is measured once, by the parent. Each client's own result is kept under `clients`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+from kvconnector.histogram import LatencyHistogram
+
+from .. import sysinfo
+from ..bench_config import BenchConfig
+from ..bench_view import LiveView
+from ..results import GB, cache_stats, merge_tier_details
+from .bench import default_output_path
+
+STATUS_ENV = "KVTIER_CLIENT_STATUS"
+ORDER = {"completed": 0, "interrupted": 1, "failed": 2}
+
+
+def split(total: int, n: int, i: int) -> int:
+    return total // n + (1 if i < total % n else 0)
+
+
+def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> dict:
+    n = cfg.num_clients
+    data = cfg.model_dump(mode="json")
+    data.update(
+        num_clients=1, num_users=split(cfg.num_users, n, i), seed=(cfg.seed or 0) + i,
+        output=os.path.join(workdir, f"client-{i}.json"), cache_dir=os.path.join(cache_base, f"client-{i}"),
+        progress=False, xlsx_output=None, csv_output=None, plots=None, enable_latency_tracing=False,
+        max_requests=split(cfg.max_requests, n, i) if cfg.max_requests else 0,
+        request_rate=cfg.request_rate / n, cpu_mem_gb=cfg.cpu_mem_gb / n,
+        gpu_mem_gb=None if cfg.gpu_mem_gb is None else cfg.gpu_mem_gb / n,
+        storage_capacity_gb=cfg.storage_capacity_gb / n,
+        io_trace_log=f"{cfg.io_trace_log}.client-{i}" if cfg.io_trace_log else None,
+    )
+    return data
+
+
+def run_clients(cfg: BenchConfig, argv: list[str]) -> int:
+    from ..bench_cli import _fail, finish
+
+    if cfg.num_users < cfg.num_clients:
+        return _fail(f"--num-clients {cfg.num_clients} needs at least as many users (--num-users {cfg.num_users})")
+    if cfg.seed is None:
+        cfg = cfg.model_copy(update={"seed": int(time.time()) % 2**31})
+    output = cfg.output or default_output_path()
+    workdir = tempfile.mkdtemp(prefix="kvtier-clients-")
+    cache_base = os.path.abspath(cfg.cache_dir) if cfg.cache_dir else tempfile.mkdtemp(prefix="kvtier-clients-", dir="/var/tmp")
+    procs: list[subprocess.Popen] = []
+    env_dev = sysinfo.block_device_of(cache_base)
+    disk0 = sysinfo.disk_counters(env_dev)
+    t0 = time.perf_counter()
+    try:
+        for i in range(cfg.num_clients):
+            path = os.path.join(workdir, f"client-{i}.yaml")
+            with open(path, "w") as f:
+                yaml.safe_dump(client_config(cfg, i, workdir, cache_base), f)
+            env = dict(os.environ, **{STATUS_ENV: os.path.join(workdir, f"client-{i}.status")})
+            procs.append(subprocess.Popen([sys.executable, "-m", "replay.cli", "bench", "--config", path],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        codes = _supervise(cfg, procs, workdir)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    disk1 = sysinfo.disk_counters(env_dev)
+    wall = time.perf_counter() - t0
+    errors = [p.stderr.read().strip() for p in procs]
+    docs = []
+    for i in range(cfg.num_clients):
+        try:
+            with open(os.path.join(workdir, f"client-{i}.json")) as f:
+                docs.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            pass
+    shutil.rmtree(workdir, ignore_errors=True)
+    if not cfg.cache_dir:
+        shutil.rmtree(cache_base, ignore_errors=True)
+    if not docs:
+        msg = next((e.splitlines()[-1] for e in errors if e), "no client produced results")
+        return _fail(f"clients failed: {msg}", max(codes) or 1)
+    doc = merge(docs, cfg, env_dev, disk0, disk1, wall)
+    failed = [f"client {i}: {e.splitlines()[-1]}" for i, (c, e) in enumerate(zip(codes, errors)) if c not in (0, 130) and e]
+    if failed and doc["status"] == "completed":
+        doc["status"], doc["error"] = "failed", "; ".join(failed)
+    return finish(doc, cfg, output)
+
+
+def _supervise(cfg: BenchConfig, procs: list[subprocess.Popen], workdir: str) -> list[int]:
+    """Wait for the clients with an aggregate live view; on Ctrl-C or a failing client, stop them all."""
+    stopping = False
+
+    def stop_all(*_):
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+
+    old = signal.signal(signal.SIGINT, stop_all)
+    try:
+        with LiveView(cfg.duration, enabled=cfg.progress) as view:
+            start = time.monotonic()
+            while any(p.poll() is None for p in procs):
+                time.sleep(0.5)
+                if not stopping and any(p.poll() not in (None, 0) for p in procs):
+                    stop_all()
+                snap = _aggregate_status(workdir, len(procs))
+                if snap:
+                    snap["t_s"] = round(time.monotonic() - start, 2)
+                    view.update(snap)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    return [p.returncode for p in procs]
+
+
+def _aggregate_status(workdir: str, n: int) -> dict | None:
+    total = {"requests": 0, "read_bytes": 0, "written_bytes": 0, "users": 0, "tiers": {}}
+    seen = False
+    for i in range(n):
+        try:
+            with open(os.path.join(workdir, f"client-{i}.status")) as f:
+                s = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        seen = True
+        for k in ("requests", "read_bytes", "written_bytes", "users"):
+            total[k] += s.get(k, 0)
+        for name, t in s["tiers"].items():
+            agg = total["tiers"].setdefault(name, {"entries": 0, "used_bytes": 0})
+            agg["entries"] += t["entries"]
+            agg["used_bytes"] += t["used_bytes"]
+    return total if seen else None
+
+
+def _merged_hist(encoded: list[str]) -> LatencyHistogram:
+    h = LatencyHistogram()
+    for e in encoded:
+        h.merge(LatencyHistogram.decode(e))
+    return h
+
+
+def _sum(docs: list[dict], *path: str) -> float:
+    total = 0
+    for d in docs:
+        v = d
+        for p in path:
+            v = v.get(p, {}) if isinstance(v, dict) else {}
+        total += v if isinstance(v, (int, float)) else 0
+    return total
+
+
+def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, wall_s: float) -> dict:
+    elapsed = max(d["summary"]["elapsed_time"] for d in docs)
+    sums = {k: _sum(docs, "summary", k) for k in ("total_requests", "total_tokens", "prompt_tokens", "generated_tokens")}
+    tiers = merge_tier_details([d["tiers"] for d in docs])
+    events: dict = {}
+    for d in docs:
+        for k, v in d.get("store_events", {}).items():
+            events[k] = events.get(k, 0) + v
+    bpt = docs[0]["model"]["bytes_per_token"]
+    disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in tiers.values() if t["kind"] == "disk")
+    hists = {k: _merged_hist([d["request_histograms"][k] for d in docs]) for k in docs[0]["request_histograms"]}
+    rate = lambda a, b: round(a / b, 4) if b else 0.0  # noqa: E731
+    mt_h, mt_m = _sum(docs, "summary", "multi_turn_stats", "previous_turn_hits"), _sum(docs, "summary", "multi_turn_stats", "previous_turn_misses")
+    pc_h, pc_m = _sum(docs, "summary", "prefix_cache_stats", "hits"), _sum(docs, "summary", "prefix_cache_stats", "misses")
+    rag_reads, rag_miss = _sum(docs, "summary", "rag_stats", "chunk_reads"), _sum(docs, "summary", "rag_stats", "chunk_misses")
+    qos = {}
+    for name in sorted({c for d in docs for c in d["summary"].get("qos_metrics", {})}):
+        parts = [d["summary"]["qos_metrics"][name] for d in docs if name in d["summary"].get("qos_metrics", {})]
+        e2e = _merged_hist([p["histograms"]["end_to_end"] for p in parts])
+        svc = _merged_hist([p["histograms"]["service"] for p in parts])
+        sla = dict(parts[0]["sla"])
+        sla["met"] = bool(svc.count) and svc.percentile_ms(95) <= sla["target_p95_ms"] and svc.percentile_ms(99) <= sla["target_p99_ms"]
+        qos[name] = {"requests": sum(p["requests"] for p in parts), "priority": parts[0]["priority"],
+                     "end_to_end_latency_ms": e2e.summary_ms(), "service_latency_ms": svc.summary_ms(), "sla": sla,
+                     "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()}}
+    status = max((d["status"] for d in docs), key=lambda s: ORDER.get(s, 2))
+    summary = {
+        "status": status,
+        **sums,
+        "elapsed_time": elapsed,
+        "requests_per_second": rate(sums["total_requests"], elapsed),
+        "avg_throughput_tokens_per_sec": round(sums["total_tokens"] / elapsed, 2) if elapsed else 0.0,
+        "storage_throughput_tokens_per_sec": round(disk_bytes / bpt / elapsed, 2) if elapsed else 0.0,
+        "end_to_end_latency_ms": hists["end_to_end"].summary_ms(),
+        "storage_io_latency_ms": hists["storage_io"].summary_ms(),
+        "generation_latency_ms": hists["generation"].summary_ms(),
+        "queue_wait_latency_ms": hists["queue_wait"].summary_ms(),
+        "cache_stats": cache_stats(tiers, events, elapsed),
+        "multi_turn_stats": {"enabled": not cfg.disable_multi_turn, "previous_turn_hits": mt_h,
+                             "previous_turn_misses": mt_m, "hit_rate": rate(mt_h, mt_h + mt_m)},
+        "prefix_cache_stats": {"enabled": not cfg.disable_prefix_caching, "hits": pc_h, "misses": pc_m,
+                               "hit_rate": rate(pc_h, pc_h + pc_m),
+                               "bytes_saved_gb": round(_sum(docs, "summary", "prefix_cache_stats", "bytes_saved_gb"), 4)},
+        "rag_stats": {"enabled": cfg.enable_rag, "queries": _sum(docs, "summary", "rag_stats", "queries"),
+                      "chunk_reads": rag_reads, "chunk_misses": rag_miss, "chunk_hit_rate": rate(rag_reads - rag_miss, rag_reads)},
+        "decode_stats": {"reads": _sum(docs, "summary", "decode_stats", "reads"),
+                         "misses": _sum(docs, "summary", "decode_stats", "misses"), "batch_size": cfg.decode.batch_size},
+        "qos_metrics": qos,
+        "num_clients": len(docs),
+    }
+    block = None
+    if disk0 and disk1:
+        delta = disk1.minus(disk0)
+        block = {"device": device, **delta, "read_gbps": round(delta["read_bytes"] / GB / wall_s, 4),
+                 "write_gbps": round(delta["written_bytes"] / GB / wall_s, 4),
+                 "note": "measured once by the parent over all clients' lifetime (start-up included)"}
+    timeline = []
+    for i in range(max(len(d["timeline"]) for d in docs)):
+        rows = [d["timeline"][i] for d in docs if i < len(d["timeline"])]
+        agg = {"t_s": max(r["t_s"] for r in rows), "tiers": {}}
+        for k in ("requests", "read_bytes", "written_bytes", "users"):
+            agg[k] = sum(r.get(k, 0) for r in rows)
+        for r in rows:
+            for name, t in r["tiers"].items():
+                a = agg["tiers"].setdefault(name, {"entries": 0, "used_bytes": 0})
+                a["entries"] += t["entries"]
+                a["used_bytes"] += t["used_bytes"]
+        timeline.append(agg)
+    first = docs[0]
+    return {
+        "kvtier_version": first["kvtier_version"],
+        "started_at": min(d["started_at"] for d in docs),
+        "status": status,
+        "error": "; ".join(d["error"] for d in docs if d.get("error")) or None,
+        "notes": first["notes"] + [f"merged from {len(docs)} clients"],
+        "model": first["model"],
+        "workload": first["workload"],
+        "config": cfg.model_dump(mode="json"),
+        "environment": first["environment"] | {"cache_dir": os.path.dirname(first["environment"]["cache_dir"])},
+        "setup": {f"client-{i}": d.get("setup", {}) for i, d in enumerate(docs)},
+        "summary": summary,
+        "tiers": tiers,
+        "store_events": events,
+        "block_device": block,
+        "fallbacks": {k: v for d in docs for k, v in d.get("fallbacks", {}).items()},
+        "request_histograms": {k: h.encode() for k, h in hists.items()},
+        "autoscaling_stats": [dict(s, client=i) for i, d in enumerate(docs) for s in d.get("autoscaling_stats", [])],
+        "timeline": timeline,
+        "clients": [{k: v for k, v in d.items() if k != "timeline"} for d in docs],
+    }

@@ -1,0 +1,106 @@
+"""`kvtier compare`: ratios against the first run are right, labels and --json work, user errors exit 2 in one line."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replay.compare import build_table, default_labels, main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def two_runs(tmp_path, sample_doc):
+    """The sample, and a copy that moved twice the bytes through every tier and took half the p99."""
+    fast = copy.deepcopy(sample_doc)
+    for t in fast["tiers"].values():
+        for op in ("read", "write"):
+            t[op]["bytes"] *= 2
+            t[op]["latency_ms"]["p99"] /= 2
+    fast["summary"]["requests_per_second"] *= 2
+    fast["summary"]["end_to_end_latency_ms"]["p99"] /= 2
+    a, b = tmp_path / "slow.json", tmp_path / "fast.json"
+    a.write_text(json.dumps(sample_doc))
+    b.write_text(json.dumps(fast))
+    return a, b
+
+
+def _rows(table):
+    return {r["metric"]: r for r in table["rows"]}
+
+
+def test_ratios_and_json(tmp_path, two_runs, capsys):
+    a, b = two_runs
+    out = tmp_path / "cmp" / "table.json"
+    assert main([str(a), str(b), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    table = json.loads(out.read_text())
+    assert [r["label"] for r in table["runs"]] == ["slow", "fast"]
+    rows = _rows(table)
+    for tier in ("cpu", "disk"):
+        for op in ("read", "write"):
+            assert rows[f"{tier} {op} GB/s"]["ratios"] == [None, pytest.approx(2.0)]
+            assert rows[f"{tier} {op} p99"]["ratios"] == [None, pytest.approx(0.5)]
+    assert rows["requests/s"]["ratios"][1] == pytest.approx(2.0)
+    assert rows["end-to-end p99"]["ratios"][1] == pytest.approx(0.5)
+    assert rows["tokens/s"]["ratios"][1] == pytest.approx(1.0)
+    assert rows["status"]["values"] == ["completed", "completed"] and rows["status"]["ratios"] == [None, None]
+    gbps = rows["disk read GB/s"]["values"]
+    assert gbps[0] == pytest.approx(0.7841, abs=1e-4) and gbps[1] == pytest.approx(2 * 0.7841, abs=1e-3)
+    # the printed table says the same
+    assert "2.00x" in text and "0.50x" in text and "slow" in text and "fast" in text
+    disk_line = next(line for line in text.splitlines() if "disk read GB/s" in line)
+    assert "2.00x" in disk_line
+
+
+def test_labels_three_runs_and_qos_rows(tmp_path, two_runs, full_doc, capsys):
+    a, b = two_runs
+    c = tmp_path / "qos.json"
+    c.write_text(json.dumps(full_doc))
+    assert main([str(a), str(b), str(c), "--labels", "base, 2x ,qos"]) == 0
+    text = capsys.readouterr().out
+    assert "base" in text and "2x" in text and "qos" in text
+    assert "QoS standard service p99" in text
+    table = build_table([json.loads(p.read_text()) for p in (a, b, c)], ["a", "b", "c"], ["a", "b", "c"])
+    rows = _rows(table)
+    assert rows["QoS interactive SLA met"]["values"] == [None, None, True]
+    assert rows["prefix cache hit rate"]["values"] == [None, None, 0.8]
+
+
+def test_default_labels_disambiguate():
+    assert default_labels(["x/run.json", "y/other.json"]) == ["run", "other"]
+    assert default_labels(["nvme/result.json", "sata/result.json"]) == ["nvme/result", "sata/result"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"),
+    ("not json at all", "not JSON"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"summary": {"requests": 3}}', "not a kvtier bench result"),
+    ('{"request_throughput": 1.0, "ttft_ms": {}}', "a `kvtier replay` summary"),
+])
+def test_bad_file_exit_2_one_line(tmp_path, two_runs, capsys, content, message):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    assert main([str(two_runs[0]), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvtier compare: ") and message in err and "bad.json" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_label_count_mismatch(two_runs, capsys):
+    assert main([*map(str, two_runs), "--labels", "only-one"]) == 2
+    assert "--labels has 1 names for 2 files" in capsys.readouterr().err
+
+
+def test_through_the_kvtier_command(tmp_path, two_runs):
+    """As a person runs it: no traceback on a bad file, exit 2."""
+    proc = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(two_runs[0]), str(tmp_path / "missing.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "missing.json: no such file" in proc.stderr

@@ -1,0 +1,86 @@
+"""The long-format CSV parses with the csv module and every figure matches the JSON it came from."""
+
+import csv
+
+import pytest
+
+from replay.outputs import write_csv
+
+
+def _read(path):
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    assert rows[0] == ["section", "metric", "value"]
+    assert all(len(r) == 3 for r in rows)
+    return rows[1:]
+
+
+def _lookup(doc, section, metric):
+    node = doc
+    if section != "run":
+        for part in section.split("."):
+            node = node[int(part)] if isinstance(node, list) else node[part]
+    return node[metric]
+
+
+def _as_json_value(text, like):
+    if isinstance(like, bool):
+        return {"true": True, "false": False}[text]
+    if like is None:
+        assert text == ""
+        return None
+    if isinstance(like, (int, float)):
+        return type(like)(float(text)) if isinstance(like, float) else int(text)
+    return text
+
+
+def test_every_row_matches_the_json(tmp_path, sample_doc):
+    path = tmp_path / "run.csv"
+    write_csv(sample_doc, path)
+    rows = _read(path)
+    seen = {(s, m) for s, m, _ in rows}
+    assert len(seen) == len(rows)  # no (section, metric) twice
+    derived = 0
+    for section, metric, value in rows:
+        if section.startswith("tiers.") and metric in ("gb", "gbps"):
+            derived += 1
+            continue
+        expected = _lookup(sample_doc, section, metric)
+        if isinstance(expected, (list, dict)):
+            continue  # written as JSON text
+        assert _as_json_value(value, expected) == expected, (section, metric)
+    assert derived == 8  # 2 tiers x 2 ops x (gb, gbps)
+    # the figures a reader looks for are there
+    for key in [("summary", "requests_per_second"), ("summary.end_to_end_latency_ms", "p99"),
+                ("summary.cache_stats", "cache_hit_rate"), ("summary.cache_stats", "tier_storage_read_p99_ms"),
+                ("tiers.disk.read.latency_ms", "p999"), ("tiers.cpu.write", "ops"), ("tiers.disk.events", "hits"),
+                ("block_device", "read_gbps"), ("run", "status"), ("config", "io_workers")]:
+        assert key in seen, key
+    # histograms and the timeline are series, not figures
+    assert not any("histograms" in s or s.startswith("timeline") for s, _ in seen)
+    gbps = {s: float(v) for s, m, v in rows if m == "gbps"}
+    cache = sample_doc["summary"]["cache_stats"]
+    assert gbps["tiers.disk.read"] == pytest.approx(cache["tier_storage_read_bandwidth_gbps"], abs=1e-4)
+
+
+def test_qos_and_autoscaling_sections(tmp_path, full_doc):
+    path = tmp_path / "run.csv"
+    write_csv(full_doc, path)
+    rows = {(s, m): v for s, m, v in _read(path)}
+    q = full_doc["summary"]["qos_metrics"]["standard"]
+    assert float(rows[("summary.qos_metrics.standard.service_latency_ms", "p95")]) == q["service_latency_ms"]["p95"]
+    assert rows[("summary.qos_metrics.standard.sla", "met")] == "false"
+    assert rows[("summary.qos_metrics.interactive.sla", "met")] == "true"
+    assert float(rows[("summary.prefix_cache_stats", "hit_rate")]) == 0.8
+    assert rows[("autoscaling_stats.7", "action")] == "peak_found"
+    assert int(rows[("autoscaling_stats.3", "users")]) == full_doc["autoscaling_stats"][3]["users"]
+    assert rows[("clients.1", "client_id")] == "client-1"
+
+
+def test_pandas_reads_it_when_installed(tmp_path, sample_doc):
+    pd = pytest.importorskip("pandas")
+    write_csv(sample_doc, tmp_path / "run.csv")
+    df = pd.read_csv(tmp_path / "run.csv")
+    assert list(df.columns) == ["section", "metric", "value"]
+    v = df[(df.section == "summary") & (df.metric == "total_requests")].value.iloc[0]
+    assert int(v) == 60
