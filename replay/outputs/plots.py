@@ -112,10 +112,12 @@ def _ms_axis(ax) -> None:
 
 
 def _percentile_guides(ax) -> None:
-    for q, label, dy in ((0.5, "p50", 2), (0.99, "p99", -9)):
+    # Labelled on a right-hand axis, where no legend or curve can cover them.
+    for q in (0.5, 0.99):
         ax.axhline(q, color="0.6", lw=0.8, ls=":", zorder=0)
-        ax.annotate(label, xy=(0, q), xycoords=("axes fraction", "data"), xytext=(3, dy), textcoords="offset points",
-                    fontsize=8, color="0.4")
+    right = ax.secondary_yaxis("right")
+    right.set_yticks([0.5, 0.99], ["p50", "p99"], fontsize=8, color="0.35")
+    right.tick_params(length=0)
 
 
 def _draw_cdf(ax, xs, ys, **kw) -> None:
@@ -204,8 +206,9 @@ def _throughput(plt, doc: dict):
     ax1.axhline(mean_rps, color="tab:blue", ls=":", lw=1, label=f"mean {mean_rps:.2f}/s")
     ax1.legend(loc="upper right", fontsize=9)
     ax1.set_ylabel("completed requests/s")
+    # Headroom above the highest step for the legend.
+    ax1.set_ylim(0, max(max(ts["requests_per_s"]), mean_rps, 1e-9) * 1.35)
     ax1.set_title("Throughput over time (each step: the rate since the previous sample)")
-    ax1.set_ylim(bottom=0)
     ax1.grid(alpha=0.3)
     ax2.step(t, steps(ts["read_gbps"]), where="pre", color="tab:green", lw=1.6,
              label=f"read, all tiers (mean {mean_rd:.2f} GB/s)")
@@ -213,7 +216,7 @@ def _throughput(plt, doc: dict):
              label=f"write, all tiers (mean {mean_wr:.2f} GB/s)")
     ax2.set_ylabel("bandwidth (GB/s)")
     ax2.set_xlabel("time since the run started (s)")
-    ax2.set_ylim(bottom=0)
+    ax2.set_ylim(0, max(*ts["read_gbps"], *ts["write_gbps"], 1e-9) * 1.3)
     ax2.set_xlim(left=0)
     ax2.grid(alpha=0.3)
     ax2.legend(loc="upper right", fontsize=9)
@@ -228,30 +231,36 @@ def _occupancy(plt, doc: dict):
     names = list(ts["used_gb"])
     tiers = doc.get("tiers") or {}
     colors = _tier_colors(list(tiers) + [n for n in names if n not in tiers])
+    cfg = doc.get("config") or {}
+    ratio = (cfg.get("eviction") or {}).get("target_usage_ratio", cfg.get("target_usage_ratio"))
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.2 + 2.2 * len(names)), sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names):
-        used = ts["used_gb"][name]
+        cap_b = (tiers.get(name) or {}).get("capacity_bytes")
+        cap = cap_b / GB if cap_b else None
+        peak = max(ts["used_gb"][name], default=0.0)
+        # GB, or MB for a tier that never reaches 1 GB (a small test tier would read 0.0 GB otherwise)
+        scale, unit = (1.0, "GB") if max(cap or 0.0, peak) >= 1 else (1e3, "MB")
+        used = [v * scale for v in ts["used_gb"][name]]
         # A gauge sampled at instants: a line through the samples (not steps, which would claim each value held).
         ax.fill_between(ts["t_s"], used, color=colors[name], alpha=0.25)
         ax.plot(ts["t_s"], used, color=colors[name], lw=1.6, marker=".", ms=4, label="used")
-        cap_b = (tiers.get(name) or {}).get("capacity_bytes")
-        top = max(used) if used else 0.0
+        top = peak * scale
         title = f"{name} tier"
-        if cap_b:
-            cap = cap_b / GB
-            ratio = (doc.get("config") or {}).get("target_usage_ratio")
-            title += f" (capacity {cap:,.1f} GB; peak {top:,.2f} GB = {top / cap:.0%})"
+        if cap:
+            title += f" (capacity {cap * scale:,.3g} {unit}; peak {top:,.3g} {unit} = {peak / cap:.0%})"
             # Draw the capacity only when it is on the scale of what was used; else it flattens the curve.
-            if cap <= 2.5 * max(top, 1e-9):
-                ax.axhline(cap, color="0.3", ls="--", lw=1, label="capacity")
+            if cap <= 2.5 * max(peak, 1e-12):
+                ax.axhline(cap * scale, color="0.3", ls="--", lw=1, label="capacity")
                 if ratio:
-                    ax.axhline(cap * ratio, color="0.55", ls=":", lw=1, label=f"eviction target ({ratio:.0%})")
-                top = max(top, cap)
+                    ax.axhline(cap * scale * ratio, color="0.55", ls=":", lw=1, label=f"eviction target ({ratio:.0%})")
+                top = max(top, cap * scale)
+        else:
+            title += f" (peak {top:,.3g} {unit})"
         ax.set_ylim(0, top * 1.12 if top else 1)
         ax.set_title(title, fontsize=10, loc="left")
-        ax.set_ylabel("GB held")
+        ax.set_ylabel(f"{unit} held")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
     axes[-1, 0].set_xlabel("time since the run started (s)")
     axes[-1, 0].set_xlim(left=0)
     fig.suptitle("Tier occupancy over time")
@@ -354,9 +363,12 @@ def _qos(plt, doc: dict):
     # Bars on a log axis have no honest baseline: linear unless the classes span more than 50x.
     shown = [v for c in names for key in ("service_latency_ms", "end_to_end_latency_ms")
              for v in ((classes[c].get(key) or {}).get("p95"), (classes[c].get(key) or {}).get("p99")) if v]
+    shown += [v for c in names for v in ((classes[c].get("sla") or {}).get("target_p95_ms"),
+                                          (classes[c].get("sla") or {}).get("target_p99_ms")) if v]
     log_scale = bool(shown) and max(shown) / max(min(shown), 1e-9) > 50
     if log_scale:
         ax.set_yscale("log")
+        ax.set_ylim(min(shown) / 2, max(shown) * 2)
     from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
