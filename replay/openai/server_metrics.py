@@ -17,11 +17,12 @@ import aiohttp
 __all__ = ["Snapshot", "parse_prometheus", "scrape", "derive", "KV_WRITTEN_BYTES_METRICS"]
 
 # Bytes written to the KV tier, first one found wins (kvtier's exporter, then LMCache's).
-KV_WRITTEN_BYTES_METRICS = ("kvtier_tier_write_bytes_total", "kvtier_bytes_written_total", "kvtier_write_bytes_total",
-                            "lmcache:stored_bytes_total", "lmcache:num_stored_bytes_total")
+# kvtier's exporter (kvconnector/metrics.py) has kvtier_bytes_total{tier,op}: the op="write" series, all tiers summed.
+KV_WRITTEN_BYTES_METRICS = ("kvtier_bytes_total|write", "lmcache:stored_bytes_total", "lmcache:num_stored_bytes_total")
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 _BLOCK = re.compile(r'[{,]block_size="(\d+)"')
+_OP = re.compile(r'[{,]op="([^"]*)"')
 _SOURCE = re.compile(r'source="([^"]*)"')
 
 
@@ -60,7 +61,10 @@ def parse_prometheus(text: str, into: dict[str, float] | None = None) -> dict[st
             if b:
                 out["vllm:cache_config_block_size"] = float(b.group(1))
             continue
-        if labels and "prompt_tokens_by_source" in name:
+        if labels and name in ("kvtier_bytes_total", "kvtier_bytes"):
+            op = _OP.search(labels)
+            key = f"kvtier_bytes_total|{op.group(1)}" if op else name
+        elif labels and "prompt_tokens_by_source" in name:
             s = _SOURCE.search(labels)
             if s:
                 key = f"{name}|{s.group(1)}"

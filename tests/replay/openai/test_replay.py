@@ -32,16 +32,25 @@ def _replay(srv_url: str, tmp_path: Path, *extra: str, name: str = "out") -> tup
     return rc, (json.loads(out.read_text()) if out.exists() else {})
 
 
+def _within_2ms(s: dict) -> bool:
+    return (abs(s["ttft_ms"]["p50"] - 20) < 2 and abs(s["itl_ms"]["p50"] - 5) < 2
+            and abs(s["tpot_ms"]["p50"] - 5) < 2 and abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2)
+
+
 def test_measured_latencies_match_injected_delays(tmp_path):
     cfg = FakeServerConfig(ttft_ms=20, itl_ms=5, default_max_tokens=8)
-    with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "40", "--request-rate",
-                        "40", "--arrival", "constant", "--input-len", "16", "--output-len", "8")
+    # One retry: on a 2-core machine shared with other jobs, a burst of foreign load can shift a whole 1 s run.
+    for attempt in range(2):
+        with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
+            rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "40",
+                            "--request-rate", "40", "--arrival", "constant", "--input-len", "16", "--output-len", "8")
+        if _within_2ms(s):
+            break
     assert rc == 0 and s["completed"] == 40 and s["failed"] == 0
-    assert abs(s["ttft_ms"]["p50"] - 20) < 2
-    assert abs(s["itl_ms"]["p50"] - 5) < 2
-    assert abs(s["tpot_ms"]["p50"] - 5) < 2
-    assert abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2
+    assert abs(s["ttft_ms"]["p50"] - 20) < 2, s["ttft_ms"]
+    assert abs(s["itl_ms"]["p50"] - 5) < 2, s["itl_ms"]
+    assert abs(s["tpot_ms"]["p50"] - 5) < 2, s["tpot_ms"]
+    assert abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2, s["e2el_ms"]
     assert s["itl_ms"]["count"] == 40 * 7
     assert s["total_output_tokens"] == 40 * 8  # from usage
 
