@@ -110,7 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     o("--io-trace-log", help="one CSV row per storage operation (.zst compresses)")
     o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
     o("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
-    o("--enable-latency-tracing", action="store_true", help="trace the block layer with bpftrace around the run (root)")
     add("--config", help="config.yaml with any of the keys above and the sections")
     add("--no-progress", action="store_true", help="no live status line")
     add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -175,7 +174,10 @@ def run_single(cfg: BenchConfig) -> int:
         if cfg.io_trace_log:
             from .outputs.io_trace import IOTraceLog, set_request_phase
 
-            trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
+            try:
+                trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
+            except OSError as exc:
+                raise ConfigError(f"--io-trace-log {cfg.io_trace_log}: {exc.strerror or exc}") from exc
             bench.store.op_listener = trace_log
             phase_hook = set_request_phase
         with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
@@ -191,6 +193,7 @@ def run_single(cfg: BenchConfig) -> int:
         return _fail("interrupted during set-up; no results", 130)
     finally:
         if trace_log is not None:
+            bench.store.op_listener = None
             trace_log.close()
     bench.cleanup()
     return finish(doc, cfg, output)

@@ -184,7 +184,6 @@ class BenchConfig(_Section):
     plots: str | None = None
     keep_cache: bool = False
     progress: bool = True
-    enable_latency_tracing: bool = False
     # ---- config.yaml sections
     user_templates: dict[str, UserTemplate] = Field(default_factory=lambda: dict(DEFAULT_USER_TEMPLATES))
     qos_profiles: dict[str, QoSProfile] = Field(default_factory=lambda: dict(DEFAULT_QOS))

@@ -42,7 +42,7 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
     data.update(
         num_clients=1, num_users=split(cfg.num_users, n, i), seed=(cfg.seed or 0) + i,
         output=os.path.join(workdir, f"client-{i}.json"), cache_dir=os.path.join(cache_base, f"client-{i}"),
-        progress=False, xlsx_output=None, csv_output=None, plots=None, enable_latency_tracing=False,
+        progress=False, xlsx_output=None, csv_output=None, plots=None,
         max_requests=split(cfg.max_requests, n, i) if cfg.max_requests else 0,
         request_rate=cfg.request_rate / n, cpu_mem_gb=cfg.cpu_mem_gb / n,
         gpu_mem_gb=None if cfg.gpu_mem_gb is None else cfg.gpu_mem_gb / n,

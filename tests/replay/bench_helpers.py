@@ -15,6 +15,10 @@ FAST_TEMPLATES = {
 }
 
 
+# Sections merge with what is already set; name-keyed mappings (user_templates, qos_profiles, ...) replace it.
+SECTIONS = {"eviction", "prefix_cache", "rag", "conversation", "autoscaler", "decode", "generation", "sharegpt"}
+
+
 def write_config(tmp_path, **overrides) -> str:
     cfg = {
         "model": "small",
@@ -32,7 +36,7 @@ def write_config(tmp_path, **overrides) -> str:
         "output": str(tmp_path / "out.json"),
     }
     for k, v in overrides.items():
-        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+        if k in SECTIONS and isinstance(cfg.get(k), dict):  # a section: override its keys, keep the others
             cfg[k] = {**cfg[k], **v}
         else:
             cfg[k] = v
