@@ -218,6 +218,7 @@ class Bench:
             "storage_throughput_tokens_per_sec": round(disk_bytes / self.bytes_per_token / elapsed, 2) if elapsed else 0.0,
             "end_to_end_latency_ms": req.end_to_end.summary_ms(),
             "storage_io_latency_ms": req.storage_io.summary_ms(),
+            "io_saturation": outcome.io_saturation,
             "generation_latency_ms": req.generation.summary_ms(),
             "queue_wait_latency_ms": req.queue_wait.summary_ms(),
             "cache_stats": cache_stats(tier_details(self.store), self.store.events, elapsed),

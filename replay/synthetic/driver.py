@@ -83,6 +83,8 @@ class RunOutcome:
     requests: RequestStats
     timeline: list[dict]
     autoscaling: list[dict]
+    # Share of the I/O workers' time spent in storage operations: near 1 means storage-bound.
+    io_saturation: float = 0.0
 
     @property
     def elapsed_s(self) -> float:
@@ -175,7 +177,9 @@ class SyntheticDriver:
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
-        return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline, self.autoscaling)
+        busy = self._pool.busy_ns() / max(1, self._pool.workers * (end_ns - self.start_ns))
+        return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline, self.autoscaling,
+                          round(busy, 4))
 
     def _interrupt(self) -> None:
         if self._status == "completed":
