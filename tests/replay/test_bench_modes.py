@@ -209,3 +209,21 @@ def test_multi_client_merges_histograms_not_percentiles(tmp_path):
     assert doc["tiers"]["disk"]["write"]["bytes"] == disk_bytes
     assert {c["config"]["cache_dir"] for c in doc["clients"]} == {str(tmp_path / "cache" / "client-0"),
                                                                   str(tmp_path / "cache" / "client-1")}
+
+
+def test_multi_client_ctrl_c_reaches_every_client_and_partial_results_merge(tmp_path):
+    import signal
+    import time
+
+    from bench_helpers import write_config
+
+    cfg = write_config(tmp_path, duration=60, num_users=4, num_clients=2)
+    p = subprocess.Popen(KVTIER + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["status"] == "interrupted" and len(doc["clients"]) == 2
+    assert all(c["status"] == "interrupted" for c in doc["clients"])
+    assert doc["summary"]["total_requests"] > 0 and doc["summary"]["elapsed_time"] < 30
