@@ -125,8 +125,14 @@ class ReplayConfig(BaseModel):
         return p
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not the whole usage block
+        print(f"kvtier replay: {message} (see kvtier replay --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="kvtier replay", formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = _Parser(prog="kvtier replay", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description=__doc__, epilog=EXAMPLES)
     g = ap.add_argument_group("server")
     g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
@@ -336,7 +342,6 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
             if prog:
                 await prog
             if scraper:
-                drv._abort.set() if drv.aborted else None
                 scraper.cancel()
                 await asyncio.gather(scraper, return_exceptions=True)
             if cfg.metrics_url and not drv.aborted:

@@ -49,6 +49,7 @@ class DriverOptions:
     metrics_interval_s: float = 5.0
     max_consecutive_connection_errors: int = 5
     warmup_requests: int = 0
+    abort_grace_s: float = 2.0  # after Ctrl-C or a dead server, how long in-flight requests may still finish
     # Kept: the detail of each request's text answer only as long as its session needs it.
     start_lead_ms: float = 20.0
 
@@ -155,7 +156,11 @@ class Driver:
                            round_index, warmup, turn.target_input_tokens)
         (self.s.warmup_records if warmup else self.s.records).append(rec)
         if self._sem is not None:
-            await self._sem.acquire()
+            try:
+                await self._sem.acquire()
+            except asyncio.CancelledError:
+                rec.error_kind, rec.error = "cancelled", "run ended while waiting for a concurrency slot"
+                raise
         try:
             rec.slot_ns = time.perf_counter_ns()
             if self.aborted:
@@ -240,6 +245,27 @@ class Driver:
             self.s.metrics_last = snap
         return snap
 
+    async def _finish(self, tasks) -> None:
+        """Wait for every task; once the run is aborted, give in-flight requests `abort_grace_s`, then cancel them
+        (their records say `cancelled`)."""
+        pending = {t for t in tasks if not t.done()}
+        if not pending:
+            return
+        stop = asyncio.ensure_future(self._abort.wait())
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending | {stop}, return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+                if stop in done:
+                    if pending:
+                        _, pending = await asyncio.wait(pending, timeout=self.o.abort_grace_s)
+                        for t in pending:
+                            t.cancel()
+                        await asyncio.gather(*pending, return_exceptions=True)
+                    return
+        finally:
+            stop.cancel()
+
     # ---------------------------------------------------------------- the three pacings
     async def run_open_loop(self, plans: list[SessionPlan], first_offsets_ns: list[int], traced: bool) -> None:
         self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
@@ -255,8 +281,7 @@ class Driver:
             task = asyncio.create_task(self._run_session(plans[i], deadline, t0 if traced else None))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._finish(list(tasks))
 
     async def run_closed_loop(self, plans: list[SessionPlan], users: int) -> None:
         self._sem = None
@@ -271,7 +296,7 @@ class Driver:
                 await self._run_session(plan, ready, None)
                 ready = time.perf_counter_ns() + int(self.o.think_time_ms * 1e6)
 
-        await asyncio.gather(*(user() for _ in range(max(1, users))), return_exceptions=True)
+        await self._finish([asyncio.create_task(user()) for _ in range(max(1, users))])
 
     async def run_rounds(self, plans: list[SessionPlan], rounds: int) -> None:
         self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
@@ -298,7 +323,7 @@ class Driver:
                     if r + 1 < min(len(plan.turns), rounds):
                         self.s.sessions_cut_by_error += 1
 
-            await asyncio.gather(*(one(p) for p in plans), return_exceptions=True)
+            await self._finish([asyncio.create_task(one(p)) for p in plans])
             end = time.perf_counter_ns()
             after = await self.snapshot()
             self.s.round_snapshots.append((r, start, end, before, after))

@@ -42,6 +42,9 @@ def test_sharegpt_multi_turn_hit_rate_rises_over_rounds(vllm_server, tmp_path):
     assert s["completed"] == 16 and s["failed"] == 0
     assert s["block_size"] == 128  # read from vLLM's cache_config_info
     rounds = s["rounds"]
+    for r in rounds:  # shown with pytest -s; the README quotes these
+        print(f"round {r['round']}: hit {r['hit_rate']:.3f} ideal {r['ideal_hit_rate']:.3f} "
+              f"ttft p50 {r['ttft_p50_ms']:.1f} ms recomputed/req {r['recomputed_tokens_per_request']}")
     hits = [r["hit_rate"] for r in rounds]
     assert hits[0] < 0.05, hits  # nothing to reuse yet
     assert hits[1] > hits[0] and hits[3] > hits[1] and hits[3] > 0.3, hits

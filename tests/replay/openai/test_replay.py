@@ -256,6 +256,14 @@ def test_user_errors_are_one_line(args, message, capsys, tmp_path, monkeypatch):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_bad_flag_value_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--base-url", "http://x", "--model", "m", "--output", "o.json", "--request-rate", "fast"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--request-rate" in err
+
+
 def test_help_has_examples(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
@@ -265,21 +273,26 @@ def test_help_has_examples(capsys):
 
 
 def test_ctrl_c_writes_partial_results(tmp_path):
-    with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=5, default_max_tokens=4), process=True) as srv:
+    # Requests take 4 s each, so at Ctrl-C many are in flight: they get the 2 s grace, then are cancelled.
+    with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=200, default_max_tokens=20), process=True) as srv:
         out = tmp_path / "p.json"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         proc = subprocess.Popen([sys.executable, "-m", "replay.openai.cli", "--base-url", srv.base_url, "--model",
                                  "f", "--source", "synthetic", "--num-requests", "10000", "--request-rate", "50",
-                                 "--input-len", "4", "--output-len", "4", "--output", str(out), "--quiet"],
+                                 "--input-len", "4", "--output-len", "20", "--output", str(out), "--quiet"],
                                 env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
-        while srv_requests(srv.base_url) < 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while srv_requests(srv.base_url) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t_int = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t_int
     assert proc.returncode == 130, err
+    assert took < 8, took  # grace (2 s) plus writing results, not the 4 s requests' remaining time
     s = json.loads(out.read_text())
-    assert s["aborted"].startswith("interrupted") and s["completed"] >= 10
+    assert s["aborted"].startswith("interrupted") and s["errors_by_kind"]["cancelled"] >= 10
+    assert s["completed"] == 0 and s["not_sent"] == 0
     assert b"Traceback" not in err
 
 
@@ -287,6 +300,6 @@ def srv_requests(base_url: str) -> int:
     import urllib.request
     with urllib.request.urlopen(base_url + "/metrics", timeout=2) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("vllm:request_success_total"):
+            if line.startswith("vllm:request_success_total"):  # the fake counts requests received
                 return int(float(line.split()[-1]))
     return 0
