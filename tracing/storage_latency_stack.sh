@@ -147,8 +147,17 @@ while read -r name probes; do
 	if (( ok )); then on_list="$on_list $name"
 	else off_list="$off_list $name(missing${missing})"; fi
 done < <(sed -n 's|^[[:space:]]*//@layer \([a-z_]*\) \(.*\)$|\1 \2|p' "$BT")
-[[ "${layer_on[block]:-0}" == 1 ]] ||
+if [[ "${layer_on[block]:-0}" != 1 ]]; then
 	say "WARNING: no block tracepoints: only the syscall layer will be seen"
+	# these extend the block layer's probes and maps
+	for dep in owner queue requeue merge; do
+		if [[ "${layer_on[$dep]:-0}" == 1 ]]; then
+			layer_on[$dep]=0
+			on_list="$(echo " $on_list " | sed "s/ $dep / /; s/^ *//; s/ *$//")"
+			off_list="$off_list $dep(needs block)"
+		fi
+	done
+fi
 owned=0
 if [[ "$pid" != 0 || "$comm" != "-" ]]; then
 	if [[ "${layer_on[owner]:-0}" == 1 ]]; then
