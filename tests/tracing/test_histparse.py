@@ -117,7 +117,7 @@ def test_distill_figures_from_fixture():
     tr.maps["q2c_stats_write_usecs"][""] = Stats(40, 1000, 40000)
     d = distill(tr, size="1g")
     assert d.iodepth == 1 and any("Little's law" in n for n in d.notes)
-    assert d.job_name == "vllm-distilled"
+    assert distill(tr, process="vllm").job_name == "vllm-distilled"
 
 
 def test_distill_fio_fixture_matches_known_pattern():
