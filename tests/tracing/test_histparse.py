@@ -191,3 +191,29 @@ def test_tracing_imports_nothing_from_other_packages():
             "print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_report_table_names_every_layer(capsys):
+    from tracing.report import main as report_main
+    assert report_main([str(FIXTURES / "python_pwrite_fsync_pread.txt")]) == 0
+    out = capsys.readouterr().out
+    for what in ("read family", "write family", "Q2D read", "D2C write", "fdatasync", "write -> fsync",
+                 "fadvise -> read"):
+        assert what in out
+    assert report_main([str(FIXTURES / "fio_randrw70_128k_qd8.txt")]) == 0
+    assert "NOT traced:" in capsys.readouterr().out  # layers left out are said
+
+
+def test_report_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tracing.report import main as report_main
+    assert report_main([str(FIXTURES / "python_pwrite_fsync_pread.txt"), "--plots", str(tmp_path)]) == 0
+    names = {p.name for p in tmp_path.glob("*.png")}
+    assert {"latency_by_layer.png", "request_sizes.png", "queue_depth.png"} <= names
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.glob("*.png"))
+
+
+def test_report_user_error(capsys):
+    from tracing.report import main as report_main
+    assert report_main(["/nonexistent"]) == 2
+    assert capsys.readouterr().err.startswith("report: cannot read")

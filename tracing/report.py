@@ -1,0 +1,192 @@
+"""Per-layer latency breakdown of a storage_latency_stack trace.
+
+    python -m tracing.report TRACE [--plots DIR]
+
+Prints one table: syscall (VFS) time, block Q2D (insert to dispatch), D2C
+(dispatch to completion), fsync/fdatasync, and the gaps between calls, with
+count and percentiles per row (percentiles are bucket upper edges: an upper
+bound, as bpftrace's log2 buckets allow). With --plots, writes PNG
+histograms. matplotlib is imported only for --plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from .histparse import Hist, Trace, TraceParseError, parse_trace
+
+__all__ = ["layer_rows", "format_table", "write_plots", "main"]
+
+READS = ("read", "pread64", "readv", "preadv", "preadv2")
+WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
+URING_OPS = {1: "readv", 2: "writev", 4: "read_fixed", 5: "write_fixed", 22: "read", 23: "write"}
+
+
+def _merge(hists: list[Hist | None]) -> Hist | None:
+    out = None
+    for h in hists:
+        if h is not None and h.total:
+            out = h if out is None else out.merged(h)
+    return out
+
+
+def layer_rows(tr: Trace) -> list[tuple[str, str, Hist]]:
+    """(layer, what, histogram in microseconds), top of the stack first."""
+    rows: list[tuple[str, str, Hist | None]] = [
+        ("syscall", "read family", _merge([tr.hist(f"sys_{n}_usecs") for n in READS])),
+        ("syscall", "write family", _merge([tr.hist(f"sys_{n}_usecs") for n in WRITES])),
+        ("syscall", "io_submit", tr.hist("sys_io_submit_usecs")),
+    ]
+    for key, h in sorted(tr.maps.get("uring_usecs", {}).items()):
+        if isinstance(h, Hist):
+            op = URING_OPS.get(int(key), f"op {key}") if key.lstrip("-").isdigit() else key
+            rows.append(("io_uring", f"{op} sqe->cqe", h))
+    rows += [
+        ("block", "Q2D read", tr.hist("q2d_read_usecs")),
+        ("block", "Q2D write", tr.hist("q2d_write_usecs")),
+        ("device", "D2C read", tr.hist("d2c_read_usecs")),
+        ("device", "D2C write", tr.hist("d2c_write_usecs")),
+        ("flush", "fsync", tr.hist("fsync_usecs")),
+        ("flush", "fdatasync", tr.hist("fdatasync_usecs")),
+        ("gap", "write -> fsync", tr.hist("write_fsync_gap_usecs")),
+        ("gap", "fadvise -> read", tr.hist("fadvise_read_gap_usecs")),
+        ("gap", "device idle", tr.hist("idle_usecs")),
+    ]
+    return [(layer, what, h) for layer, what, h in rows if h is not None and h.total]
+
+
+def _fmt_us(v: float) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if v >= 1_000_000:
+        return f"{v / 1e6:.1f}s"
+    if v >= 1000:
+        return f"{v / 1000:.1f}ms"
+    return f"{v:.0f}us"
+
+
+def format_table(tr: Trace) -> str:
+    lines = []
+    win = f"{tr.window_ns / 1e9:.2f} s" if tr.window_ns else "unknown (cut before END)"
+    lines.append(f"capture window: {win}")
+    if tr.meta.get("layers_on"):
+        lines.append(f"layers traced:  {tr.meta['layers_on']}")
+    if tr.meta.get("layers_off") and tr.meta["layers_off"] != "none":
+        lines.append(f"NOT traced:     {tr.meta['layers_off']}")
+    if tr.meta.get("missed_events", "0") not in ("0", ""):
+        lines.append(f"kernel skipped: {tr.meta['missed_events']} probe runs (counts are a sample)")
+    for op in ("read", "write"):
+        iss, comp = tr.number(f"issued_{op}"), tr.number(f"completed_{op}")
+        if iss or comp:
+            lines.append(f"{'block ' + op + 's:':<16}issued {iss}, completed {comp}")
+    lines.append("")
+    head = f"{'layer':<9}{'what':<18}{'count':>9}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}"
+    lines += [head, "-" * len(head)]
+    rows = layer_rows(tr)
+    for layer, what, h in rows:
+        lines.append(f"{layer:<9}{what:<18}{h.total:>9}{_fmt_us(h.mean()):>9}{_fmt_us(h.quantile(.5)):>9}"
+                     f"{_fmt_us(h.quantile(.9)):>9}{_fmt_us(h.quantile(.99)):>9}")
+    if not rows:
+        lines.append("(no latency histograms in this trace)")
+    lines.append("")
+    lines.append("percentiles are bucket upper edges (log2 buckets): upper bounds")
+    return "\n".join(lines) + "\n"
+
+
+def _label(b) -> str:
+    def short(v):
+        for s, m in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+            if v and abs(v) >= m and v % m == 0:
+                return f"{v // m}{s}"
+        return str(v)
+    if b.lo is None:
+        return f"<{short(b.hi)}"
+    if b.hi is None:
+        return f">={short(b.lo)}"
+    return short(b.lo)
+
+
+def write_plots(tr: Trace, out_dir: str | Path) -> list[Path]:
+    import matplotlib  # lazily: only --plots needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    def grid(name: str, title: str, panels: list[tuple[str, Hist]], xlabel: str):
+        panels = [(t, h) for t, h in panels if h is not None and h.total]
+        if not panels:
+            return
+        n = len(panels)
+        cols = 2 if n > 1 else 1
+        rows = math.ceil(n / cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.2 * rows), squeeze=False)
+        for ax, (t, h) in zip(axes.flat, panels):
+            # trim empty buckets at both ends
+            bs = h.buckets
+            first = next(i for i, b in enumerate(bs) if b.count)
+            last = max(i for i, b in enumerate(bs) if b.count)
+            bs = bs[first:last + 1]
+            ax.bar(range(len(bs)), [b.count for b in bs], color="#3b6ea5")
+            ax.set_xticks(range(len(bs)))
+            ax.set_xticklabels([_label(b) for b in bs], rotation=60, fontsize=7)
+            ax.set_title(f"{t} (n={h.total})", fontsize=9)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.set_ylabel("count", fontsize=8)
+        for ax in list(axes.flat)[n:]:
+            ax.axis("off")
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    grid("latency_by_layer", "Latency by layer (bucket lower edges, microseconds)",
+         [(f"{layer}: {what}", h) for layer, what, h in layer_rows(tr)], "usecs")
+    grid("request_sizes", "Block request sizes", [("read", tr.hist("bs_read_bytes")),
+                                                  ("write", tr.hist("bs_write_bytes"))], "bytes")
+    grid("queue_depth", "Outstanding requests at dispatch", [("read", tr.hist("qdepth_read")),
+                                                             ("write", tr.hist("qdepth_write"))], "requests")
+    grid("lba_regions", "Where requests landed (LBA region index)",
+         [("read", tr.hist("lba_region_read_gib")), ("write", tr.hist("lba_region_write_gib"))], "region")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tracing.report",
+                                description="Per-layer latency table (and PNG histograms) of a trace.")
+    p.add_argument("trace", help="storage_latency_stack output (text or JSON)")
+    p.add_argument("--plots", metavar="DIR", help="write PNG histograms into DIR")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and 2
+    try:
+        tr = parse_trace(Path(args.trace).read_text(errors="replace"))
+    except OSError as exc:
+        print(f"report: cannot read {args.trace}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except TraceParseError as exc:
+        print(f"report: {args.trace}: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_table(tr))
+    if args.plots:
+        try:
+            paths = write_plots(tr, args.plots)
+        except ImportError:
+            print("report: --plots needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+        for path in paths:
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
