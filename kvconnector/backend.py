@@ -1,0 +1,191 @@
+"""The kvtier backend that both LMCache adapters wrap: tiers below LMCache's own memory.
+
+A local disk tier (timed O_DIRECT or buffered+fdatasync+fadvise I/O), then an optional shared directory and an
+optional Redis/Valkey tier, under one waterfall LRU store (`TieredStore`): a put goes to the top tier, an entry
+evicted from a tier is demoted to the next, the bottom tier deletes; every tier is capacity-bounded. On start the
+directories are rescanned (`persistence.rescan_dir`) so a restart serves what was there. A key missing from this
+instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
+
+The backend speaks plain strings and buffers; the adapters translate LMCache's keys and memory objects. Its methods
+are blocking and thread-safe; the adapters run them on `self.pool`. Failures on the I/O path never raise into
+LMCache: a refused store (full filesystem, I/O error) and a failed load are counted and reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+from .backend_config import GB, BackendConfig
+from .errors import KvtierError, StorageFullError
+from .persistence import rescan_dir
+from .redis_tier import RedisTier
+from .shared_tier import SharedDirTier, is_shared
+from .store import TieredStore
+from .tiers import DiskTier
+
+log = logging.getLogger(__name__)
+
+
+class KvtierBackend:
+    def __init__(self, cfg: BackendConfig) -> None:
+        self.cfg = cfg
+        tiers = []
+        if cfg.has_disk:
+            tiers.append(DiskTier(cfg.disk_dir, int(cfg.disk_capacity_gb * GB), cfg.io_mode, name="disk"))
+        if cfg.shared_dir:
+            tiers.append(SharedDirTier(cfg.shared_dir, int(cfg.shared_capacity_gb * GB), cfg.shared_io_mode))
+        if cfg.redis_url:
+            tiers.append(RedisTier(cfg.redis_url, int(cfg.redis_capacity_gb * GB), cfg.redis_namespace))
+        self.store = TieredStore(tiers, target_usage_ratio=cfg.target_usage_ratio, promote_on_hit=cfg.promote_on_hit)
+        self._shared = [i for i, t in enumerate(tiers) if is_shared(t)]
+        self._events: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.rescan_reports: list[dict] = []
+        if cfg.rescan_on_start:
+            self._rescan()
+        self.pool = ThreadPoolExecutor(cfg.io_workers, thread_name_prefix="kvtier-io")
+        self.exporter = None
+        if cfg.metrics_port is not None:
+            from .metrics import MetricsExporter
+
+            try:
+                self.exporter = MetricsExporter(self, cfg.metrics_host, cfg.metrics_port)
+            except OSError as exc:
+                self.store.close()
+                raise KvtierError(f"kvtier: cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}") from exc
+        self._closed = False
+
+    # ---- start-up ------------------------------------------------------------------------------------------------
+    def _rescan(self) -> None:
+        # Bottom tier first, so entries that fit nowhere higher are not demoted into a tier not yet scanned.
+        for t in reversed(range(len(self.store.tiers))):
+            tier = self.store.tiers[t]
+            if isinstance(tier, DiskTier):
+                shared = isinstance(tier, SharedDirTier)
+                rep = rescan_dir(self.store, t, verify_payload=self.cfg.rescan_verify_payload,
+                                 stale_tmp_s=self.cfg.shared_stale_tmp_s if shared else None, shared=shared)
+                self.rescan_reports.append(rep.to_dict())
+            elif isinstance(tier, RedisTier):
+                n = 0
+                for hdr in tier.scan():
+                    n += self.store.adopt(t, hdr.key, hdr.payload_nbytes, hdr.shape, hdr.dtype)
+                self.rescan_reports.append({"tier": tier.name, "adopted": n})
+
+    # ---- events --------------------------------------------------------------------------------------------------
+    def count(self, event: str, n: int = 1) -> None:
+        with self._lock:
+            self._events[event] += n
+
+    def events_snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._events)
+
+    # ---- operations (blocking, thread-safe) ------------------------------------------------------------------------
+    def put(self, key: str, chunks: list[memoryview], shape: tuple = (), dtype: str = "uint8") -> bool:
+        """Store an entry. True if it is stored now (or already was); False if refused (counted)."""
+        try:
+            r = self.store.put(key, chunks, shape, dtype)
+        except StorageFullError:
+            self.count("store_refused_full")
+            return False
+        except (OSError, KvtierError):
+            self.count("store_errors")
+            return False
+        if r.stored:
+            self.count("store_ok")
+            return True
+        if r.reason == "exists":
+            self.count("store_exists")
+            return True
+        self.count("store_refused_no_room")
+        return False
+
+    def lookup(self, key: str, pin: bool = False) -> bool:
+        """Whether the key is here (in this instance's index, or put into a shared tier by another instance)."""
+        hit = self.store.contains(key) is not None or self._adopt_shared(key)
+        if hit and pin:
+            hit = self.store.pin(key)
+        self.count("lookup_hits" if hit else "lookup_misses")
+        return hit
+
+    def _adopt_shared(self, key: str) -> bool:
+        for t in self._shared:
+            hdr = self.store.tiers[t].probe(key)
+            if hdr is not None:
+                if self.store.adopt(t, key, hdr.payload_nbytes, hdr.shape, hdr.dtype) or self.store.contains(key):
+                    self.count("shared_adopted")
+                    return True
+        return False
+
+    def info(self, key: str) -> tuple[int, tuple, str, str] | None:
+        """(nbytes, shape, dtype, tier) of a known entry, looking into the shared tiers if needed."""
+        info = self.store.entry_info(key)
+        if info is None and self._adopt_shared(key):
+            info = self.store.entry_info(key)
+        return info
+
+    def get_into(self, key: str, dest: memoryview) -> bool:
+        """Read an entry into `dest` (exactly its size). False on a miss, a size mismatch or an error (counted)."""
+        info = self.info(key)
+        if info is None:
+            self.count("load_misses")
+            return False
+        if info[0] != len(dest):
+            self.count("load_size_mismatch")
+            return False
+        try:
+            r = self.store.get(key, dest)
+        except (OSError, KvtierError, ValueError):
+            self.count("load_errors")
+            return False
+        self.count("load_hits" if r.hit else "load_misses")
+        return r.hit
+
+    def pin(self, key: str) -> bool:
+        return self.store.pin(key)
+
+    def unpin(self, key: str) -> bool:
+        return self.store.unpin(key)
+
+    def remove(self, key: str) -> bool:
+        return self.store.delete(key)
+
+    # ---- reporting -----------------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        return {
+            "config": self.cfg.model_dump(exclude={"redis_url"}),
+            "tiers": [
+                {**t.describe(), **u, "fallbacks": dict(t.fallbacks), "stats": s.to_dict()}
+                for t, u, s in zip(self.store.tiers, self.store.usage(), self.store.stats)
+            ],
+            "store_events": dict(self.store.events),
+            "backend_events": self.events_snapshot(),
+            "rescan": self.rescan_reports,
+        }
+
+    def write_snapshot(self, path: str) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.snapshot(), fh, indent=1)
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.pool.shutdown(wait=True)
+        path = self.cfg.resolved_snapshot_path()
+        if path:
+            try:
+                self.write_snapshot(path)
+            except OSError as exc:
+                log.error("kvtier: could not write the statistics snapshot %s: %s", path, exc)
+        if self.exporter is not None:
+            self.exporter.close()
+        self.store.close()

@@ -1,0 +1,133 @@
+"""One configuration model for the kvtier LMCache backend, shared by both adapters.
+
+Where the keys come from:
+- MP mode (L2 adapter): the `adapter_params` object of `--l2-adapter '{"type":"plugin",...,"adapter_params":{...}}'`;
+  keys may be written bare (`disk_dir`) or with the `kvtier.` prefix (`kvtier.disk_dir`).
+- In-process (storage plugin): LMCache's `extra_config`, keys `kvtier.<name>`; other extra_config keys are LMCache's.
+Unknown keys, wrong types and impossible values are errors (one line each, naming the key).
+
+Tiers, fastest first: the local disk tier (`disk_dir`, `disk_capacity_gb`; 0 means none), then an optional shared
+directory (`shared_dir`), then an optional Redis/Valkey (`redis_url`). A put goes to the top tier; an entry evicted from
+a tier is demoted to the next; the bottom tier deletes. With no local disk tier every put lands in the shared tier at
+once, which is how several instances share each other's prefixes without waiting for demotion.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+PREFIX = "kvtier."
+GB = 1_000_000_000
+
+
+class BackendConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Local disk tier: one file per entry (4 KiB header with key and checksum, payload), timed O_DIRECT I/O.
+    disk_dir: str | None = None
+    disk_capacity_gb: float = Field(4.0, ge=0)
+    io_mode: Literal["direct", "buffered"] = "direct"
+    # Shared POSIX directory (NFS, Lustre, CephFS, GekkoFS) that several instances read and write at once.
+    shared_dir: str | None = None
+    shared_capacity_gb: float = Field(4.0, gt=0)
+    shared_io_mode: Literal["direct", "buffered"] = "buffered"
+    # Stale temp files in the shared directory older than this are removed on start (younger ones may be another
+    # instance's write in flight).
+    shared_stale_tmp_s: float = Field(600.0, gt=0)
+    # Redis / Valkey tier (redis-py URL, e.g. redis://127.0.0.1:6379/0).
+    redis_url: str | None = None
+    redis_capacity_gb: float = Field(1.0, gt=0)
+    redis_namespace: str = Field("kvtier", min_length=1, max_length=64)
+    # Waterfall policy.
+    target_usage_ratio: float = Field(0.9, gt=0, le=1)
+    promote_on_hit: bool = False
+    # Threads that run the I/O of store and load tasks.
+    io_workers: int = Field(4, ge=1, le=256)
+    # Serve what the directories held before a restart (entries are validated; corrupt or partial ones are removed).
+    rescan_on_start: bool = True
+    # Also check every payload checksum during the rescan (reads everything; loads always verify anyway).
+    rescan_verify_payload: bool = False
+    # Prometheus exporter: None = off, 0 = any free port.
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    # JSON snapshot of all statistics written on close; "" = off, None = <disk_dir or shared_dir>/kvtier-stats.json.
+    snapshot_path: str | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return v
+
+    @model_validator(mode="after")
+    def _tiers(self) -> "BackendConfig":
+        if not self.has_disk and not (self.shared_dir or self.redis_url):
+            raise ValueError("no tier configured: set disk_dir (with disk_capacity_gb > 0), shared_dir or redis_url")
+        if self.disk_dir and self.shared_dir and _same_dir(self.disk_dir, self.shared_dir):
+            raise ValueError("disk_dir and shared_dir must be different directories")
+        return self
+
+    @property
+    def has_disk(self) -> bool:
+        return self.disk_dir is not None and self.disk_capacity_gb > 0
+
+    def resolved_snapshot_path(self) -> str | None:
+        if self.snapshot_path == "":
+            return None
+        if self.snapshot_path:
+            return self.snapshot_path
+        base = self.disk_dir or self.shared_dir
+        import os
+
+        return os.path.join(base, "kvtier-stats.json") if base else None
+
+    # ---- constructors from what LMCache hands us -----------------------------------------------------------------
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> "BackendConfig":
+        """From an L2 adapter's adapter_params (bare or `kvtier.`-prefixed keys)."""
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            raise ConfigError(f"kvtier: adapter_params must be an object, got {type(params).__name__}")
+        clean = {}
+        for k, v in params.items():
+            name = k[len(PREFIX):] if isinstance(k, str) and k.startswith(PREFIX) else k
+            if name in clean:
+                raise ConfigError(f"kvtier: key {name!r} given twice (bare and with the kvtier. prefix)")
+            clean[name] = v
+        return cls.validated(clean)
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendConfig":
+        """From LMCache's extra_config: only `kvtier.*` keys are ours."""
+        clean = {k[len(PREFIX):]: v for k, v in (extra or {}).items() if isinstance(k, str) and k.startswith(PREFIX)}
+        return cls.validated(clean)
+
+    @classmethod
+    def validated(cls, d: dict[str, Any]) -> "BackendConfig":
+        try:
+            return cls.model_validate(d)
+        except ValidationError as exc:
+            raise ConfigError("kvtier: invalid configuration: " + _one_line(exc)) from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        parts.append(f"{PREFIX}{loc}: {msg}" if err["loc"] else msg)
+    return "; ".join(parts)
+
+
+def _same_dir(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)

@@ -1,0 +1,34 @@
+"""What both adapters share: building the backend (loudly refusing to run on a bad configuration) and byte views."""
+
+from __future__ import annotations
+
+import logging
+
+from ..backend import KvtierBackend
+from ..backend_config import BackendConfig
+from ..errors import KvtierError
+
+log = logging.getLogger("kvconnector.lmcache")
+
+
+class KvtierRefusedToRun(SystemExit):
+    """Raised when the kvtier backend cannot be built. A SystemExit on purpose: LMCache's plugin loader catches and
+    merely logs `Exception`s from a constructor, which would leave a deployment silently running without its tiers."""
+
+
+def build_backend_or_refuse(source: dict | None, kind: str, who: str) -> KvtierBackend:
+    """kind: "params" (L2 adapter_params) or "extra_config" (LMCache extra_config with kvtier.* keys)."""
+    try:
+        cfg = BackendConfig.from_params(source) if kind == "params" else BackendConfig.from_extra_config(source)
+        return KvtierBackend(cfg)
+    except (KvtierError, OSError) as exc:
+        log.error("kvtier %s refuses to run: %s", who, exc)
+        raise KvtierRefusedToRun(f"kvtier {who} refuses to run: {exc}") from exc
+
+
+def byte_view(obj) -> memoryview:
+    """An LMCache MemoryObj's bytes as a flat unsigned-byte memoryview (its byte_array has format '<B')."""
+    mv = obj.byte_array
+    if not isinstance(mv, memoryview):
+        mv = memoryview(mv)
+    return mv if mv.format == "B" else mv.cast("B")

@@ -1,0 +1,181 @@
+"""MP mode: kvtier as an LMCache L2 adapter (`L2AdapterInterface`), loaded by the LMCache MP server with
+
+    --l2-adapter '{"type":"plugin","module_path":"kvconnector.lmcache.l2_adapter",
+                   "class_name":"KvtierL2Adapter","adapter_params":{"disk_dir":"/var/cache/kvtier", ...}}'
+
+`adapter_params` are the keys of `kvconnector.backend_config.BackendConfig` (bare or `kvtier.`-prefixed).
+A thin layer: keys become strings, memory objects become byte views, and every task runs on threads (a dispatcher
+per task, the backend's I/O pool per key) and signals its event fd when done. Lookup-and-lock pins the entries found
+(so no eviction or demotion moves them before the load); unlock unpins them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
+from lmcache.v1.platform import create_event_notifier
+
+from ..backend import KvtierBackend
+from ._common import build_backend_or_refuse, byte_view
+
+if TYPE_CHECKING:
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from lmcache.v1.memory_management import MemoryObj
+
+log = logging.getLogger(__name__)
+
+
+def object_key_str(key: "ObjectKey") -> str:
+    """Every field of the key, '@'-separated (LMCache forbids '@' in model names and salts). Never used as a path."""
+    return f"{key.model_name}@{key.kv_rank:x}@{key.object_group_id:x}@{key.chunk_hash.hex()}@{key.cache_salt}"
+
+
+class KvtierL2Adapter(L2AdapterInterface):
+    def __init__(self, params: dict | None = None, l1_memory_desc=None) -> None:
+        self.backend: KvtierBackend = build_backend_or_refuse(params, "params", "L2 adapter")
+        # Capacity 0: LMCache's own L2 eviction stays off; kvtier bounds and evicts its tiers itself.
+        super().__init__(max_capacity_bytes=0)
+        self._store_efd = create_event_notifier()
+        self._lookup_efd = create_event_notifier()
+        self._load_efd = create_event_notifier()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self._done_store: dict[L2TaskId, L2StoreResult] = {}
+        self._done_lookup: dict[L2TaskId, Bitmap] = {}
+        self._done_load: dict[L2TaskId, Bitmap] = {}
+        self._dispatch = ThreadPoolExecutor(4, thread_name_prefix="kvtier-l2")
+        log.info("kvtier L2 adapter ready: %s", [t.describe() for t in self.backend.store.tiers])
+
+    # ---- event fds ---------------------------------------------------------------------------------------------------
+    def get_store_event_fd(self) -> int:
+        return self._store_efd.fileno()
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._lookup_efd.fileno()
+
+    def get_load_event_fd(self) -> int:
+        return self._load_efd.fileno()
+
+    def _task_id(self) -> L2TaskId:
+        with self._lock:
+            self._next_id += 1
+            return self._next_id
+
+    # ---- store ---------------------------------------------------------------------------------------------------------
+    def submit_store_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
+        tid = self._task_id()
+        self._dispatch.submit(self._run_store, tid, list(keys), list(objects))
+        return tid
+
+    def _run_store(self, tid: L2TaskId, keys, objects) -> None:
+        ok, nbytes, stored, sizes = True, 0, [], []
+        try:
+            futs = [self.backend.pool.submit(self._store_one, k, o) for k, o in zip(keys, objects, strict=True)]
+            wait(futs)
+            for k, f in zip(keys, futs):
+                n = f.result()
+                if n < 0:
+                    ok = False
+                else:
+                    nbytes += n
+                    stored.append(k)
+                    sizes.append(n)
+        except Exception:
+            log.exception("kvtier: store task %d failed", tid)
+            ok = False
+        if stored:
+            self._notify_keys_stored(stored, sizes)
+        with self._lock:
+            self._done_store[tid] = L2StoreResult(ok, nbytes)
+        self._store_efd.notify()
+
+    def _store_one(self, key, obj) -> int:
+        view = byte_view(obj)
+        return len(view) if self.backend.put(object_key_str(key), [view]) else -1
+
+    def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
+        with self._lock:
+            done, self._done_store = self._done_store, {}
+        return done
+
+    # ---- lookup and lock -------------------------------------------------------------------------------------------
+    def submit_lookup_and_lock_task(self, keys: list["ObjectKey"], group_layout_descs: dict[int, "MemoryLayoutDesc"]) -> L2TaskId:
+        tid = self._task_id()
+        self._dispatch.submit(self._run_lookup, tid, list(keys))
+        return tid
+
+    def _run_lookup(self, tid: L2TaskId, keys) -> None:
+        bitmap = Bitmap(len(keys))
+        try:
+            for i, key in enumerate(keys):
+                if self.backend.lookup(object_key_str(key), pin=True):
+                    bitmap.set(i)
+        except Exception:
+            log.exception("kvtier: lookup task %d failed", tid)
+        with self._lock:
+            self._done_lookup[tid] = bitmap
+        self._lookup_efd.notify()
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
+        with self._lock:
+            return self._done_lookup.pop(task_id, None)
+
+    def submit_unlock(self, keys: list["ObjectKey"]) -> None:
+        for key in keys:
+            self.backend.unpin(object_key_str(key))
+
+    # ---- load --------------------------------------------------------------------------------------------------------
+    def submit_load_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
+        tid = self._task_id()
+        self._dispatch.submit(self._run_load, tid, list(keys), list(objects))
+        return tid
+
+    def _run_load(self, tid: L2TaskId, keys, objects) -> None:
+        bitmap = Bitmap(len(keys))
+        try:
+            futs = [self.backend.pool.submit(self.backend.get_into, object_key_str(k), byte_view(o))
+                    for k, o in zip(keys, objects, strict=True)]
+            wait(futs)
+            for i, f in enumerate(futs):
+                if f.result():
+                    bitmap.set(i)
+        except Exception:
+            log.exception("kvtier: load task %d failed", tid)
+        loaded = [keys[i] for i in bitmap.get_indices_list()]
+        if loaded:
+            self._notify_keys_accessed(loaded)
+        with self._lock:
+            self._done_load[tid] = bitmap
+        self._load_efd.notify()
+
+    def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:
+        with self._lock:
+            return self._done_load.pop(task_id, None)
+
+    # ---- eviction, status, close -------------------------------------------------------------------------------------
+    def delete(self, keys: list["ObjectKey"]) -> None:
+        deleted, sizes = [], []
+        for key in keys:
+            s = object_key_str(key)
+            info = self.backend.store.entry_info(s)
+            if info is not None and self.backend.remove(s):
+                deleted.append(key)
+                sizes.append(info[0])
+        if deleted:
+            self._notify_keys_deleted(deleted, sizes)
+
+    def report_status(self) -> dict:
+        return {"is_healthy": not self.backend._closed, "type": "KvtierL2Adapter",
+                "tiers": self.backend.store.usage(), "events": self.backend.events_snapshot()}
+
+    def close(self) -> None:
+        self._dispatch.shutdown(wait=True)
+        self.backend.close()
+        for efd in (self._store_efd, self._lookup_efd, self._load_efd):
+            efd.close()

@@ -1,0 +1,70 @@
+"""A shared POSIX directory as a tier: several LMCache instances (on one host or many) write and read it at once.
+
+Safe sharing comes from the entry format and the write path, not from locks:
+- a writer writes a private temp file (pid and thread in its name), fdatasyncs it and renames it into place, so a
+  reader sees either no file or a whole one, never a partial file;
+- a reader opens the file and then reads through its descriptor: if another instance unlinks (evicts) the entry
+  meanwhile, POSIX keeps the open file alive and the read completes; if the file is gone before the open, the read is
+  a miss (`EntryNotFound`), counted as `vanished`, never an error;
+- every read checks the header (key, length) and the payload checksum, so nothing torn or foreign is ever served.
+Each instance bounds the bytes *it* accounts for in the directory (its own puts and the entries it adopted from
+others) by the tier's capacity; the directory as a whole holds at most instances x capacity.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .entry_format import EntryHeader
+from .errors import CorruptEntryError, EntryNotFound
+from .tiers import DiskTier
+from .timed_io import IOMode, read_header
+
+
+class SharedDirTier(DiskTier):
+    kind = "shared_dir"
+
+    def __init__(self, directory: str, capacity_bytes: int, io_mode: IOMode | str = IOMode.BUFFERED,
+                 name: str = "shared") -> None:
+        super().__init__(directory, capacity_bytes, io_mode, name=name)
+
+    def read(self, key, nbytes, dest=None):
+        try:
+            return super().read(key, nbytes, dest)
+        except FileNotFoundError as exc:
+            raise EntryNotFound(key) from exc
+
+    def probe(self, key: str) -> EntryHeader | None:
+        """The header of `key`'s file if another instance put it there (and it is valid); else None. A corrupt
+        file is removed and counted."""
+        path = self.path_for(key)
+        try:
+            hdr = read_header(path)
+        except FileNotFoundError:
+            return None
+        except CorruptEntryError:
+            self.fallbacks["corrupt_removed"] += 1
+            self.delete(key)
+            return None
+        except OSError:
+            self.fallbacks["probe_errors"] += 1
+            return None
+        if hdr.key != key:
+            # A hash collision or a foreign file under our name: not ours to serve (and not ours to delete).
+            self.fallbacks["foreign_entry"] += 1
+            return None
+        return hdr
+
+    def describe(self):
+        return {**super().describe(), "shared": True}
+
+
+def is_shared(tier) -> bool:
+    return hasattr(tier, "probe")
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

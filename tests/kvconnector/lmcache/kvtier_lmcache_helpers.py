@@ -1,0 +1,46 @@
+"""Real LMCache memory objects for the adapter tests."""
+
+import time
+
+import torch
+from lmcache.v1.distributed.api import ObjectKey
+from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+SHAPE = torch.Size([2, 2, 16, 64])  # (K/V, layers, tokens, hidden) in bf16: 8 KiB
+NBYTES = SHAPE.numel() * 2
+
+
+def mem_obj(seed: int | None = None, shape=SHAPE) -> TensorMemoryObj:
+    n = shape.numel() * 2
+    raw = torch.zeros(n, dtype=torch.uint8)
+    if seed is not None:
+        raw.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)))
+    meta = MemoryObjMetadata(shape=shape, dtype=torch.bfloat16, address=0, phy_size=n, ref_count=1,
+                             fmt=MemoryFormat.KV_2LTD)
+    return TensorMemoryObj(raw, meta, None)
+
+
+def okey(i: int, model: str = "org/../../etc/model", salt: str = "") -> ObjectKey:
+    return ObjectKey(chunk_hash=i.to_bytes(8, "big"), model_name=model, kv_rank=0, object_group_id=0, cache_salt=salt)
+
+
+def wait_result(fn, task_id, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = fn(task_id)
+        if r is not None:
+            return r
+        time.sleep(0.002)
+    raise TimeoutError(f"task {task_id} did not complete in {timeout_s} s")
+
+
+def wait_store(adapter, task_id, timeout_s: float = 10.0):
+    # pop_completed_store_tasks hands out every finished task once: keep the ones we are not waiting for yet.
+    done = adapter.__dict__.setdefault("_test_done_store", {})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done.update(adapter.pop_completed_store_tasks())
+        if task_id in done:
+            return done.pop(task_id)
+        time.sleep(0.002)
+    raise TimeoutError(f"store task {task_id} did not complete")

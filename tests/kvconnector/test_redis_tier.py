@@ -1,0 +1,99 @@
+"""The Redis tier against a real redis-server on 127.0.0.1 (started and stopped by the fixture)."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from kvconnector.backend import KvtierBackend
+from kvconnector.backend_config import BackendConfig
+from kvconnector.errors import ConfigError, CorruptEntryError, EntryNotFound
+from kvconnector.redis_tier import RedisTier
+
+N = 20_000
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; deploy/install-system-deps.sh)")
+    port = _free_port()
+    d = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--dir", str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail("redis-server did not start")
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def data(seed):
+    return np.random.default_rng(seed).integers(0, 256, N, dtype=np.uint8).tobytes()
+
+
+def test_round_trip_miss_and_corruption(redis_url):
+    t = RedisTier(redis_url, 10 << 20, namespace="t1")
+    t.write("m/../x@1", [memoryview(data(1))], N, (2, 3), "bf16/1")
+    out = memoryview(bytearray(N))
+    timing = t.read("m/../x@1", N, out)
+    assert bytes(out) == data(1) and timing.device_ns > 0 and timing.nbytes == N
+    assert t.probe("m/../x@1").shape == (2, 3)
+    with pytest.raises(EntryNotFound):
+        t.read("other", N, out)
+    # A flipped byte in Redis is caught by the checksum.
+    rkey = t._rkey("m/../x@1")
+    t._r.setrange(rkey, 4096 + 5, b"\x00" if data(1)[5] else b"\x01")
+    with pytest.raises(CorruptEntryError):
+        t.read("m/../x@1", N, out)
+    assert all(k.startswith(b"t1:") and b"/" not in k for k in t._r.keys("t1:*"))
+
+
+def test_waterfall_disk_to_redis_and_restart(redis_url, tmp_path):
+    cfg = BackendConfig(disk_dir=str(tmp_path / "d"), disk_capacity_gb=1e-4, redis_url=redis_url,
+                        redis_namespace="t2", redis_capacity_gb=1e-3, snapshot_path="")
+    b = KvtierBackend(cfg)
+    for i in range(20):
+        assert b.put(f"k{i}", [memoryview(data(i))])
+    kinds = {b.store.contains(f"k{i}") for i in range(20)}
+    assert kinds == {"disk", "redis"}
+    out = memoryview(bytearray(N))
+    assert b.get_into("k0", out) and bytes(out) == data(0)  # k0 was demoted to Redis
+    b.close()
+    other = KvtierBackend(cfg.model_copy(update={"disk_dir": str(tmp_path / "d2")}))
+    try:  # a second instance (empty local disk) serves what the first demoted to Redis
+        assert other.get_into("k1", out) and bytes(out) == data(1)
+        assert other.rescan_reports[-1]["tier"] == "redis" or other.rescan_reports[0]["tier"] == "redis"
+    finally:
+        other.close()
+
+
+def test_unreachable_redis_is_a_config_error():
+    with pytest.raises(ConfigError, match="cannot reach Redis"):
+        RedisTier(f"redis://127.0.0.1:{_free_port()}/0", 1 << 20)
