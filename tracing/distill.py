@@ -8,10 +8,10 @@ device saw it, after merging and splitting):
 * ``bssplit``: exact request sizes (``@io_read_bytes``) when present, else
   the log2 size histogram (``@bs_read_bytes``), read and write separately;
 * ``rwmixread``: completed block requests, reads vs writes (not app ops);
-* ``iodepth``: the median outstanding depth (insert to completion)
-  sampled at each dispatch, cross-checked by Little's law (outstanding time
-  of reads plus writes over the real capture window = mean depth), which
-  wins when the two disagree by more than about a third;
+* ``iodepth``: the level the outstanding depth (insert to completion,
+  sampled at each dispatch) fills up to (see plateau_edge), cross-checked
+  by Little's law (outstanding time of reads plus writes over the real
+  capture window = mean depth), which wins when the two disagree;
 * ``rw``/``percentage_random``: the share of requests that started where
   the previous one of the same direction ended (sequential) vs elsewhere;
 * ``thinktime``: only if the device was idle (nothing of ours in flight
@@ -140,6 +140,23 @@ def size_split(tr: Trace, op: str) -> tuple[list[tuple[int, int]], list[str]]:
     return kept, notes
 
 
+def plateau_edge(qd: Hist) -> int:
+    """The depth the process fills up to: from the most frequent sampled depth,
+    the last depth still sampled at least half as often. A fio job with
+    iodepth=N shows depths 1..N about evenly (it reaps and refills), an
+    application holding N shows a peak at N: both give N. The few samples
+    above it (a completion the kernel skipped leaves its request counted as
+    outstanding) do not move it, as they would a high percentile."""
+    bs = [b for b in qd.buckets if b.lo is not None and b.lo >= 0]
+    if not bs:
+        return 1
+    peak = max(range(len(bs)), key=lambda i: bs[i].count)
+    i = peak
+    while i + 1 < len(bs) and bs[i + 1].count >= 0.5 * bs[peak].count:
+        i += 1
+    return max(1, int(bs[i].lo))
+
+
 def _pct_split(split: list[tuple[int, int]]) -> str:
     return ":".join(f"{fio_size(s)}/{p}" for s, p in split)
 
@@ -213,18 +230,14 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
         figures["iodepth_little"] = round(little, 2)
     if qd is not None and qd.total:
         qmean = qd.mean()
-        qmed = qd.quantile(0.5)
+        edge = plateau_edge(qd)
         figures["iodepth_sampled_mean"] = round(qmean, 2)
-        figures["iodepth_sampled_p50"] = qmed
-        figures["iodepth_sampled_p90"] = qd.quantile(0.90)
-        # the in-kernel counter behind the samples is updated from several
-        # CPUs without atomics (bpftrace 0.17 has none), so its tails carry
-        # noise: the median is the estimate, Little's law (exact by
-        # construction: summed outstanding time over the real window) checks it
-        iodepth = max(1, int(round(qmed)))
-        if busy_us and not (0.65 <= (little + 1e-9) / max(qmed, 1e-9) <= 1.55):
+        figures["iodepth_sampled_p50"] = qd.quantile(0.5)
+        figures["iodepth_sampled_edge"] = edge
+        iodepth = max(1, edge)
+        if busy_us and not (0.9 <= edge / max(little, 1e-9) <= 3.0):
             iodepth = max(1, int(round(little)))
-            notes.append(f"sampled depth (median {qmed:g}) and Little's law ({little:.1f}) disagree: "
+            notes.append(f"sampled depth (edge {edge}) and Little's law ({little:.1f}) disagree: "
                          "iodepth from Little's law")
     elif busy_us:
         iodepth = max(1, int(round(little)))
@@ -325,9 +338,9 @@ def render_job(d: Distilled, *, source: str, tr: Trace) -> str:
             if k in tr.meta:
                 c(f"; {k}: {tr.meta[k]}")
     fig = d.figures
-    depth = [f"sampled median {fig['iodepth_sampled_p50']:g}" if "iodepth_sampled_p50" in fig else None,
+    depth = [f"sampled edge {fig['iodepth_sampled_edge']}" if "iodepth_sampled_edge" in fig else None,
+             f"median {fig['iodepth_sampled_p50']:g}" if "iodepth_sampled_p50" in fig else None,
              f"mean {fig['iodepth_sampled_mean']}" if "iodepth_sampled_mean" in fig else None,
-             f"p90 {fig['iodepth_sampled_p90']:g}" if "iodepth_sampled_p90" in fig else None,
              f"Little's law {fig['iodepth_little']}" if "iodepth_little" in fig else None]
     c("; Queue depth: " + (", ".join(x for x in depth if x) or "not in trace"))
     for k in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs"):
@@ -367,7 +380,7 @@ def render_job(d: Distilled, *, source: str, tr: Trace) -> str:
     else:
         c("; request sizes as the device saw them")
         c(f"bssplit={_pct_split(d.bssplit_read or d.bssplit_write)}")
-    c("; median of the requests outstanding when one was dispatched")
+    c("; requests outstanding when one was dispatched: the level filled up to")
     c(f"iodepth={d.iodepth}")
     if d.thinktime_us is not None:
         c("; the device sat idle between bursts for this long, this often")

@@ -202,7 +202,12 @@ fi
 
 # bpftrace gets SIGINT from Ctrl-C (same process group) or from us at the
 # end of --duration; either way it runs END and prints its maps.
-bpftrace "${fmt[@]}" "$gen" "$pid" "$comm" "$devt" "$region_gib" "$owned" \
+ncpu="$(getconf _NPROCESSORS_CONF 2>/dev/null || nproc)"
+if (( ncpu > 64 )); then
+	say "WARNING: $ncpu CPUs: queue depth sums the first 64 CPUs' counters only"
+	ncpu=64
+fi
+bpftrace "${fmt[@]}" "$gen" "$pid" "$comm" "$devt" "$region_gib" "$owned" "$ncpu" \
 	>> "$trace" 2> "$out/bpftrace.stderr" &
 bt_pid=$!
 # The kernel skips a BPF program that would run while another one runs on
