@@ -225,9 +225,13 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
         st = tr.get(f"q2c_stats_{op}_usecs") or tr.get(f"d2c_stats_{op}_usecs") or tr.get("d2c_stats_usecs", op)
         if isinstance(st, Stats):
             busy_us += st.total
-    little = busy_us / (window * 1e6) if window > 0 else math.nan
+    # the span with I/O in it (first outstanding request to last completion)
+    # when the trace has it, so idle time before and after does not dilute it
+    span = tr.active_span_ns / 1e9 if tr.active_span_ns and window_s is None else window
+    little = busy_us / (span * 1e6) if span > 0 else math.nan
     if busy_us:
         figures["iodepth_little"] = round(little, 2)
+        figures["little_span_s"] = round(span, 3)
     if qd is not None and qd.total:
         qmean = qd.mean()
         edge = plateau_edge(qd)
@@ -341,7 +345,8 @@ def render_job(d: Distilled, *, source: str, tr: Trace) -> str:
     depth = [f"sampled edge {fig['iodepth_sampled_edge']}" if "iodepth_sampled_edge" in fig else None,
              f"median {fig['iodepth_sampled_p50']:g}" if "iodepth_sampled_p50" in fig else None,
              f"mean {fig['iodepth_sampled_mean']}" if "iodepth_sampled_mean" in fig else None,
-             f"Little's law {fig['iodepth_little']}" if "iodepth_little" in fig else None]
+             f"Little's law {fig['iodepth_little']} over {fig['little_span_s']} s of I/O"
+             if "iodepth_little" in fig else None]
     c("; Queue depth: " + (", ".join(x for x in depth if x) or "not in trace"))
     for k in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs"):
         if k in fig:

@@ -29,6 +29,7 @@ _BUCKET_RE = re.compile(
 _HEADER_RE = re.compile(r"^@(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<key>.*)\])?:\s*(?P<rest>.*)$")
 _STATS_RE = re.compile(r"^count (-?\d+), average (-?\d+), total (-?\d+)$")
 _WINDOW_RE = re.compile(r"^capture_window_ns:\s*(\d+)\s*$")
+_SPAN_RE = re.compile(r"^active_span_ns:\s*(\d+)\s*$")
 
 
 class TraceParseError(ValueError):
@@ -121,6 +122,7 @@ class Trace:
     maps: dict[str, dict[str, Value]] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
     window_ns: int | None = None
+    active_span_ns: int | None = None
     lines: list[str] = field(default_factory=list)
     truncated: bool = False
     problems: list[str] = field(default_factory=list)
@@ -149,7 +151,7 @@ class Trace:
             if isinstance(v, Stats):
                 return {"count": v.count, "average": v.average, "total": v.total}
             return v
-        return {"meta": self.meta, "window_ns": self.window_ns, "truncated": self.truncated,
+        return {"meta": self.meta, "window_ns": self.window_ns, "active_span_ns": self.active_span_ns, "truncated": self.truncated,
                 "problems": self.problems,
                 "maps": {n: {k: enc(v) for k, v in d.items()} for n, d in self.maps.items()}}
 
@@ -198,6 +200,10 @@ def parse_text(text: str) -> Trace:
         m = _WINDOW_RE.match(line.strip())
         if m:
             tr.window_ns = int(m.group(1))
+            continue
+        m = _SPAN_RE.match(line.strip())
+        if m:
+            tr.active_span_ns = int(m.group(1))
             continue
         m = _HEADER_RE.match(line.strip())
         if m:
@@ -253,8 +259,11 @@ def parse_json(text: str) -> Trace:
         elif kind == "printf" and isinstance(data, str):
             for pl in data.splitlines():
                 m = _WINDOW_RE.match(pl.strip())
+                ms = _SPAN_RE.match(pl.strip())
                 if m:
                     tr.window_ns = int(m.group(1))
+                elif ms:
+                    tr.active_span_ns = int(ms.group(1))
                 elif pl.strip():
                     tr.lines.append(pl)
         elif kind in ("map", "hist", "stats") and isinstance(data, dict):
