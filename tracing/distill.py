@@ -239,7 +239,7 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
         figures["iodepth_sampled_p50"] = qd.quantile(0.5)
         figures["iodepth_sampled_edge"] = edge
         iodepth = max(1, edge)
-        if busy_us and not (0.9 <= edge / max(little, 1e-9) <= 3.0):
+        if busy_us and not (0.6 <= edge / max(little, 1e-9) <= 3.0):
             iodepth = max(1, int(round(little)))
             notes.append(f"sampled depth (edge {edge}) and Little's law ({little:.1f}) disagree: "
                          "iodepth from Little's law")
