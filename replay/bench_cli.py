@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     o("--io-trace-log", help="one CSV row per storage operation (.zst compresses)")
     o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
     o("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
+    o("--enable-latency-tracing", action="store_true",
+      help="trace the run with bpftrace (root): block and syscall latency histograms and a distilled fio job "
+           "go into the results; the raw trace next to the output")
     add("--config", help="config.yaml with any of the keys above and the sections")
     add("--no-progress", action="store_true", help="no live status line")
     add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -180,8 +183,11 @@ def run_single(cfg: BenchConfig) -> int:
                 raise ConfigError(f"--io-trace-log {cfg.io_trace_log}: {exc.strerror or exc}") from exc
             bench.store.op_listener = trace_log
             phase_hook = set_request_phase
+        tracer = start_tracer(cfg, bench, output)
         with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
             doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
+        if tracer is not None:
+            doc["latency_tracing"] = stop_tracer(tracer)
     except ConfigError as exc:
         bench.cleanup()
         return _fail(str(exc))
@@ -197,6 +203,30 @@ def run_single(cfg: BenchConfig) -> int:
             trace_log.close()
     bench.cleanup()
     return finish(doc, cfg, output)
+
+
+def start_tracer(cfg: BenchConfig, bench: Bench, output: str):
+    """bpftrace around the run, filtered to this process and the cache dir's device (--enable-latency-tracing)."""
+    if not cfg.enable_latency_tracing:
+        return None
+    from tracing.session import TraceSession, TraceSessionError
+
+    out_dir = os.path.splitext(output)[0] + "-trace"
+    session = TraceSession(pid=os.getpid(), path=bench.run_dir, out_dir=out_dir, job_name="kvtier-bench")
+    try:
+        session.start()
+    except TraceSessionError as exc:
+        raise ConfigError(f"--enable-latency-tracing: {exc}") from exc
+    return session
+
+
+def stop_tracer(session) -> dict:
+    from tracing.session import TraceSessionError
+
+    try:
+        return session.stop()
+    except TraceSessionError as exc:  # the run's own results still stand
+        return {"error": str(exc)}
 
 
 def finish(doc: dict, cfg: BenchConfig, output: str) -> int:

@@ -184,6 +184,7 @@ class BenchConfig(_Section):
     plots: str | None = None
     keep_cache: bool = False
     progress: bool = True
+    enable_latency_tracing: bool = False
     # ---- config.yaml sections
     user_templates: dict[str, UserTemplate] = Field(default_factory=lambda: dict(DEFAULT_USER_TEMPLATES))
     qos_profiles: dict[str, QoSProfile] = Field(default_factory=lambda: dict(DEFAULT_QOS))
@@ -213,6 +214,8 @@ class BenchConfig(_Section):
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")
         if not self.qos_distribution or sum(self.qos_distribution.values()) <= 0 or min(self.qos_distribution.values()) < 0:
             raise ValueError("qos_distribution needs non-negative shares with a positive sum")
+        if self.enable_latency_tracing and self.num_clients > 1:
+            raise ValueError("--enable-latency-tracing traces one process: not with --num-clients")
         if self.autoscaler.min_users > self.autoscaler.max_users:
             raise ValueError("autoscaler.min_users must not exceed autoscaler.max_users")
         return self

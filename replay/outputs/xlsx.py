@@ -49,6 +49,7 @@ def write_xlsx(doc: dict, path: str | os.PathLike) -> None:
     _timeline(wb.create_sheet("timeline"), doc)
     _clients(wb.create_sheet("clients"), doc)
     _environment(wb.create_sheet("environment"), doc)
+    _latency_tracing(wb.create_sheet("latency tracing"), doc)
     with atomic_path(path, suffix=".xlsx.tmp") as tmp:
         wb.save(tmp)
 
@@ -270,3 +271,23 @@ def _environment(ws, doc: dict) -> None:
         if "capacity_bytes" in t:
             rows.append([f"tiers.{name}.capacity_gb", t["capacity_bytes"] / GB])
     _table(ws, ["key", "value"], rows)
+
+
+def _latency_tracing(ws, doc: dict) -> None:
+    """--enable-latency-tracing: what the tracer saw, its histograms bucket by bucket, and the distilled fio job."""
+    lt = doc.get("latency_tracing") or {}
+    rows: list[list[Any]] = []
+    for key in ("layers_on", "layers_off", "window_ns", "truncated", "error", "fio_error", "trace_path"):
+        if lt.get(key) not in (None, "", []):
+            rows.append([key, " ".join(lt[key]) if isinstance(lt[key], list) else lt[key], None, None, None])
+    for name, by_key in sorted((lt.get("histograms") or {}).items()):
+        for key, value in by_key.items() if isinstance(by_key, dict) else []:
+            if isinstance(value, dict) and "hist" in value:
+                for b in value["hist"]:
+                    rows.append([name, key or None, b.get("lo"), b.get("hi"), b.get("count")])
+            elif isinstance(value, (int, float)):
+                rows.append([name, key or None, None, None, value])
+    for line in (lt.get("fio_job") or "").splitlines():
+        rows.append(["fio job", line, None, None, None])
+    _table(ws, ["map", "key", "bucket low", "bucket high", "count"], rows,
+           empty="no latency tracing in this run (--enable-latency-tracing, as root)")

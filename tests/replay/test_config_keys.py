@@ -484,6 +484,22 @@ def p_plots(tmp):
     assert any(f.endswith(".png") for f in os.listdir(tmp / "plots"))
 
 
+@probe("enable_latency_tracing")
+def p_enable_latency_tracing(tmp):
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("bpftrace"):
+        from replay.bench_cli import main
+        from bench_helpers import write_config
+
+        assert main(["--config", write_config(tmp, duration=0.5, enable_latency_tracing=True)]) == 2
+        return
+    doc = run(tmp, duration=1.5, enable_latency_tracing=True, cpu_mem_gb=0)
+    lt = doc["latency_tracing"]
+    assert "block" in lt["layers_on"] and lt["histograms"]
+    assert lt["fio_job"] and "bssplit=" in lt["fio_job"] and (tmp / "out-trace" / "job.fio").exists()
+
+
 @probe("keep_cache")
 def p_keep_cache(tmp):
     run(tmp, duration=0.5, keep_cache=True)
