@@ -4,16 +4,16 @@
                    "class_name":"KvtierL2Adapter","adapter_params":{"disk_dir":"/var/cache/kvtier", ...}}'
 
 `adapter_params` are the keys of `kvconnector.backend_config.BackendConfig` (bare or `kvtier.`-prefixed).
-A thin layer: keys become strings, memory objects become byte views, and every task runs on threads (a dispatcher
-per task, the backend's I/O pool per key) and signals its event fd when done. Lookup-and-lock pins the entries found
+A thin layer: keys become strings, memory objects become byte views, every key of a task runs on the backend's I/O
+pool, and the last one to finish completes the task and signals its event fd. Lookup-and-lock pins the entries found
 (so no eviction or demotion moves them before the load); unlock unpins them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from lmcache.lmcache_native import Bitmap
@@ -49,7 +49,6 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._done_store: dict[L2TaskId, L2StoreResult] = {}
         self._done_lookup: dict[L2TaskId, Bitmap] = {}
         self._done_load: dict[L2TaskId, Bitmap] = {}
-        self._dispatch = ThreadPoolExecutor(4, thread_name_prefix="kvtier-l2")
         log.info("kvtier L2 adapter ready: %s", [t.describe() for t in self.backend.store.tiers])
 
     # ---- event fds ---------------------------------------------------------------------------------------------------
@@ -70,30 +69,44 @@ class KvtierL2Adapter(L2AdapterInterface):
     # ---- store ---------------------------------------------------------------------------------------------------------
     def submit_store_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
         tid = self._task_id()
-        self._dispatch.submit(self._run_store, tid, list(keys), list(objects))
+        keys = list(keys)
+        self._fan_out(self._store_one, list(zip(keys, objects, strict=True)),
+                      lambda sizes: self._finish_store(tid, keys, sizes))
         return tid
 
-    def _run_store(self, tid: L2TaskId, keys, objects) -> None:
-        ok, nbytes, stored, sizes = True, 0, [], []
-        try:
-            futs = [self.backend.pool.submit(self._store_one, k, o) for k, o in zip(keys, objects, strict=True)]
-            wait(futs)
-            for k, f in zip(keys, futs):
-                n = f.result()
-                if n < 0:
-                    ok = False
-                else:
-                    nbytes += n
-                    stored.append(k)
-                    sizes.append(n)
-        except Exception:
-            log.exception("kvtier: store task %d failed", tid)
-            ok = False
+    def _finish_store(self, tid: L2TaskId, keys, sizes: list) -> None:
+        stored = [(k, n) for k, n in zip(keys, sizes) if n is not None and n >= 0]
+        ok = len(stored) == len(keys)
         if stored:
-            self._notify_keys_stored(stored, sizes)
+            self._notify_keys_stored([k for k, _ in stored], [n for _, n in stored])
         with self._lock:
-            self._done_store[tid] = L2StoreResult(ok, nbytes)
+            self._done_store[tid] = L2StoreResult(ok, sum(n for _, n in stored))
         self._store_efd.notify()
+
+    def _fan_out(self, fn, items: list[tuple], finish) -> None:
+        """Run fn(*item) for every item on the backend's I/O pool (so a task's keys move in parallel, and no thread
+        blocks waiting for others); the last one to finish calls finish(results), a failure being None."""
+        n = len(items)
+        results: list = [None] * n
+        left = [n]
+        lock = threading.Lock()
+        if n == 0:
+            finish(results)
+            return
+
+        def done(i: int, fut) -> None:
+            try:
+                results[i] = fut.result()
+            except Exception:
+                log.exception("kvtier: I/O task failed")
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                finish(results)
+
+        for i, item in enumerate(items):
+            self.backend.pool.submit(fn, *item).add_done_callback(functools.partial(done, i))
 
     def _store_one(self, key, obj) -> int:
         view = byte_view(obj)
@@ -107,7 +120,7 @@ class KvtierL2Adapter(L2AdapterInterface):
     # ---- lookup and lock -------------------------------------------------------------------------------------------
     def submit_lookup_and_lock_task(self, keys: list["ObjectKey"], group_layout_descs: dict[int, "MemoryLayoutDesc"]) -> L2TaskId:
         tid = self._task_id()
-        self._dispatch.submit(self._run_lookup, tid, list(keys))
+        self.backend.pool.submit(self._run_lookup, tid, list(keys))
         return tid
 
     def _run_lookup(self, tid: L2TaskId, keys) -> None:
@@ -133,21 +146,17 @@ class KvtierL2Adapter(L2AdapterInterface):
     # ---- load --------------------------------------------------------------------------------------------------------
     def submit_load_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
         tid = self._task_id()
-        self._dispatch.submit(self._run_load, tid, list(keys), list(objects))
+        keys = list(keys)
+        items = [(object_key_str(k), byte_view(o)) for k, o in zip(keys, objects, strict=True)]
+        self._fan_out(self.backend.get_into, items, lambda hits: self._finish_load(tid, keys, hits))
         return tid
 
-    def _run_load(self, tid: L2TaskId, keys, objects) -> None:
+    def _finish_load(self, tid: L2TaskId, keys, hits: list) -> None:
         bitmap = Bitmap(len(keys))
-        try:
-            futs = [self.backend.pool.submit(self.backend.get_into, object_key_str(k), byte_view(o))
-                    for k, o in zip(keys, objects, strict=True)]
-            wait(futs)
-            for i, f in enumerate(futs):
-                if f.result():
-                    bitmap.set(i)
-        except Exception:
-            log.exception("kvtier: load task %d failed", tid)
-        loaded = [keys[i] for i in bitmap.get_indices_list()]
+        for i, hit in enumerate(hits):
+            if hit:
+                bitmap.set(i)
+        loaded = [keys[i] for i, hit in enumerate(hits) if hit]
         if loaded:
             self._notify_keys_accessed(loaded)
         with self._lock:
@@ -175,7 +184,6 @@ class KvtierL2Adapter(L2AdapterInterface):
                 "tiers": self.backend.store.usage(), "events": self.backend.events_snapshot()}
 
     def close(self) -> None:
-        self._dispatch.shutdown(wait=True)
         self.backend.close()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):
             efd.close()

