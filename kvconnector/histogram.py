@@ -71,6 +71,15 @@ class LatencyHistogram:
         _, _, mid = _bucket_values()
         return float(np.dot(self._counts().astype(np.float64), mid) / self.count) / 1e6
 
+    def cumulative_counts(self, bounds_ns) -> list[int]:
+        """How many values fall at or below each bound (Prometheus `le` buckets); a bucket counts once its highest
+        equivalent value is within the bound."""
+        _, high, _ = _bucket_values()
+        with self._lock:
+            cum = np.cumsum(self._counts())
+        idx = np.searchsorted(high, np.asarray(bounds_ns, dtype=np.float64), side="right")
+        return [int(cum[i - 1]) if i else 0 for i in idx]
+
     def max_ms(self) -> float:
         return self._h.get_max_value() / 1e6 if self.count else 0.0
 

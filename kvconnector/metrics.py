@@ -25,20 +25,10 @@ BUCKETS_S = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25
 
 def _buckets(hist) -> tuple[list[tuple[str, float]], float]:
     """Cumulative Prometheus buckets and the sum (seconds) from a LatencyHistogram."""
-    with hist._lock:
-        h = hist._h
-        count = h.get_total_count()
-        pairs = [(it.value_iterated_to, it.count_at_value_iterated_to) for it in h.get_recorded_iterator()] if count else []
-        mean_ns = h.get_mean_value() if count else 0
-    out, acc, i = [], 0, 0
-    for bound in BUCKETS_S:
-        bound_ns = bound * 1e9
-        while i < len(pairs) and pairs[i][0] <= bound_ns:
-            acc += pairs[i][1]
-            i += 1
-        out.append((repr(bound), acc))
-    out.append(("+Inf", count))
-    return out, mean_ns * count / 1e9
+    count = hist.count
+    counts = hist.cumulative_counts([b * 1e9 for b in BUCKETS_S])
+    out = [(repr(b), c) for b, c in zip(BUCKETS_S, counts)] + [("+Inf", count)]
+    return out, hist.mean_ms() * count / 1e3
 
 
 class BackendCollector:
