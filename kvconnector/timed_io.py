@@ -187,22 +187,26 @@ def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[me
     return iov
 
 
-def _pwritev_all(fd: int, iov: list[memoryview]) -> int:
-    """pwritev in groups of at most CHUNK_BYTES/IOV_MAX, resuming after short writes. Returns ns spent in the calls."""
+def _vectored_all(call, fd: int, iov: list[memoryview], offset: int, on_short) -> int:
+    """os.preadv/os.pwritev in groups of at most CHUNK_BYTES/IOV_MAX, resuming after short transfers; `on_short()`
+    returns the exception for a call that moved nothing. Returns the ns spent inside the calls (device time)."""
     device_ns = 0
-    offset = 0
     for group in _groups(iov):
         want = sum(len(v) for v in group)
         done = 0
         while done < want:
             d0 = perf_counter_ns()
-            n = os.pwritev(fd, _skip(group, done), offset + done)
+            n = call(fd, _skip(group, done), offset + done)
             device_ns += perf_counter_ns() - d0
             if n <= 0:
-                raise OSError(errno.EIO, "short write")
+                raise on_short()
             done += n
         offset += want
     return device_ns
+
+
+def _pwritev_all(fd: int, iov: list[memoryview]) -> int:
+    return _vectored_all(os.pwritev, fd, iov, 0, lambda: OSError(errno.EIO, "short write"))
 
 
 def _groups(iov: list[memoryview]):
@@ -293,19 +297,7 @@ def read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: mem
 
 
 def _preadv_all(fd: int, iov: list[memoryview], path: str, offset: int = 0) -> int:
-    device_ns = 0
-    for group in _groups(iov):
-        want = sum(len(v) for v in group)
-        done = 0
-        while done < want:
-            d0 = perf_counter_ns()
-            n = os.preadv(fd, _skip(group, done), offset + done)
-            device_ns += perf_counter_ns() - d0
-            if n <= 0:
-                raise CorruptEntryError(f"{path}: file shorter than its header says")
-            done += n
-        offset += want
-    return device_ns
+    return _vectored_all(os.preadv, fd, iov, offset, lambda: CorruptEntryError(f"{path}: file shorter than its header says"))
 
 
 def _check_header(page: memoryview, key: str, payload_nbytes: int, path: str) -> EntryHeader:
