@@ -13,7 +13,7 @@ from ._common import (GB, LATENCY_KEYS, atomic_path, autoscaling_rows, flatten, 
 __all__ = ["write_xlsx", "SHEETS"]
 
 SHEETS = ("summary", "run parameters", "per-tier performance", "QoS", "autoscaling", "timeline", "clients",
-          "environment")
+          "environment", "latency tracing")
 
 _REQUEST_LATENCIES = (
     ("end to end", "end_to_end_latency_ms"),

