@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test system-deps bench-disk clean
+.PHONY: bench test system-deps bench-disk bench-scaling bench-lmcache bench-tracer bench-replayer clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,21 @@ $(TEST_STAMP): $(BASE_STAMP)
 bench: $(BASE_STAMP)
 	$(BIN)/kvtier bench --duration 30
 
+# Benchmarks against a reference measured in the same run (see README "Measured figures"). Some need root.
 bench-disk: $(BASE_STAMP) system-deps
 	$(BIN)/python bench/disk_vs_fio.py
+
+bench-scaling: $(BASE_STAMP)
+	$(BIN)/python bench/bench_scaling.py
+
+bench-lmcache: $(TEST_STAMP)
+	$(BIN)/python bench/lmcache_vs_kvtier.py --total-gb 2
+
+bench-tracer: $(BASE_STAMP) system-deps
+	$(BIN)/python bench/tracer_overhead.py --runtime-s 5 --rounds 3
+
+bench-replayer: $(TEST_STAMP)
+	$(BIN)/python bench/replayer_overhead.py
 
 system-deps:
 	bash deploy/install-system-deps.sh
