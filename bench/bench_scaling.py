@@ -28,7 +28,7 @@ GB = 1e9
 
 CPU_BOUND = {
     "model": "small", "model_configs": {"small": {"num_layers": 4, "kv_heads": 2, "head_dim": 64}},
-    "user_templates": {"t": {"context_tokens": [64, 512], "generate_tokens": [32, 128], "think_time_s": [0, 0]}},
+    "user_templates": {"t": {"context_tokens": [8, 32], "generate_tokens": [32, 96], "think_time_s": [0, 0]}},
     "gpu_mem_gb": 0, "cpu_mem_gb": 2, "storage_capacity_gb": 1, "performance_profile": "throughput",
     "random_buffer_mb": 64, "progress": False,
 }
