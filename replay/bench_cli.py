@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.num_clients > 1:
         from .synthetic.multiclient import run_clients
 
-        return run_clients(cfg, argv if argv is not None else sys.argv[2:])
+        return run_clients(cfg)
     return run_single(cfg)
 
 
@@ -166,7 +166,7 @@ def run_single(cfg: BenchConfig) -> int:
     status_file = os.environ.get(STATUS_ENV)  # set when this process is one client of --num-clients
     output = cfg.output or default_output_path()
     bench = Bench(cfg)
-    trace_log = None
+    trace_log = tracer = None
     try:
         bench.prepare()
         for note in bench.notes:
@@ -188,6 +188,7 @@ def run_single(cfg: BenchConfig) -> int:
             doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
         if tracer is not None:
             doc["latency_tracing"] = stop_tracer(tracer)
+            tracer = None
     except ConfigError as exc:
         bench.cleanup()
         return _fail(str(exc))
@@ -198,6 +199,8 @@ def run_single(cfg: BenchConfig) -> int:
         bench.cleanup()
         return _fail("interrupted during set-up; no results", 130)
     finally:
+        if tracer is not None:  # the run broke off: never leave bpftrace attached
+            stop_tracer(tracer)
         if trace_log is not None:
             bench.store.op_listener = None
             trace_log.close()

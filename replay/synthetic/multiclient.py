@@ -52,7 +52,7 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
     return data
 
 
-def run_clients(cfg: BenchConfig, argv: list[str]) -> int:
+def run_clients(cfg: BenchConfig) -> int:
     from ..bench_cli import _fail, finish
 
     if cfg.num_users < cfg.num_clients:
