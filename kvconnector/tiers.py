@@ -15,11 +15,18 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from time import perf_counter_ns
 
+import numpy as np
+
 from .entry_format import file_name_for
 from .errors import ConfigError
 from .timed_io import CHUNK_BYTES, IOMode, OpTiming, _scratch, aligned_buffer, probe_direct, read_entry, write_entry
 
 log = logging.getLogger(__name__)
+
+
+def _copy(dst: memoryview, src: memoryview) -> None:
+    """memcpy through numpy: 2-3x faster than memoryview slice assignment here, and it releases the GIL."""
+    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
 
 GB = 1_000_000_000
 
@@ -71,7 +78,7 @@ class CPUTier(Tier):
         t1 = perf_counter_ns()
         pos = 0
         for c in chunks:
-            buf[pos : pos + len(c)] = c.cast("B") if c.format != "B" else c
+            _copy(buf[pos : pos + len(c)], c)
             pos += len(c)
         t2 = perf_counter_ns()
         with self._lock:
@@ -84,11 +91,11 @@ class CPUTier(Tier):
             src = self._data[key]
         t1 = perf_counter_ns()
         if dest is not None:
-            dest[:nbytes] = src
+            _copy(dest[:nbytes], src)
         else:
             for pos in range(0, nbytes, CHUNK_BYTES):
                 n = min(CHUNK_BYTES, nbytes - pos)
-                _scratch.data_buffer(n)[:] = src[pos : pos + n]
+                _copy(_scratch.data_buffer(n), src[pos : pos + n])
         t2 = perf_counter_ns()
         return OpTiming(host_ns=t1 - t0, device_ns=t2 - t1, nbytes=nbytes)
 
