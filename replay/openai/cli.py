@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace-path", help="BurstGPT CSV file, directory or glob")
     g.add_argument("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
     g.add_argument("--num-requests", type=int, help="stop after this many requests (turns)")
-    g.add_argument("--duration", type=float, help="schedule no request later than this many seconds")
+    g.add_argument("--duration", type=float,
+                   help="run window in seconds: nothing is scheduled or started after it; requests in flight get 2 s")
     g.add_argument("--input-len", type=int, help="synthetic: input tokens per turn (256)")
     g.add_argument("--output-len", type=int, help="synthetic and long sessions: output tokens (128)")
     g.add_argument("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r) (0 = fixed)")
@@ -330,6 +331,7 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
         scraper = asyncio.create_task(drv._scrape_loop()) if cfg.metrics_url else None
         show = not cfg.quiet and sys.stderr.isatty()
         prog = asyncio.create_task(_progress(state, stop, meta.get("target_rate"))) if show else None
+        window = loop.call_later(cfg.duration, drv.close_window) if cfg.duration else None
         try:
             if pacing == "rounds":
                 await drv.run_rounds(plans, cfg.rounds)
@@ -338,13 +340,15 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
             else:
                 await drv.run_open_loop(plans, offsets, traced)
         finally:
+            if window:
+                window.cancel()
             stop.set()
             if prog:
                 await prog
             if scraper:
                 scraper.cancel()
                 await asyncio.gather(scraper, return_exceptions=True)
-            if cfg.metrics_url and not drv.aborted:
+            if cfg.metrics_url and (not drv.aborted or state.window_closed):
                 await drv.snapshot()
     meta["pacing"] = pacing
     return meta

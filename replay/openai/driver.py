@@ -68,6 +68,7 @@ class RunState:
     errors: int = 0
     scheduled_total: int = 0
     aborted: str | None = None
+    window_closed: bool = False
     sessions_cut_by_error: int = 0
     turns_held_by_previous_answer: int = 0
     metrics_start: Snapshot | None = None
@@ -110,6 +111,13 @@ class Driver:
         if self.s.aborted is None:
             self.s.aborted = reason
         self._abort.set()
+
+    def close_window(self) -> None:
+        """--duration reached: start nothing more; in-flight requests get `abort_grace_s`, as on an abort, but the
+        run counts as complete (`window_closed`), not cut short."""
+        if not self._abort.is_set():
+            self.s.window_closed = True
+            self._abort.set()
 
     @property
     def aborted(self) -> bool:

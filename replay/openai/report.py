@@ -144,7 +144,7 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
     s.update({
         "completed": len(ok), "failed": len(recs) - len(ok), "not_sent": len(recs) - len(sent),
         "scheduled": state.scheduled_total, "warmup_requests": len(state.warmup_records),
-        "errors_by_kind": errors, "aborted": state.aborted,
+        "errors_by_kind": errors, "aborted": state.aborted, "window_closed": state.window_closed,
         "sessions_cut_by_error": state.sessions_cut_by_error,
         "duration_s": round(duration_s, 4),
         "request_throughput": round(len(ok) / duration_s, 4) if duration_s else 0.0,

@@ -320,3 +320,16 @@ def test_every_config_key_has_a_flag_and_is_read():
     for name in cli.ReplayConfig.model_fields:
         assert name in flags, f"no --{name.replace('_', '-')} flag"
         assert re.search(rf"(cfg|self)\.{name}\b", src), f"config key {name} is never read"
+
+
+def test_duration_closes_the_window_for_closed_loop_users(tmp_path):
+    import time
+
+    with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=5, default_max_tokens=4)) as srv:
+        t0 = time.monotonic()
+        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--users", "2", "--num-requests", "100000",
+                        "--input-len", "4", "--output-len", "4", "--duration", "1.5")
+        took = time.monotonic() - t0
+    # Ended by the window (not by the 100k-request budget), and that is a normal end, not an abort.
+    assert rc == 0 and s["window_closed"] and not s["aborted"]
+    assert 10 < s["completed"] < 100000 and took < 1.5 + 2 + 8
