@@ -19,7 +19,7 @@ from .. import sysinfo
 from ..bench_config import BenchConfig
 from ..results import cache_stats, tier_details
 from ..sources.base import WorkloadError
-from .driver import RunOutcome, SyntheticDriver, rag_key
+from .driver import ClassStats, RunOutcome, SyntheticDriver, rag_key
 from .payload import RandomPayload
 from .precondition import precondition
 from .workload import Workload
@@ -192,7 +192,11 @@ class Bench:
             }
         rate = lambda hits, total: round(hits / total, 4) if total else 0.0  # noqa: E731
         qos = {}
-        for name, cs in sorted(req.by_class.items()):
+        # Every class of the distribution is listed: one that completed nothing (starved by higher classes, or given
+        # no users) shows 0 requests and SLA not met.
+        classes = {c for c, share in cfg.qos_distribution.items() if share > 0} | set(req.by_class)
+        for name in sorted(classes):
+            cs = req.by_class.get(name) or ClassStats()
             prof = cfg.qos_profiles[name]
             svc = cs.service
             qos[name] = {
