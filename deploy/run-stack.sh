@@ -13,6 +13,9 @@
 #   --disk-gb G            local disk tier per instance; 0 = none (puts go straight to the shared tier)  [4]
 #   --shared-gb G          shared tier capacity accounted per instance  [4]
 #   --io-mode direct|buffered   I/O of the local disk tier  [direct]
+#   --l2 kvtier|lmcache-fs      L2 adapter of the LMCache MP server (mp only)  [kvtier]
+#                          lmcache-fs: LMCache's own "fs" L2 adapter on --kv-dir, for comparisons (no kvtier, no
+#                          kvtier metrics; --io-mode direct = its use_odirect, --disk-gb and --shared-dir unused)
 #   --l1-gb G              LMCache's own memory (L1) per instance  [1]
 #   --chunk-size N         LMCache chunk size in tokens  [256]
 #   --served-name NAME     model name served by vLLM  [tiny]
@@ -156,7 +159,7 @@ cmd_restart_lmcache() {  # stop one LMCache server (TERM, or KILL for a crash te
 
 cmd_up() {
     local device="" model="" vport="" lport="" hport="" kvdir="" shared="" n=1 mode=mp mport="" disk_gb=4 shared_gb=4
-    local io_mode=direct l1_gb=1 chunk=256 name=tiny timeout=300
+    local io_mode=direct l1_gb=1 chunk=256 name=tiny timeout=300 l2kind=kvtier
     local -a vextra=()
     while (($#)); do
         case $1 in
@@ -173,6 +176,7 @@ cmd_up() {
             --disk-gb) disk_gb=$2; shift 2 ;;
             --shared-gb) shared_gb=$2; shift 2 ;;
             --io-mode) io_mode=$2; shift 2 ;;
+            --l2) l2kind=$2; shift 2 ;;
             --l1-gb) l1_gb=$2; shift 2 ;;
             --chunk-size) chunk=$2; shift 2 ;;
             --served-name) name=$2; shift 2 ;;
@@ -188,6 +192,9 @@ cmd_up() {
     [[ -n $vport && -n $lport && -n $hport ]] || die "--vllm-port, --lmcache-port and --lmcache-http-port are required"
     [[ -n $kvdir ]] || die "--kv-dir DIR is required"
     [[ $mode == mp || $mode == inprocess ]] || die "--mode is mp or inprocess"
+    [[ $l2kind == kvtier || $l2kind == lmcache-fs ]] || die "--l2 is kvtier or lmcache-fs"
+    [[ $l2kind == kvtier || ($mode == mp && -z $shared) ]] || die "--l2 lmcache-fs needs --mode mp and no --shared-dir"
+    [[ $io_mode == direct || $io_mode == buffered ]] || die "--io-mode is direct or buffered"
     [[ $n =~ ^[1-9][0-9]*$ ]] || die "--instances must be a positive integer"
     ((n == 1)) || [[ -n $shared ]] || die "--instances $n needs --shared-dir (that is what the instances share)"
     mport=${mport:-$((hport + 10))}
@@ -225,8 +232,13 @@ EOF
         local kvcfg
         if [[ $mode == mp ]]; then
             local l2
-            l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "plugin", "module_path": "kvconnector.lmcache.l2_adapter",
-                 "class_name": "KvtierL2Adapter", "adapter_params": json.loads(sys.argv[1])}))' "$params")
+            if [[ $l2kind == kvtier ]]; then
+                l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "plugin", "module_path": "kvconnector.lmcache.l2_adapter",
+                     "class_name": "KvtierL2Adapter", "adapter_params": json.loads(sys.argv[1])}))' "$params")
+            else
+                l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "fs", "base_path": sys.argv[1],
+                     "use_odirect": sys.argv[2] == "direct"}))' "$dir" "$io_mode")
+            fi
             start "lmcache$i" "${venv[@]}" "$PY" -m lmcache.v1.multiprocess.http_server \
                 --host 127.0.0.1 --port $((lport + i)) --http-host 127.0.0.1 --http-port $((hport + i)) \
                 --prometheus-port $((hport + 20 + i)) --chunk-size "$chunk" --l1-size-gb "$l1_gb" \
@@ -265,13 +277,15 @@ EOF
     fi
     local joined
     joined=$(IFS=,; echo "${insts[*]}")
-    printf '{"mode": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "state_dir": "%s", "instances": [%s]}\n' \
-        "$mode" "$device" "$vport" "$name" "$shared" "$STATE" "$joined" > "$STATE/endpoints.json"
+    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "state_dir": "%s", "instances": [%s]}\n' \
+        "$mode" "$l2kind" "$device" "$vport" "$name" "$shared" "$STATE" "$joined" > "$STATE/endpoints.json"
 
     for ((i = 0; i < n; i++)); do
         if [[ $mode == mp ]]; then
             wait_http "lmcache$i" "http://127.0.0.1:$((hport + i))/healthcheck" "$deadline"
-            wait_http "lmcache$i" "http://127.0.0.1:$((mport + i))/metrics" "$deadline"
+            if [[ $l2kind == kvtier ]]; then
+                wait_http "lmcache$i" "http://127.0.0.1:$((mport + i))/metrics" "$deadline"
+            fi
         fi
         local vp=$vport
         ((n > 1)) && vp=$((vport + 1 + i))
@@ -282,7 +296,8 @@ EOF
     echo "vllm     http://127.0.0.1:$vport/v1"
     for ((i = 0; i < n; i++)); do
         [[ $mode == mp ]] && echo "lmcache  http://127.0.0.1:$((hport + i))  (MP server 127.0.0.1:$((lport + i)))"
-        echo "kvtier   http://127.0.0.1:$((mport + i))/metrics"
+        if [[ $l2kind == kvtier ]]; then echo "kvtier   http://127.0.0.1:$((mport + i))/metrics"
+        else echo "l2       LMCache fs adapter on $kvdir (use_odirect: $([[ $io_mode == direct ]] && echo true || echo false))"; fi
     done
     echo "state    $STATE  (pids, logs, endpoints.json; stop with: deploy/run-stack.sh down --state-dir $STATE)"
 }
