@@ -7,7 +7,7 @@ directories are rescanned (`persistence.rescan_dir`) so a restart serves what wa
 instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
 
 The backend speaks plain strings and buffers; the adapters translate LMCache's keys and memory objects. Its methods
-are blocking and thread-safe; the adapters run them on `self.pool`. Failures on the I/O path never raise into
+are blocking and thread-safe; the adapters run stores on `self.pool`, lookups and loads on `self.read_pool`. Failures on the I/O path never raise into
 LMCache: a refused store (full filesystem, I/O error) and a failed load are counted and reported as such.
 """
 
@@ -49,6 +49,9 @@ class KvtierBackend:
         if cfg.rescan_on_start:
             self._rescan()
         self.pool = ThreadPoolExecutor(cfg.io_workers, thread_name_prefix="kvtier-io")
+        # Lookups and loads stand in the way of a request's first token; stores do not. Their own pool keeps them
+        # from queueing behind a burst of durable (fdatasync'd) stores.
+        self.read_pool = ThreadPoolExecutor(cfg.io_workers, thread_name_prefix="kvtier-read")
         self.exporter = None
         if cfg.metrics_port is not None:
             from .metrics import MetricsExporter
@@ -180,6 +183,7 @@ class KvtierBackend:
             return
         self._closed = True
         self.pool.shutdown(wait=True)
+        self.read_pool.shutdown(wait=True)
         path = self.cfg.resolved_snapshot_path()
         if path:
             try:

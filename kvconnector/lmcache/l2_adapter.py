@@ -70,7 +70,7 @@ class KvtierL2Adapter(L2AdapterInterface):
     def submit_store_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
         tid = self._task_id()
         keys = list(keys)
-        self._fan_out(self._store_one, list(zip(keys, objects, strict=True)),
+        self._fan_out(self.backend.pool, self._store_one, list(zip(keys, objects, strict=True)),
                       lambda sizes: self._finish_store(tid, keys, sizes))
         return tid
 
@@ -83,8 +83,8 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._done_store[tid] = L2StoreResult(ok, sum(n for _, n in stored))
         self._store_efd.notify()
 
-    def _fan_out(self, fn, items: list[tuple], finish) -> None:
-        """Run fn(*item) for every item on the backend's I/O pool (so a task's keys move in parallel, and no thread
+    def _fan_out(self, pool, fn, items: list[tuple], finish) -> None:
+        """Run fn(*item) for every item on one of the backend's I/O pools (so a task's keys move in parallel, and no thread
         blocks waiting for others); the last one to finish calls finish(results), a failure being None."""
         n = len(items)
         results: list = [None] * n
@@ -106,7 +106,7 @@ class KvtierL2Adapter(L2AdapterInterface):
                 finish(results)
 
         for i, item in enumerate(items):
-            self.backend.pool.submit(fn, *item).add_done_callback(functools.partial(done, i))
+            pool.submit(fn, *item).add_done_callback(functools.partial(done, i))
 
     def _store_one(self, key, obj) -> int:
         view = byte_view(obj)
@@ -120,7 +120,7 @@ class KvtierL2Adapter(L2AdapterInterface):
     # ---- lookup and lock -------------------------------------------------------------------------------------------
     def submit_lookup_and_lock_task(self, keys: list["ObjectKey"], group_layout_descs: dict[int, "MemoryLayoutDesc"]) -> L2TaskId:
         tid = self._task_id()
-        self.backend.pool.submit(self._run_lookup, tid, list(keys))
+        self.backend.read_pool.submit(self._run_lookup, tid, list(keys))
         return tid
 
     def _run_lookup(self, tid: L2TaskId, keys) -> None:
@@ -148,7 +148,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         tid = self._task_id()
         keys = list(keys)
         items = [(object_key_str(k), byte_view(o)) for k, o in zip(keys, objects, strict=True)]
-        self._fan_out(self.backend.get_into, items, lambda hits: self._finish_load(tid, keys, hits))
+        self._fan_out(self.backend.read_pool, self.backend.get_into, items, lambda hits: self._finish_load(tid, keys, hits))
         return tid
 
     def _finish_load(self, tid: L2TaskId, keys, hits: list) -> None:
