@@ -1,24 +1,26 @@
 #!/usr/bin/env python3
 """lmcache_vs_kvtier.py	store/load bandwidth and CPU cost: kvtier's disk tier vs LMCache's own disk path.
 
-usage: bench/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8]
+usage: bench/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 3]
                                   [--lmcache-odirect both|on|off] [--no-drop-caches] [--json OUT]
 
 Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
 page-aligned memory objects, the same chunk size and the same number of chunks in flight (one key per task, a
-sliding window of --concurrency tasks), on the same directory's filesystem, one after the other in one run:
-- kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fallocate, fdatasync, rename; loads verify a
-  checksum);
+sliding window of --concurrency tasks), on the same directory's filesystem:
+- kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fdatasync, rename; loads verify a checksum);
 - lmcache-fs: LMCache's FSL2Adapter ("fs" L2 adapter), buffered (its default: no fsync) and with use_odirect.
-Loads are cold: `sync; echo 1 > /proc/sys/vm/drop_caches` before every load pass (root), for every side.
+Each side runs three passes: fill (n chunks into an empty directory), cold load of them, and steady state (n more
+chunks into the full cache: kvtier evicts its LRU entry per put and overwrites the evicted file in place; LMCache's
+fs adapter has no eviction, so its n old chunks are deleted inside the timed pass first, as an eviction would).
+Loads are cold: `sync; echo 1 > /proc/sys/vm/drop_caches` before every pass (root), for every side.
+Every side runs --rounds times, the order alternating between rounds; the table gives medians.
 CPU is the process's user+system time (getrusage) over the pass, per GB moved. Bandwidth in GB/s (1e9 bytes).
-The load bytes are compared with what was stored.
+The load bytes are compared with what was stored; exit 1 if anything was missing or different.
 
-example (2 cores, virtio disk; figures swing up to 2x between runs, compare ratios within one run):
+example (2 cores, virtio disk; the disk's speed swings up to 2x between runs, compare ratios within one run):
   $ sudo .venv/bin/python bench/lmcache_vs_kvtier.py --total-gb 2
-  side                    store GB/s  store CPU-s/GB  load GB/s  load CPU-s/GB  durable
-  kvtier (direct)               2.31            0.21       1.62           0.18  yes
-  ...
+  side                       fill GB/s steady GB/s store CPU-s/GB load GB/s load CPU-s/GB  durable
+  kvtier (direct)                 ...
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -103,28 +106,46 @@ def run_window(adapter, kind: str, keys, objs, concurrency: int) -> int:
     return ok
 
 
+def timed(fn) -> tuple[float, float]:
+    """(wall s, CPU s) of fn()."""
+    c0, t0 = _cpu_s(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, _cpu_s() - c0
+
+
 def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurrency: int, drop: bool) -> dict:
+    """Three passes on one adapter: fill (n new entries into an empty directory), cold load of them, and steady
+    state (n more entries into the full cache: kvtier's LRU evicts one per put; LMCache's fs adapter has no eviction,
+    so its n old entries are deleted first, inside the timed pass, as its eviction controller would)."""
+    n = len(src)
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True, mode=0o700)
     adapter = make_adapter(directory)
     nbytes = sum(o.get_size() for o in src)
+    counts = {}
     try:
         drop_caches() if drop else None
-        c0, t0 = _cpu_s(), time.perf_counter()
-        stored = run_window(adapter, "store", keys, src, concurrency)
-        store_s, store_cpu = time.perf_counter() - t0, _cpu_s() - c0
+        fill = timed(lambda: counts.__setitem__("stored", run_window(adapter, "store", keys[:n], src, concurrency)))
         cold = drop_caches() if drop else False
-        c0, t0 = _cpu_s(), time.perf_counter()
-        loaded = run_window(adapter, "load", keys, dst, concurrency)
-        load_s, load_cpu = time.perf_counter() - t0, _cpu_s() - c0
+        load = timed(lambda: counts.__setitem__("loaded", run_window(adapter, "load", keys[:n], dst, concurrency)))
         same = all(bytes(a.byte_array[-8:]) == bytes(b.byte_array[-8:]) and
                    bytes(a.byte_array[:4096]) == bytes(b.byte_array[:4096]) for a, b in zip(src, dst))
+
+        def steady():
+            if not hasattr(adapter, "backend"):  # not kvtier: make room by hand
+                adapter.delete(keys[:n])
+            counts["steady_stored"] = run_window(adapter, "store", keys[n:], src, concurrency)
+
+        drop_caches() if drop else None
+        steady_t = timed(steady)
+        disk = adapter.backend.store.tiers[0].describe() if hasattr(adapter, "backend") else {}
     finally:
         adapter.close()
         shutil.rmtree(directory, ignore_errors=True)
     gb = nbytes / 1e9
-    return {"side": name, "stored": stored, "loaded": loaded, "bytes": nbytes, "store_gbps": gb / store_s,
-            "store_cpu_s_per_gb": store_cpu / gb, "load_gbps": gb / load_s, "load_cpu_s_per_gb": load_cpu / gb,
+    return {"side": name, **counts, "bytes": nbytes, "store_gbps": gb / fill[0], "store_cpu_s_per_gb": fill[1] / gb,
+            "load_gbps": gb / load[0], "load_cpu_s_per_gb": load[1] / gb, "steady_store_gbps": gb / steady_t[0],
+            "steady_store_cpu_s_per_gb": steady_t[1] / gb, "spare_writes": disk.get("spare_writes"),
             "cold_loads": cold, "bytes_match": same}
 
 
@@ -136,6 +157,7 @@ def main() -> int:
     ap.add_argument("--total-gb", type=float, default=2.0)
     ap.add_argument("--concurrency", type=int, default=8, help="chunks in flight, both sides")
     ap.add_argument("--lmcache-odirect", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--rounds", type=int, default=3, help="repeat every side, alternating the order; medians")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
@@ -157,17 +179,19 @@ def main() -> int:
         return 2
     nbytes = a.chunk_mib << 20
     n = max(1, int(a.total_gb * 1e9 // nbytes))
-    keys = [ObjectKey(i.to_bytes(8, "big"), "bench/model", 0) for i in range(n)]
+    keys = [ObjectKey(i.to_bytes(8, "big"), "bench/model", 0) for i in range(2 * n)]
     src_pairs = make_objs(n, nbytes, True)  # keep the buffers alive with their tensors
     src = [o for _, o in src_pairs]
     dst_pairs = make_objs(n, nbytes, False)
     dst = [o for _, o in dst_pairs]
     base = Path(a.dir)
+    # The tier holds the n entries of the fill pass at its target usage (0.8); the steady pass must evict.
+    capacity_gb = n * (nbytes + 4096) / 0.8 / 1e9 * 1.01
 
     def kvtier(d):
         return create_l2_adapter(PluginL2AdapterConfig.from_dict({
             "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
-            "adapter_params": {"disk_dir": str(d), "disk_capacity_gb": a.total_gb * 2 + 1, "io_mode": "direct",
+            "adapter_params": {"disk_dir": str(d), "disk_capacity_gb": capacity_gb, "io_mode": "direct",
                                "io_workers": a.concurrency, "snapshot_path": "", "rescan_on_start": False}}))
 
     def lmfs(odirect):
@@ -178,28 +202,43 @@ def main() -> int:
         sides.append(("lmcache-fs (buffered)", lmfs(False), "no fsync"))
     if a.lmcache_odirect in ("both", "on"):
         sides.append(("lmcache-fs (use_odirect)", lmfs(True), "no fsync"))
-    results = []
-    for name, make, durable in sides:
-        for o in dst:
-            o.raw_data[:4096].zero_()
-        r = bench_side(name, make, base / name.split()[0], keys, src, dst, a.concurrency, drop)
-        r["durable"] = durable
-        results.append(r)
-    hdr = f"{'side':26} {'store GB/s':>10} {'store CPU-s/GB':>14} {'load GB/s':>9} {'load CPU-s/GB':>13}  durable"
+    rounds: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
+    for rnd in range(a.rounds):
+        # Alternate the order: the disk's speed drifts within a run, and the side that runs first would gain.
+        for name, make, durable in (sides if rnd % 2 == 0 else sides[::-1]):
+            for o in dst:
+                o.raw_data[:4096].zero_()
+            r = bench_side(name, make, base / name.split()[0], keys, src, dst, a.concurrency, drop)
+            r["durable"] = durable
+            rounds[name].append(r)
+            print(f"round {rnd + 1}/{a.rounds} {name}: fill {r['store_gbps']:.2f}, steady {r['steady_store_gbps']:.2f}, "
+                  f"load {r['load_gbps']:.2f} GB/s", file=sys.stderr, flush=True)
+    results = [median_result(rs) for rs in rounds.values()]
     print(f"{n} chunks of {a.chunk_mib} MiB ({n * nbytes / 1e9:.2f} GB), concurrency {a.concurrency}, "
-          f"cold loads: {drop}, dir {base}")
-    print(hdr)
+          f"cold loads: {drop}, dir {base}, medians of {a.rounds} rounds")
+    print(f"{'side':26} {'fill GB/s':>9} {'steady GB/s':>11} {'store CPU-s/GB':>14} {'load GB/s':>9} "
+          f"{'load CPU-s/GB':>13}  durable")
     for r in results:
-        flag = "" if r["stored"] == r["loaded"] == n and r["bytes_match"] else "  (INCOMPLETE OR MISMATCH)"
-        print(f"{r['side']:26} {r['store_gbps']:10.2f} {r['store_cpu_s_per_gb']:14.2f} {r['load_gbps']:9.2f} "
-              f"{r['load_cpu_s_per_gb']:13.2f}  {r['durable']}{flag}")
+        flag = "" if r["complete"] else "  (INCOMPLETE OR MISMATCH)"
+        print(f"{r['side']:26} {r['store_gbps']:9.2f} {r['steady_store_gbps']:11.2f} {r['store_cpu_s_per_gb']:14.2f} "
+              f"{r['load_gbps']:9.2f} {r['load_cpu_s_per_gb']:13.2f}  {r['durable']}{flag}")
     k = results[0]
     for r in results[1:]:
-        print(f"ratio kvtier / {r['side']}: stores {k['store_gbps'] / r['store_gbps']:.2f}x, "
+        print(f"ratio kvtier / {r['side']}: stores into an empty dir {k['store_gbps'] / r['store_gbps']:.2f}x, "
+              f"steady state {k['steady_store_gbps'] / r['steady_store_gbps']:.2f}x, "
               f"loads {k['load_gbps'] / r['load_gbps']:.2f}x")
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
-    return 0
+        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results, "rounds": rounds}, indent=1))
+    return 0 if all(r["complete"] for r in results) else 1
+
+
+def median_result(rs: list[dict]) -> dict:
+    out = dict(rs[0])
+    for k in ("store_gbps", "store_cpu_s_per_gb", "load_gbps", "load_cpu_s_per_gb", "steady_store_gbps",
+              "steady_store_cpu_s_per_gb"):
+        out[k] = statistics.median(r[k] for r in rs)
+    out["complete"] = all(r["bytes_match"] and r["stored"] == r["loaded"] == r["steady_stored"] for r in rs)
+    return out
 
 
 if __name__ == "__main__":

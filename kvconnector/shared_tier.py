@@ -26,7 +26,8 @@ class SharedDirTier(DiskTier):
 
     def __init__(self, directory: str, capacity_bytes: int, io_mode: IOMode | str = IOMode.BUFFERED,
                  name: str = "shared") -> None:
-        super().__init__(directory, capacity_bytes, io_mode, name=name)
+        # No spares: another instance may still be reading a file this one deletes, so it must not be overwritten.
+        super().__init__(directory, capacity_bytes, io_mode, name=name, spare_ratio=0.0)
 
     def read(self, key, nbytes, dest=None):
         try:

@@ -7,6 +7,7 @@ of the tier's memory; for disk tiers it is the time inside the read/write/fdatas
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ from time import perf_counter_ns
 
 import numpy as np
 
-from .entry_format import file_name_for
+from .entry_format import file_name_for, file_nbytes
 from .errors import ConfigError
 from .timed_io import CHUNK_BYTES, IOMode, OpTiming, _scratch, aligned_buffer, probe_direct, read_entry, write_entry
 
@@ -114,12 +115,19 @@ class CPUTier(Tier):
 
 
 class DiskTier(Tier):
-    """One file per entry under `directory`, written and read with timed O_DIRECT (or buffered+fdatasync+fadvise)."""
+    """One file per entry under `directory`, written and read with timed O_DIRECT (or buffered+fdatasync+fadvise).
+
+    A deleted entry's file is kept as a spare (up to `spare_ratio` of the capacity, so with the store's
+    large_entry_limit_ratio of 0.95 the directory never holds more than its capacity) and the next entry of the same
+    size overwrites it in place: no block allocation, no metadata for fdatasync to commit, no freshly discarded
+    blocks (which thin-provisioned and discard-mounted disks write slowly). KV chunks have one size, so a tier in its
+    steady state (full, evicting) writes almost only spares. Spares are temp files: a restart's rescan removes them.
+    """
 
     kind = "disk"
 
     def __init__(self, directory: str, capacity_bytes: int = 0, io_mode: IOMode | str = IOMode.DIRECT,
-                 name: str = "disk") -> None:
+                 name: str = "disk", spare_ratio: float = 0.05) -> None:
         directory = os.path.abspath(directory)
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -136,24 +144,71 @@ class DiskTier(Tier):
             self.fallbacks["o_direct_unavailable"] += 1
             log.warning("%s: filesystem under %s refuses O_DIRECT; using buffered I/O + fdatasync + fadvise", name, directory)
             self.io_mode = IOMode.BUFFERED
+        self._spare_limit = int(spare_ratio * self.capacity_bytes)
+        self._spares: dict[int, list[str]] = {}  # file size -> spare paths
+        self._spare_bytes = 0
+        self._spare_seq = itertools.count()
+        self._spare_lock = threading.Lock()
+        self.spare_writes = 0  # writes that overwrote a spare instead of a new file
 
     def path_for(self, key: str) -> str:
         return os.path.join(self.directory, file_name_for(key))
 
     def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
-        return write_entry(self.path_for(key), key, chunks, self.io_mode, shape, dtype)
+        size = file_nbytes(nbytes)
+        with self._spare_lock:
+            spare = self._spares[size].pop() if self._spares.get(size) else None
+            if spare:
+                self._spare_bytes -= size
+                self.spare_writes += 1
+        return write_entry(self.path_for(key), key, chunks, self.io_mode, shape, dtype, spare=spare)
 
     def read(self, key, nbytes, dest=None):
         return read_entry(self.path_for(key), key, nbytes, self.io_mode, dest)
 
     def delete(self, key):
+        path = self.path_for(key)
+        if self._spare_limit and self._keep_as_spare(path):
+            return
         try:
-            os.unlink(self.path_for(key))
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
+    def _keep_as_spare(self, path: str) -> bool:
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            return False
+        with self._spare_lock:
+            if self._spare_bytes + size > self._spare_limit:
+                return False
+            self._spare_bytes += size
+            spare = os.path.join(self.directory, f"spare-{next(self._spare_seq)}.kv.tmp")
+        try:
+            os.rename(path, spare)
+        except OSError:
+            with self._spare_lock:
+                self._spare_bytes -= size
+            return False
+        with self._spare_lock:
+            self._spares.setdefault(size, []).append(spare)
+        return True
+
     def describe(self):
-        return {**super().describe(), "directory": self.directory, "io_mode": self.io_mode.value}
+        return {**super().describe(), "directory": self.directory, "io_mode": self.io_mode.value,
+                "spare_writes": self.spare_writes, "spare_bytes": self._spare_bytes}
+
+    def close(self):
+        with self._spare_lock:
+            spares = [p for paths in self._spares.values() for p in paths]
+            self._spares.clear()
+            self._spare_bytes = 0
+        for p in spares:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
 
 
 class GPUTier(Tier):

@@ -10,6 +10,8 @@ Two modes:
 - buffered: plain write + fdatasync; before each read posix_fadvise(DONTNEED) drops the file's (clean) pages, so the
   read is served by the device, not the page cache.
 Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen half-written.
+A write may instead overwrite a spare file (a retired entry's file of the same size): its blocks are already allocated
+and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout trick).
 
 System calls release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
 """
@@ -111,8 +113,10 @@ def probe_direct(directory: str) -> bool:
 
 
 def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
-                shape: tuple[int, ...] = (), dtype: str = "uint8") -> OpTiming:
-    """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT."""
+                shape: tuple[int, ...] = (), dtype: str = "uint8", spare: str | None = None) -> OpTiming:
+    """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT.
+    `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
+    it is consumed (renamed into place, or removed on failure)."""
     t0 = perf_counter_ns()
     sc = _scratch
     nbytes = sum(len(c) for c in chunks)
@@ -121,16 +125,17 @@ def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
         h.update(c)
     pack_header(sc.header, EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
     iov = [sc.header] + _payload_iov(chunks, nbytes, mode)
-    tmp = f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
+    tmp = spare or f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
+    flags = os.O_WRONLY | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
     device_ns = 0
     fd = -1
     try:
-        fd = os.open(tmp, flags, 0o600)
-        d0 = perf_counter_ns()
-        # Block allocation is storage work the write would otherwise do inside pwritev: device time.
-        _preallocate(fd, PAGE + sum(len(v) for v in iov[1:]))
-        device_ns += perf_counter_ns() - d0
+        fd = os.open(tmp, flags if spare else flags | os.O_CREAT | os.O_TRUNC, 0o600)
+        if not spare:
+            d0 = perf_counter_ns()
+            # Block allocation is storage work the write would otherwise do inside pwritev: device time.
+            _preallocate(fd, PAGE + sum(len(v) for v in iov[1:]))
+            device_ns += perf_counter_ns() - d0
         device_ns += _pwritev_all(fd, iov)
         d0 = perf_counter_ns()
         os.fdatasync(fd)
