@@ -14,6 +14,8 @@ differing only in the MP server's L2 adapter:
               FSL2Adapter) on the same kind of directory (--io-mode direct = its `use_odirect: true`).
 Per stack: two throw-away requests (first-request warm-up), the fixed prompt once (computed, stored), then
 --repeats times:
+  0. the counters the checks below compare against are read (a scrape right before the timed request would be
+     charged to it);
   1. POST /cache/clear on LMCache's HTTP port (L1 empty), `sync; echo 1 > /proc/sys/vm/drop_caches` (cold L2);
   2. the fixed prompt, streaming, max_tokens --max-tokens: the "L2 hit" TTFT;
   3. the same prompt again, nothing cleared: the "L1 hit" TTFT (LMCache memory, for context);
@@ -26,12 +28,12 @@ have read the chunks' bytes from the block device (/proc/PID/io read_bytes; kvti
 A request that fails a check is reported and left out of the percentiles. Percentiles are nearest-rank over the
 repeats x rounds samples (a bounded list). Needs root (drop_caches, /proc/PID/io); stops the stack even on errors.
 
-example (2 cores, virtio disk, tiny model, 183 s; kvconnector/README.md says how to read it):
+example (2 cores, virtio disk, tiny model, 185 s; kvconnector/README.md says how to read it):
   $ sudo .venv/bin/python bench/ttft_kvtier_vs_lmcache.py --dir /var/tmp/ttft-lvk
   backend     L2 adapter                  uncached p50  L1-hit p50  L2-hit p50  L2-hit p90  L2 hits ok
-  kvtier      kvtier disk (O_DIRECT)           40.1 ms     38.3 ms     58.1 ms    102.8 ms     20/20
-  lmcache-fs  LMCache fs (use_odirect)         42.4 ms     38.7 ms     37.8 ms     46.9 ms     20/20
-  ratio L2-hit kvtier / lmcache-fs: p50 1.53x, p90 2.19x (< 1: kvtier faster)
+  kvtier      kvtier disk (O_DIRECT)           46.9 ms     41.7 ms     40.7 ms     58.1 ms     20/20
+  lmcache-fs  LMCache fs (use_odirect)         45.4 ms     39.3 ms     43.7 ms     50.3 ms     20/20
+  ratio L2-hit kvtier / lmcache-fs: p50 0.93x, p90 1.16x (< 1: kvtier faster)
 """
 
 from __future__ import annotations
