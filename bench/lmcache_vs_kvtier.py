@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """lmcache_vs_kvtier.py	store/load bandwidth and CPU cost: kvtier's disk tier vs LMCache's own disk path.
 
-usage: bench/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 3]
-                                  [--lmcache-odirect both|on|off] [--no-drop-caches] [--json OUT]
+usage: bench/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 5]
+                                  [--io-workers N] [--lmcache-odirect both|on|off] [--no-drop-caches] [--json OUT]
 
 Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
 page-aligned memory objects, the same chunk size and the same number of chunks in flight (one key per task, a
-sliding window of --concurrency tasks), on the same directory's filesystem:
+sliding window of --concurrency tasks; kvtier runs --io-workers threads per pool, as many as tasks by default, LMCache
+its asyncio loop's default executor), on the same directory's filesystem:
 - kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fdatasync, rename; loads verify a checksum);
 - lmcache-fs: LMCache's FSL2Adapter ("fs" L2 adapter), buffered (its default: no fsync) and with use_odirect.
 Each side runs three passes: fill (n chunks into an empty directory), cold load of them, and steady state (n more
@@ -156,8 +157,10 @@ def main() -> int:
     ap.add_argument("--chunk-mib", type=int, default=32, help="bytes per chunk (32 MiB = llama3.1-8b, 256 tokens)")
     ap.add_argument("--total-gb", type=float, default=2.0)
     ap.add_argument("--concurrency", type=int, default=8, help="chunks in flight, both sides")
+    ap.add_argument("--io-workers", type=int, default=0,
+                    help="kvtier's I/O threads (each pool); 0: as many as --concurrency")
     ap.add_argument("--lmcache-odirect", choices=["both", "on", "off"], default="both")
-    ap.add_argument("--rounds", type=int, default=3, help="repeat every side, alternating the order; medians")
+    ap.add_argument("--rounds", type=int, default=5, help="repeat every side, alternating the order; medians")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
@@ -192,7 +195,7 @@ def main() -> int:
         return create_l2_adapter(PluginL2AdapterConfig.from_dict({
             "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
             "adapter_params": {"disk_dir": str(d), "disk_capacity_gb": capacity_gb, "io_mode": "direct",
-                               "io_workers": a.concurrency, "snapshot_path": "", "rescan_on_start": False}}))
+                               "io_workers": a.io_workers or a.concurrency, "snapshot_path": "", "rescan_on_start": False}}))
 
     def lmfs(odirect):
         return lambda d: create_l2_adapter(FSL2AdapterConfig.from_dict({"base_path": str(d), "use_odirect": odirect}))

@@ -5,7 +5,8 @@ Metrics are computed at scrape time from the backend's own statistics (nothing i
   bucketed from the mergeable HDR histograms;
 - `kvtier_ops_total`, `kvtier_bytes_total{tier,op}`;
 - `kvtier_tier_events_total{tier,event}`: hits, demotions_in/out, evictions, adopted, vanished, corrupt_dropped,
-  enospc, rescan_* ...; `kvtier_fallbacks_total{tier,reason}` (O_DIRECT unavailable and other degradations);
+  enospc, rescan_*, spare_writes (stores that overwrote an evicted entry's file in place) ...;
+  `kvtier_fallbacks_total{tier,reason}` (O_DIRECT unavailable and other degradations);
 - `kvtier_backend_events_total{event}`: lookup_hits/misses, load_hits/misses, store_ok, store_refused_full, ...;
 - `kvtier_tier_used_bytes`, `kvtier_tier_capacity_bytes`, `kvtier_tier_entries{tier}`.
 """
@@ -54,7 +55,7 @@ class BackendCollector:
                     dur.add_metric([tier.name, op_name, part], buckets, sum_s)
                 ops.add_metric([tier.name, op_name], op.ops)
                 nbytes.add_metric([tier.name, op_name], op.nbytes)
-            for ev, n in sorted(st.events.items()):
+            for ev, n in sorted((st.events + tier.counters).items()):
                 events.add_metric([tier.name, ev], n)
             for reason, n in sorted(tier.fallbacks.items()):
                 fallbacks.add_metric([tier.name, reason], n)

@@ -42,6 +42,8 @@ class Tier(ABC):
         self.capacity_bytes = int(capacity_bytes)
         # Fallbacks and other non-silent degradations, reported with the results.
         self.fallbacks: Counter[str] = Counter()
+        # Events only the tier sees (spare_writes), reported with the store's per-tier events.
+        self.counters: Counter[str] = Counter()
 
     @abstractmethod
     def write(self, key: str, chunks: list[memoryview], nbytes: int, shape: tuple = (), dtype: str = "uint8") -> OpTiming: ...
@@ -149,7 +151,6 @@ class DiskTier(Tier):
         self._spare_bytes = 0
         self._spare_seq = itertools.count()
         self._spare_lock = threading.Lock()
-        self.spare_writes = 0  # writes that overwrote a spare instead of a new file
 
     def path_for(self, key: str) -> str:
         return os.path.join(self.directory, file_name_for(key))
@@ -160,7 +161,7 @@ class DiskTier(Tier):
             spare = self._spares[size].pop() if self._spares.get(size) else None
             if spare:
                 self._spare_bytes -= size
-                self.spare_writes += 1
+                self.counters["spare_writes"] += 1
         return write_entry(self.path_for(key), key, chunks, self.io_mode, shape, dtype, spare=spare)
 
     def read(self, key, nbytes, dest=None):
@@ -197,7 +198,7 @@ class DiskTier(Tier):
 
     def describe(self):
         return {**super().describe(), "directory": self.directory, "io_mode": self.io_mode.value,
-                "spare_writes": self.spare_writes, "spare_bytes": self._spare_bytes}
+                "spare_writes": self.counters["spare_writes"], "spare_bytes": self._spare_bytes}
 
     def close(self):
         with self._spare_lock:

@@ -31,11 +31,11 @@ def test_evicted_file_is_reused_in_place_and_disk_stays_within_capacity(tmp_path
     for i in range(12):
         assert put(s, f"k{i}", 64 * KB).stored
     old_inode = os.stat(tier.path_for("k0")).st_ino
-    assert tier.spare_writes == 0
+    assert tier.counters["spare_writes"] == 0
     # 13 x 64 KB > 0.8 x 1 MB: k0 is evicted to make room, and its file takes the new entry.
     assert put(s, "new", 64 * KB).stored
     assert s.contains("k0") is None
-    assert tier.spare_writes == 1
+    assert tier.counters["spare_writes"] == 1
     assert os.stat(tier.path_for("new")).st_ino == old_inode  # overwritten in place, not a new file
     res, got = read(s, "new", 64 * KB)
     assert res.hit and got == data("new", 64 * KB)  # nothing of the old entry shows through
@@ -45,7 +45,7 @@ def test_evicted_file_is_reused_in_place_and_disk_stays_within_capacity(tmp_path
     for k in s.keys_by_tier()["disk"]:
         res, got = read(s, k, 64 * KB)
         assert res.hit and got == data(k, 64 * KB)
-    assert len(entry_files(d)) == len(s) and tier.spare_writes > 20
+    assert len(entry_files(d)) == len(s) and tier.counters["spare_writes"] > 20
     s.delete(s.keys_by_tier()["disk"][0])  # a spare with nobody to take it
     assert tier.describe()["spare_bytes"] == file_nbytes(64 * KB)
     s.close()
@@ -60,7 +60,7 @@ def test_spare_of_another_size_is_not_used_and_restart_removes_spares(tmp_path):
     assert s.delete("a")
     assert tier.describe()["spare_bytes"] == file_nbytes(64 * KB)
     put(s, "b", 32 * KB)
-    assert tier.spare_writes == 0 and tier.describe()["spare_bytes"] == file_nbytes(64 * KB)
+    assert tier.counters["spare_writes"] == 0 and tier.describe()["spare_bytes"] == file_nbytes(64 * KB)
     # A crash leaves spares behind (no close): the next start's rescan removes them and keeps the entries.
     s2 = TieredStore([DiskTier(str(d), 1024 * KB, IOMode.BUFFERED)])
     report = rescan_dir(s2, 0)

@@ -41,6 +41,20 @@ def test_metrics_exporter_serves_tier_histograms_and_events_on_loopback(tmp_path
     assert os.stat(tmp_path / "kvtier-stats.json").st_mode & 0o777 == 0o600
 
 
+def test_spare_writes_are_exported(tmp_path):
+    # 2 MB: spares up to 100 KB, one 56 KB entry file; 40 x 50 KB entries overflow 0.8 x 2 MB and evict.
+    b = KvtierBackend(BackendConfig(disk_dir=str(tmp_path), disk_capacity_gb=2e-3, metrics_port=0))
+    try:
+        for i in range(40):
+            assert b.put(f"k{i}", [data(i)])
+        reused = b.store.tiers[0].counters["spare_writes"]
+        assert reused > 0
+        text = urllib.request.urlopen(b.exporter.url, timeout=5).read().decode()
+        assert f'kvtier_tier_events_total{{event="spare_writes",tier="disk"}} {float(reused)}' in text
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("d, msg", [
     ({"disk_dir": "/x", "io_workers": 0}, "kvtier.io_workers"),
     ({"disk_dir": "/x", "redis_url": "http://h"}, "kvtier.redis_url"),
