@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test system-deps bench-disk bench-scaling bench-lmcache bench-tracer bench-replayer clean
+.PHONY: bench test system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ bench-scaling: $(BASE_STAMP)
 
 bench-lmcache: $(TEST_STAMP)
 	$(BIN)/python bench/lmcache_vs_kvtier.py --total-gb 2
+
+bench-ttft: $(TEST_STAMP)
+	$(BIN)/python bench/ttft_kvtier_vs_lmcache.py
 
 bench-tracer: $(BASE_STAMP) system-deps
 	$(BIN)/python bench/tracer_overhead.py --runtime-s 5 --rounds 3
