@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from .entry_format import EntryHeader
-from .errors import CorruptEntryError, EntryNotFound
+from .errors import CorruptEntryError
 from .tiers import DiskTier
 from .timed_io import IOMode, read_header
 
@@ -28,12 +28,6 @@ class SharedDirTier(DiskTier):
                  name: str = "shared") -> None:
         # No spares: another instance may still be reading a file this one deletes, so it must not be overwritten.
         super().__init__(directory, capacity_bytes, io_mode, name=name, spare_ratio=0.0)
-
-    def read(self, key, nbytes, dest=None):
-        try:
-            return super().read(key, nbytes, dest)
-        except FileNotFoundError as exc:
-            raise EntryNotFound(key) from exc
 
     def probe(self, key: str) -> EntryHeader | None:
         """The header of `key`'s file if another instance put it there (and it is valid); else None. A corrupt

@@ -197,10 +197,11 @@ class TieredStore:
                 if bottom:
                     del self._entries[victim.key]
                     self._used[t] -= victim.nbytes
+                    self._pending.add(victim.key)
                 else:
                     victim.moving = True
             if bottom:
-                self.tiers[t].delete(victim.key)
+                self._delete_bytes(t, victim.key)
                 self.stats[t].count("evictions")
                 self._notify(t, "evict", victim.key, victim.nbytes, None, "evict")
                 continue
@@ -247,8 +248,18 @@ class TieredStore:
             self._lru[t].pop(e.key, None)
             self._used[t] -= e.nbytes
             e.moving = False
+            self._pending.add(e.key)
             self._changed.notify_all()
-        self.tiers[t].delete(e.key)
+        self._delete_bytes(t, e.key)
+
+    def _delete_bytes(self, t: int, key: str) -> None:
+        """Remove the bytes of an entry the index has just forgotten (the caller marked the key pending under the
+        lock): until they are gone a put of the same key is refused, so it cannot write a file this removes."""
+        try:
+            self.tiers[t].delete(key)
+        finally:
+            with self._lock:
+                self._pending.discard(key)
 
     # ---- get -------------------------------------------------------------------------------------------------------
     def get(self, key: str, dest: memoryview | None = None) -> GetResult:
@@ -349,8 +360,9 @@ class TieredStore:
             del self._entries[key]
             self._lru[e.tier].pop(key, None)
             self._used[e.tier] -= e.nbytes
+            self._pending.add(key)
             t = e.tier
-        self.tiers[t].delete(key)
+        self._delete_bytes(t, key)
         return True
 
     def close(self) -> None:

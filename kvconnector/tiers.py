@@ -19,7 +19,7 @@ from time import perf_counter_ns
 import numpy as np
 
 from .entry_format import file_name_for, file_nbytes
-from .errors import ConfigError
+from .errors import ConfigError, EntryNotFound
 from .timed_io import CHUNK_BYTES, IOMode, OpTiming, _scratch, aligned_buffer, probe_direct, read_entry, write_entry
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,11 @@ class DiskTier(Tier):
         return write_entry(self.path_for(key), key, chunks, self.io_mode, shape, dtype, spare=spare)
 
     def read(self, key, nbytes, dest=None):
-        return read_entry(self.path_for(key), key, nbytes, self.io_mode, dest)
+        try:
+            return read_entry(self.path_for(key), key, nbytes, self.io_mode, dest)
+        except FileNotFoundError as exc:
+            # Removed behind the store's back (another instance of a shared directory, a person): a miss.
+            raise EntryNotFound(key) from exc
 
     def delete(self, key):
         path = self.path_for(key)

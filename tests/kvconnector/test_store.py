@@ -118,6 +118,40 @@ def test_corrupt_disk_entry_is_a_miss_and_dropped(tmp_path):
     assert s.stats[0].events["corrupt_dropped"] == 1
 
 
+def test_file_removed_behind_the_stores_back_is_a_miss_and_forgotten(tmp_path):
+    s = make_store(tmp_path, cpu=0)
+    put(s, "a", 8 * KB)
+    os.unlink(s.tiers[0].path_for("a"))
+    assert not s.get("a").hit
+    assert s.contains("a") is None and s.stats[0].events["vanished"] == 1
+
+
+def test_put_of_a_key_whose_eviction_is_still_deleting_cannot_lose_its_file(tmp_path):
+    """The evicting thread forgets the victim, then removes its file outside the lock. A put of the same key in that
+    window must not write a file the eviction then removes (the index would claim an entry that is gone)."""
+    deleting, release = threading.Event(), threading.Event()
+
+    class SlowDelete(DiskTier):
+        def delete(self, key):
+            if key == "victim":
+                deleting.set()
+                release.wait(5)
+            super().delete(key)
+
+    s = TieredStore([SlowDelete(str(tmp_path / "disk"), 40 * KB, IOMode.BUFFERED, spare_ratio=0.0)])
+    put(s, "victim", 20 * KB)
+    evictor = threading.Thread(target=put, args=(s, "newcomer", 20 * KB))  # 40 KB > 0.8 x 40 KB: evicts
+    evictor.start()
+    assert deleting.wait(5)
+    again = put(s, "victim", 20 * KB)  # while the victim's old file is being removed
+    release.set()
+    evictor.join(5)
+    assert not again.stored and s.contains("victim") is None
+    assert put(s, "victim", 20 * KB).stored  # once the removal is done, the key can come back
+    res, got = read(s, "victim", 20 * KB)
+    assert res.hit and got == data("victim", 20 * KB)
+
+
 def test_pinned_entries_are_not_evicted(tmp_path):
     s = make_store(tmp_path, disk=0)
     put(s, "p", 10 * KB)
