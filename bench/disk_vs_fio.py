@@ -5,7 +5,9 @@ fio: `direct=1`, `bs` = object size, `numjobs` = workers, psync (one object per 
 `fdatasync=1` (each object made durable, as the disk tier does). kvtier: DiskTier write_entry/read_entry of whole
 objects from `workers` threads (temp file + rename + fdatasync per object; reads verify the xxh3 checksum).
 Reports bandwidth of both and the ratio, kvtier's host share of storage time, and CPU seconds per GiB moved.
-Rounds alternate fio and kvtier so drift on a shared disk hits both.
+Rounds alternate fio and kvtier so drift on a shared disk hits both. fio overwrites the files it wrote in the first
+round; kvtier writes new files every round, unless --reuse-files: then, like a full disk tier, it overwrites the
+previous round's files in place (its spare files), and both sides write new files in round 1 only.
 
   python bench/disk_vs_fio.py --dir /var/tmp/kvtier-bench --object-mib 16 --workers 8 --total-gib 4
 """
@@ -92,6 +94,7 @@ def main() -> int:
     ap.add_argument("--total-gib", type=float, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--io-mode", default="direct", choices=["direct", "buffered"])
+    ap.add_argument("--reuse-files", action="store_true", help="kvtier overwrites the last round's files, as fio does")
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args()
     if not shutil.which("fio"):
@@ -104,16 +107,16 @@ def main() -> int:
     per_job = count * obj // a.workers
     fio_dir, kv_dir = os.path.join(base, "fio"), os.path.join(base, "kvtier")
     os.makedirs(fio_dir, exist_ok=True)
-    # No spare files: every round writes new files (the harder case; the steady state of a full tier, which
-    # overwrites evicted files in place as fio does, is measured by bench/lmcache_vs_kvtier.py).
-    tier = DiskTier(kv_dir, 0, a.io_mode, spare_ratio=0.0)
+    # Without --reuse-files every round writes new files (the harder case). With it, the deleted files are kept as
+    # spares, all of them (no store accounts capacity here), and the next round overwrites them in place.
+    tier = DiskTier(kv_dir, 0, a.io_mode, spare_ratio=1.0 if a.reuse_files else 0.0)
     payload = RandomPayload(256, 1)
     keys = [f"obj-{i}" for i in range(count)]
     res: dict[str, list] = {k: [] for k in ("fio_write", "fio_read", "kv_write", "kv_read")}
     try:
         for r in range(a.rounds):
             res["fio_write"].append(run_fio(fio_dir, "write", obj, a.workers, per_job))
-            for key in keys:  # untimed: fresh files each round (replacing a file would also free its old blocks)
+            for key in keys:  # untimed: new files each round, or spares to overwrite (--reuse-files)
                 tier.delete(key)
             res["kv_write"].append(run_kvtier(tier, "write", keys, obj, a.workers, payload))
             res["fio_read"].append(run_fio(fio_dir, "read", obj, a.workers, per_job))
@@ -127,7 +130,8 @@ def main() -> int:
             shutil.rmtree(kv_dir, ignore_errors=True)
     med = lambda rows, k: statistics.median(x[k] for x in rows)  # noqa: E731
     print(f"\n{a.object_mib} MiB objects, {a.workers} workers, {count * obj / GIB:.1f} GiB per op, {a.rounds} rounds "
-          f"(medians), io-mode {tier.io_mode.value}, dir {base}")
+          f"(medians), io-mode {tier.io_mode.value}, "
+          f"kvtier {'reuses files' if a.reuse_files else 'writes new files'}, dir {base}")
     print(f"{'op':<6}{'fio GB/s':>10}{'kvtier GB/s':>13}{'ratio':>8}{'host %':>8}{'CPU s/GiB':>11}")
     figures = {}
     for op in ("write", "read"):
