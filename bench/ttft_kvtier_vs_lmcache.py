@@ -208,8 +208,8 @@ class Side:
         clear_l1(self.stack.inst(0)["lmcache_http"])
 
     def counters(self) -> tuple:
-        """What l2_hit checks against, read before L1 is cleared: a scrape right before the timed request would be
-        charged to it (the scrape's work and the client's garbage collection after parsing it land in the TTFT)."""
+        """What l2_hit checks against, read before L1 is cleared: read right before the timed request, the scrape's
+        cost showed up in the TTFT (kvconnector/README.md)."""
         from kvtier_stack import vllm_external_hits
 
         return vllm_external_hits(self.v), read_bytes(self.lm_pid), self.disk_hits()
