@@ -111,6 +111,17 @@ def _ms_axis(ax) -> None:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
 
 
+def _cdf_frame(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Log-ms x axis, 0..1 y axis with p50/p99 guides, labels and grid: the frame every latency CDF shares."""
+    _ms_axis(ax)
+    _percentile_guides(ax)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+
+
 def _percentile_guides(ax) -> None:
     # Labelled on a right-hand axis, where no legend or curve can cover them.
     for q in (0.5, 0.99):
@@ -141,13 +152,8 @@ def _tier_cdf(plt, doc: dict):
     for name, op, xs, ys, n, p99 in curves:
         p99_text = f", p99 {_fmt_ms(p99)}" if p99 is not None else ""
         _draw_cdf(ax, xs, ys, color=colors[name], ls=_OP_STYLE[op], lw=1.8, label=f"{name} {op}  ({n:,} ops{p99_text})")
-    _ms_axis(ax)
-    _percentile_guides(ax)
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("latency of one tier operation (ms, log scale)")
-    ax.set_ylabel("fraction of operations done within x")
-    ax.set_title("Tier operation latency CDF (solid: read, dashed: write)")
-    ax.grid(alpha=0.3, which="both")
+    _cdf_frame(ax, "latency of one tier operation (ms, log scale)", "fraction of operations done within x",
+               "Tier operation latency CDF (solid: read, dashed: write)")
     ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
     return fig
@@ -167,13 +173,7 @@ def _request_cdf(plt, doc: dict):
     fig, ax = plt.subplots(figsize=(9, 5.2))
     for label, xs, ys, n in curves:
         _draw_cdf(ax, xs, ys, lw=1.8, label=f"{label}  ({n:,} requests)")
-    _ms_axis(ax)
-    _percentile_guides(ax)
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("latency per request (ms, log scale)")
-    ax.set_ylabel("fraction of requests done within x")
-    ax.set_title("Request latency CDF")
-    ax.grid(alpha=0.3, which="both")
+    _cdf_frame(ax, "latency per request (ms, log scale)", "fraction of requests done within x", "Request latency CDF")
     for label in zero:  # said in the legend, where it cannot cover a curve
         ax.plot([], [], " ", label=f"{label}: zero for every request, not drawn")
     ax.legend(loc="best", fontsize=9)
