@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -13,8 +15,11 @@ from kvconnector.models import CATALOG
 
 from .bench_config import BenchConfig, load_config
 from .bench_view import LiveView, SetupProgress, print_summary
-from .results import write_json
-from .synthetic.bench import Bench, default_output_path
+from .cli_common import Interrupted, OneLineParser, exit_code, fail, stop_signals_raise
+from .outputs.paths import check_outputs, default_results_path, write_results
+from .synthetic.bench import Bench
+
+PROG = "kvtier bench"
 
 EXAMPLES = """\
 examples:
@@ -33,8 +38,14 @@ config.yaml: the top-level keys are these flags with underscores (num_users: 50)
 qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode, generation, sharegpt,
 model_configs. Unknown keys are errors. Precedence: defaults < config.yaml < KVTIER_<KEY> env < flags.
 
-exit status: 0 done, 1 run failed (e.g. filesystem full; partial results written), 2 bad arguments, 130 interrupted
-(partial results written).
+on bad input: one line on stderr naming the flag, variable or file, exit 2, nothing written. Every output path
+(--output, --xlsx-output, --csv-output, --io-trace-log, --plots) is checked before the run starts; if the results
+cannot be written when the run ends, they go to results/ (or the temp directory) instead and the line says where.
+A default results name is never reused: a second run in the same second gets results/<time>-2.json.
+
+exit status: 0 done; 1 run failed (e.g. filesystem full; partial results written); 2 bad arguments;
+128 + signal when stopped by a signal: 130 SIGINT (Ctrl-C), 143 SIGTERM. Both signals stop the run the same way,
+at any moment: partial results are written if the run had started, and the run's cache files are removed.
 """
 
 # Flags whose value lives in a config section.
@@ -47,8 +58,8 @@ SECTION_FLAGS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvtier bench",
+    p = OneLineParser(
+        prog=PROG,
         description="Drive the tiered KV store (GPU -> CPU -> disk, waterfall LRU) with simulated LLM users and "
         "measure what each tier costs a request. Flags follow the MLPerf Storage KV Cache benchmark.",
         epilog=EXAMPLES,
@@ -64,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     w("--max-requests", type=int, help="stop after this many completed requests (default 0 = no limit)")
     w("--request-rate", type=float, help="cap on requests started per second (default 0 = closed loop)")
     w("--seed", type=int, help="seed for users, sizes and payloads (repeatable runs)")
+    w("--max-context-tokens", type=int,
+      help="cap on a request's tokens, below the model's context length; longer ones are cut and counted")
     w("--disable-multi-turn", action="store_true", help="every conversation has one turn")
     w("--disable-prefix-caching", action="store_true", help="no shared system-prompt KV entries")
     w("--generation-mode", choices=["none", "fast", "realistic"],
@@ -119,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cli_values(args: argparse.Namespace) -> dict:
+def cli_values(args: argparse.Namespace) -> tuple[dict, dict]:
     values = {k: v for k, v in vars(args).items() if k not in ("config", "no_progress", "log_level")}
     if getattr(args, "no_progress", False):
         values["progress"] = False
@@ -142,8 +155,17 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def _fail(msg: str, code: int = 2) -> int:
-    print(f"kvtier bench: {msg}", file=sys.stderr)
-    return code
+    return fail(PROG, msg, code)
+
+
+def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
+    """Check every output path before anything runs; return (results path, whether it is the default name)."""
+    output = cfg.output or default_results_path()
+    check_outputs({"--output": output, "--xlsx-output": cfg.xlsx_output, "--csv-output": cfg.csv_output,
+                   "--io-trace-log": cfg.io_trace_log},
+                  {"--plots": cfg.plots,
+                   "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None})
+    return output, cfg.output is None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,61 +173,66 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="kvtier: %(levelname)s %(message)s")
     try:
         cfg = config_from_args(args)
+        output, is_default = check_output_paths(cfg)
     except ConfigError as exc:
         return _fail(str(exc))
     if cfg.num_clients > 1:
         from .synthetic.multiclient import run_clients
 
-        return run_clients(cfg)
-    return run_single(cfg)
+        return run_clients(cfg, output, is_default)
+    return run_single(cfg, output, is_default)
 
 
-def run_single(cfg: BenchConfig) -> int:
+def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
     from .synthetic.multiclient import STATUS_ENV
 
     status_file = os.environ.get(STATUS_ENV)  # set when this process is one client of --num-clients
-    output = cfg.output or default_output_path()
     bench = Bench(cfg)
     trace_log = tracer = None
     try:
-        bench.prepare()
-        for note in bench.notes:
-            print(f"kvtier bench: {note}", file=sys.stderr)
-        with SetupProgress(enabled=cfg.progress) as setup_view:
-            bench.set_up(on_progress=setup_view.update)
-        phase_hook = None
-        if cfg.io_trace_log:
-            from .outputs.io_trace import IOTraceLog, set_request_phase
-
+        # Outside the run's event loop (set-up, clean-up) SIGINT and SIGTERM raise Interrupted, so every path out
+        # of here goes through the `finally` below and removes the run's files.
+        with stop_signals_raise():
             try:
-                trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
-            except OSError as exc:
-                raise ConfigError(f"--io-trace-log {cfg.io_trace_log}: {exc.strerror or exc}") from exc
-            bench.store.op_listener = trace_log
-            phase_hook = set_request_phase
-        tracer = start_tracer(cfg, bench, output)
-        with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
-            doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
-        if tracer is not None:
-            doc["latency_tracing"] = stop_tracer(tracer)
-            tracer = None
+                bench.prepare()
+                for note in bench.notes:
+                    print(f"kvtier bench: {note}", file=sys.stderr)
+                with SetupProgress(enabled=cfg.progress) as setup_view:
+                    bench.set_up(on_progress=setup_view.update)
+                phase_hook = None
+                if cfg.io_trace_log:
+                    from .outputs.io_trace import IOTraceLog, set_request_phase
+
+                    try:
+                        trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
+                    except OSError as exc:
+                        raise ConfigError(f"--io-trace-log {cfg.io_trace_log}: {exc.strerror or exc}") from exc
+                    bench.store.op_listener = trace_log
+                    phase_hook = set_request_phase
+                tracer = start_tracer(cfg, bench, output)
+                with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
+                    doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
+                if tracer is not None:
+                    doc["latency_tracing"] = stop_tracer(tracer)
+                    tracer = None
+            finally:
+                if tracer is not None:  # the run broke off: never leave bpftrace attached
+                    stop_tracer(tracer)
+                if trace_log is not None:
+                    bench.store.op_listener = None
+                    trace_log.close()
+                bench.cleanup()
     except ConfigError as exc:
-        bench.cleanup()
         return _fail(str(exc))
     except KvtierError as exc:
-        bench.cleanup()
         return _fail(str(exc), 1)
-    except KeyboardInterrupt:  # during set-up: nothing measured yet
-        bench.cleanup()
-        return _fail("interrupted during set-up; no results", 130)
-    finally:
-        if tracer is not None:  # the run broke off: never leave bpftrace attached
-            stop_tracer(tracer)
-        if trace_log is not None:
-            bench.store.op_listener = None
-            trace_log.close()
-    bench.cleanup()
-    return finish(doc, cfg, output)
+    except Interrupted as exc:  # during set-up: nothing measured yet
+        return _fail(f"interrupted during set-up ({exc}); no results", exc.exit_code)
+    return finish(doc, cfg, output, is_default)
+
+
+def trace_dir(output: str) -> str:
+    return os.path.splitext(output)[0] + "-trace"
 
 
 def start_tracer(cfg: BenchConfig, bench: Bench, output: str):
@@ -214,8 +241,7 @@ def start_tracer(cfg: BenchConfig, bench: Bench, output: str):
         return None
     from tracing.session import TraceSession, TraceSessionError
 
-    out_dir = os.path.splitext(output)[0] + "-trace"
-    session = TraceSession(pid=os.getpid(), path=bench.run_dir, out_dir=out_dir, job_name="kvtier-bench")
+    session = TraceSession(pid=os.getpid(), path=bench.run_dir, out_dir=trace_dir(output), job_name="kvtier-bench")
     try:
         session.start()
     except TraceSessionError as exc:
@@ -232,33 +258,41 @@ def stop_tracer(session) -> dict:
         return {"error": str(exc)}
 
 
-def finish(doc: dict, cfg: BenchConfig, output: str) -> int:
-    """Write every requested output, print the summary, and turn the run's status into an exit code."""
-    write_json(output, doc)
-    extra = []
+# Outputs made from the results document at the end: (config key, flag, module under outputs/, function).
+EXTRA_OUTPUTS = (("xlsx_output", "--xlsx-output", "xlsx", "write_xlsx"),
+                 ("csv_output", "--csv-output", "csv_out", "write_csv"),
+                 ("plots", "--plots", "plots", "write_plots"))
+
+
+def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -> int:
+    """Write every requested output, print the summary, and turn the run's status into an exit code. The results
+    JSON is written first and, if its path fails now, to the default location instead: finished work is not lost."""
     try:
-        if cfg.xlsx_output:
-            from .outputs.xlsx import write_xlsx
-
-            write_xlsx(doc, cfg.xlsx_output)
-            extra.append(cfg.xlsx_output)
-        if cfg.csv_output:
-            from .outputs.csv_out import write_csv
-
-            write_csv(doc, cfg.csv_output)
-            extra.append(cfg.csv_output)
-        if cfg.plots:
-            from .outputs.plots import write_plots
-
-            extra.extend(write_plots(doc, cfg.plots))
+        output, moved = write_results(output, doc, is_default=is_default)
     except OSError as exc:
-        print(f"kvtier bench: could not write an output: {exc}", file=sys.stderr)
+        print_summary(doc, None)
+        return _fail(f"{exc}; the results could not be saved (the summary above is all there is)", 1)
+    if moved:
+        print(f"kvtier bench: {moved}; results written to {output} instead", file=sys.stderr)
+    extra = []
+    for key, flag, module, func in EXTRA_OUTPUTS:
+        path = getattr(cfg, key)
+        if not path:
+            continue
+        write = getattr(importlib.import_module(f".outputs.{module}", __package__), func)  # lazy: matplotlib, openpyxl
+        try:
+            written = write(doc, path)
+        except OSError as exc:  # the JSON holds everything; this output can be made from it later
+            print(f"kvtier bench: {flag} {path}: not written ({exc.strerror or exc})", file=sys.stderr)
+            continue
+        extra.extend(written if isinstance(written, list) else [path])
     print_summary(doc, output, extra)
     if doc["status"] == "failed":
         err = doc["error"] or "unknown error"
         hint = " (filesystem full)" if "space" in err else ""
         return _fail(f"run failed{hint}: {err}; partial results in {output}", 1)
     if doc["status"] == "interrupted":
-        print(f"kvtier bench: interrupted; partial results in {output}", file=sys.stderr)
-        return 130
+        name = doc.get("stop_signal") or "SIGINT"
+        print(f"kvtier bench: interrupted ({name}); partial results in {output}", file=sys.stderr)
+        return exit_code(signal.Signals[name])
     return 0

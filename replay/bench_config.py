@@ -17,7 +17,8 @@ from kvconnector.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never a sensible size, rate or time: reject them everywhere.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def _check_range(name: str, rng: tuple, minimum: float = 0) -> None:
@@ -52,6 +53,13 @@ class QoSProfile(_Section):
     priority: int = Field(ge=0)
     target_p95_ms: float = Field(gt=0)
     target_p99_ms: float = Field(gt=0)
+    # Share of the I/O workers under saturation, relative to the other classes (qos_scheduler fair); default
+    # priority + 1, so a priority-0 class still gets a share.
+    weight: float | None = Field(None, gt=0)
+
+    @property
+    def share(self) -> float:
+        return self.weight if self.weight is not None else self.priority + 1.0
 
 
 # MLPerf KV Cache spec section 3.9. Higher priority goes first.
@@ -132,6 +140,8 @@ class ModelConfig(_Section):
     head_dim: int = Field(0, ge=0)
     kv_lora_rank: int = Field(0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
+    # The model's context length (max_position_embeddings); 0 = not known (requests bounded by the tiers only).
+    max_context_tokens: int = Field(0, ge=0)
 
 
 class BenchConfig(_Section):
@@ -142,7 +152,9 @@ class BenchConfig(_Section):
     duration: float = Field(60.0, gt=0, le=7 * 24 * 3600)
     max_requests: int = Field(0, ge=0)
     request_rate: float = Field(0.0, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    # Lowers the bound on a request's tokens below the model's context length (longer rows and turns are cut to it).
+    max_context_tokens: int | None = Field(None, gt=0)
     disable_multi_turn: bool = False
     disable_prefix_caching: bool = False
     generation_mode: Literal["none", "fast", "realistic"] = "none"
@@ -189,6 +201,10 @@ class BenchConfig(_Section):
     user_templates: dict[str, UserTemplate] = Field(default_factory=lambda: dict(DEFAULT_USER_TEMPLATES))
     qos_profiles: dict[str, QoSProfile] = Field(default_factory=lambda: dict(DEFAULT_QOS))
     qos_distribution: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QOS_DISTRIBUTION))
+    # How storage operations of different classes share the I/O workers: fair = weighted fair queuing (every class
+    # with work waiting gets a share in proportion to its qos_profiles weight: priority, not starvation); strict =
+    # the higher priority always first (lower classes can complete nothing while storage is saturated).
+    qos_scheduler: Literal["fair", "strict"] = "fair"
     eviction: EvictionConfig = Field(default_factory=EvictionConfig)
     prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
     rag: RAGConfig = Field(default_factory=RAGConfig)
@@ -233,32 +249,50 @@ def _flag(loc: tuple) -> str:
     return ".".join(str(p) for p in loc)
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError, where: str | None = None) -> str:
+    """One line for the first error; `where` names the source of the value when it was not a flag."""
     err = exc.errors()[0]
-    where = _flag(err["loc"]) if err["loc"] else "config"
     msg = err["msg"].removeprefix("Value error, ")
-    return f"{where}: {msg}" if err["loc"] else msg
+    if not err["loc"]:
+        return msg
+    if where and len(err["loc"]) == 1 and where.startswith("environment"):
+        return f"{where}: {msg}"
+    if where:
+        return f"{where}: {'.'.join(str(p) for p in err['loc'])}: {msg}"
+    return f"{_flag(err['loc'])}: {msg}"
 
 
-def _env_overrides() -> dict:
-    """KVTIER_<TOP_LEVEL_KEY>=value (scalars only), parsed as YAML scalars: KVTIER_NUM_USERS=50."""
+def _env_overrides() -> dict[str, tuple[str, object]]:
+    """KVTIER_<TOP_LEVEL_KEY>=value (scalars only), parsed as YAML scalars: KVTIER_NUM_USERS=50.
+    Returns {key: (variable name, value)}."""
     out = {}
     for key in BenchConfig.model_fields:
-        val = os.environ.get("KVTIER_" + key.upper())
-        if val is not None:
-            out[key] = yaml.safe_load(val)
+        var = "KVTIER_" + key.upper()
+        raw = os.environ.get(var)
+        if raw is None:
+            continue
+        try:
+            val = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"environment {var}={raw!r}: not a valid value") from exc
+        if isinstance(val, (list, dict)):
+            raise ConfigError(f"environment {var}={raw!r}: expected a single value")
+        out[key] = (var, val)
     return out
 
 
 def load_config(yaml_path: str | None, cli: dict) -> BenchConfig:
-    """Merge defaults, a YAML file, KVTIER_* env and explicit CLI values; raise ConfigError with one clear line."""
+    """Merge defaults, a YAML file, KVTIER_* env and explicit CLI values; raise ConfigError with one clear line
+    that names where the bad value came from (the flag, the environment variable or the config file)."""
     data: dict = {}
     if yaml_path:
         try:
-            with open(yaml_path) as f:
+            with open(yaml_path, encoding="utf-8") as f:
                 loaded = yaml.safe_load(f) or {}
         except OSError as exc:
             raise ConfigError(f"--config {yaml_path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--config {yaml_path}: not a text file") from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""
@@ -266,10 +300,18 @@ def load_config(yaml_path: str | None, cli: dict) -> BenchConfig:
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config {yaml_path}: expected a mapping of keys at the top")
         data.update(loaded)
-    data.update(_env_overrides())
+    env = _env_overrides()
+    data.update({k: v for k, (_, v) in env.items()})
     data.update(cli)
     try:
         return BenchConfig(**data)
     except ValidationError as exc:
-        prefix = f"--config {yaml_path}: " if yaml_path and exc.errors()[0]["loc"] and str(exc.errors()[0]["loc"][0]) not in cli else ""
-        raise ConfigError(prefix + describe_validation_error(exc)) from exc
+        loc = exc.errors()[0]["loc"]
+        key = str(loc[0]) if loc else None
+        where = None
+        if key is not None and key not in cli:
+            if key in env:
+                where = f"environment {env[key][0]}={os.environ[env[key][0]]!r}"
+            elif yaml_path:
+                where = f"--config {yaml_path}"
+        raise ConfigError(describe_validation_error(exc, where)) from exc

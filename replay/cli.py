@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"kvtier: unknown subcommand '{name}'\n\n{USAGE}", file=sys.stderr)
+        print(f"kvtier: unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')",
+              file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)

@@ -9,6 +9,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from kvconnector.errors import ConfigError
+
+from .cli_common import OneLineParser
+from .outputs.paths import atomic_path, check_outputs
+
 GB = 1e9
 
 EXAMPLES = """\
@@ -198,7 +203,7 @@ def default_labels(paths: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvtier compare", description="Side-by-side table of kvtier bench result JSON "
+    p = OneLineParser(prog="kvtier compare", description="Side-by-side table of kvtier bench result JSON "
                                 "files, with each run's ratio to the first.", epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="+", metavar="RESULT.json", help="results of `kvtier bench` (the first is the base)")
@@ -210,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        try:
+            check_outputs({"--json": args.json_out})
+        except ConfigError as exc:
+            raise CompareError(str(exc)) from None
         docs = [load_result(p) for p in args.results]
         if args.labels is not None:
             labels = [s.strip() for s in args.labels.split(",")]
@@ -219,8 +228,6 @@ def main(argv: list[str] | None = None) -> int:
             labels = default_labels(args.results)
         table = build_table(docs, labels, args.results)
         if args.json_out:
-            from .outputs._common import atomic_path  # noqa: PLC0415
-
             try:
                 with atomic_path(args.json_out, suffix=".json.tmp") as tmp, open(tmp, "w", encoding="utf-8") as fh:
                     json.dump(table, fh, indent=2)

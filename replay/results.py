@@ -8,10 +8,6 @@ histograms themselves are included (`tiers.<name>.read.histograms`) so runs can 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-
 from kvconnector.store import TieredStore
 from kvconnector.telemetry import OpStats, TierStats
 
@@ -76,21 +72,3 @@ def merge_tier_details(parts: list[dict]) -> dict:
     for m in out.values():
         m.update(m.pop("_stats").to_dict())
     return out
-
-
-def write_json(path: str, doc: dict) -> None:
-    """Write to a temp file in the same directory and rename, so a reader never sees half a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kvtier-", suffix=".json.tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

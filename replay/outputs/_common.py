@@ -4,34 +4,15 @@ section may be missing)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
+
+from .paths import atomic_path  # the one atomic writer, re-exported for the format writers
 
 GB = 1e9
 OPS = ("read", "write")
 LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
-    """Yield a temporary path next to `path`; on success it replaces `path` in one rename, on failure it is removed,
-    so a reader never sees half a file."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kvtier-", suffix=suffix)
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def elapsed_s(doc: dict) -> float:

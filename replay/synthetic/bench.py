@@ -7,8 +7,8 @@ import logging
 import os
 import random
 import shutil
+import signal
 import tempfile
-import time
 
 from kvconnector.errors import ConfigError
 from kvconnector.models import ModelSpec, resolve_model
@@ -16,6 +16,8 @@ from kvconnector.store import TieredStore
 from kvconnector.tiers import GB, CPUTier, DiskTier, GPUTier, cuda_torch
 
 from .. import sysinfo
+from ..cli_common import human_bytes
+from ..outputs.paths import os_reason
 from ..bench_config import BenchConfig
 from ..results import cache_stats, tier_details
 from ..sources.base import WorkloadError
@@ -45,13 +47,14 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
         avail = sysinfo.mem_available_bytes()
         if avail and cfg.cpu_mem_gb * GB > 0.9 * avail:
             raise ConfigError(
-                f"--cpu-mem-gb {cfg.cpu_mem_gb:g} exceeds 90% of the {avail / GB:.1f} GB of memory available here"
+                f"--cpu-mem-gb {cfg.cpu_mem_gb:g} exceeds 90% of the {human_bytes(avail)} of memory available here"
             )
         tiers.append(CPUTier(int(cfg.cpu_mem_gb * GB)))
     free = shutil.disk_usage(run_dir).free
     if cfg.storage_capacity_gb * GB > free:
         raise ConfigError(
-            f"--storage-capacity-gb {cfg.storage_capacity_gb:g} exceeds the {free / GB:.1f} GB free under {run_dir}"
+            f"--storage-capacity-gb {cfg.storage_capacity_gb:g} exceeds the {human_bytes(free)} free under "
+            f"{os.path.dirname(run_dir)}"
         )
     tiers.append(DiskTier(run_dir, int(cfg.storage_capacity_gb * GB), cfg.io_mode, name="disk"))
     return tiers
@@ -62,11 +65,17 @@ def make_run_dir(cfg: BenchConfig) -> str:
     stamp = f"kvtier-run-{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-"
     if cfg.cache_dir:
         base = os.path.abspath(cfg.cache_dir)
+        existing = base
+        while not os.path.lexists(existing):  # the part of the path that exists must be directories
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise ConfigError(f"--cache-dir {cfg.cache_dir}: {existing} is not a directory")
         try:
             os.makedirs(base, exist_ok=True)
             return tempfile.mkdtemp(prefix=stamp, dir=base)
         except OSError as exc:
-            raise ConfigError(f"cannot use --cache-dir {base}: {exc.strerror}") from exc
+            raise ConfigError(f"--cache-dir {cfg.cache_dir}: cannot create a directory under {base} "
+                              f"({os_reason(exc)})") from exc
     # /var/tmp is disk-backed on most systems, where /tmp may be tmpfs.
     base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
     return tempfile.mkdtemp(prefix=stamp, dir=base)
@@ -123,7 +132,7 @@ class Bench:
             size = int(cfg.precondition_size_gb * GB) or 2 * disk.capacity_bytes
             free = shutil.disk_usage(self.run_dir).free
             if size > 0.95 * free:
-                raise ConfigError(f"--precondition-size-gb {size / GB:.1f} GB does not fit the {free / GB:.1f} GB free "
+                raise ConfigError(f"--precondition-size-gb {human_bytes(size)} does not fit the {human_bytes(free)} free "
                                   f"under {self.run_dir}; pass a smaller --precondition-size-gb")
             threads = cfg.precondition_threads or cfg.io_workers
             self.setup["precondition"] = precondition(
@@ -264,6 +273,7 @@ class Bench:
             "started_at": started.isoformat(timespec="seconds"),
             "status": outcome.status,
             "error": outcome.error,
+            "stop_signal": None if self.driver.stop_signal is None else signal.Signals(self.driver.stop_signal).name,
             "notes": self.notes,
             "model": {"name": self.spec.name, "bytes_per_token": self.bytes_per_token, "kv_dtype": cfg.kv_dtype,
                       "mla": self.spec.is_mla},
@@ -297,7 +307,3 @@ def _version() -> str:
         return version("kvtier")
     except Exception:
         return "unknown"
-
-
-def default_output_path() -> str:
-    return os.path.join("results", f"{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -119,6 +119,7 @@ class SyntheticDriver:
         self.autoscaling: list[dict] = []
         self._status = "completed"
         self._error: str | None = None
+        self.stop_signal: int | None = None  # SIGINT or SIGTERM when the run was interrupted
         self._next_slot = 0.0
         self._users: list[tuple[User, asyncio.Task]] = []
         self._next_user_id = 0
@@ -142,15 +143,17 @@ class SyntheticDriver:
     # ---- run loop --------------------------------------------------------------------------------------------------
     async def _run(self) -> RunOutcome:
         loop = asyncio.get_running_loop()
-        self._pool = PriorityExecutor(self.cfg.io_workers)
+        self._pool = PriorityExecutor(self.cfg.io_workers, self.cfg.qos_aging_ms)
         self._alloc = asyncio.Semaphore(self.cfg.max_concurrent_allocs) if self.cfg.max_concurrent_allocs else None
         self._done = asyncio.Event()
         self._sessions_open: set[asyncio.Task] = set()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGINT and SIGTERM end the run alike (partial results); the caller's handlers come back afterwards.
+        saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in saved_handlers:
             try:
-                loop.add_signal_handler(sig, self._interrupt)
+                loop.add_signal_handler(sig, self._interrupt, sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                pass
+                saved_handlers = {}
         self.start_ns = time.perf_counter_ns()
         self._next_slot = time.monotonic()
         background = [asyncio.create_task(self._sample())]
@@ -172,18 +175,17 @@ class SyntheticDriver:
         await loop.run_in_executor(None, self._pool.shutdown)
         end_ns = time.perf_counter_ns()
         self._record_sample(end_ns)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.remove_signal_handler(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
+        for sig, handler in saved_handlers.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
         busy = self._pool.busy_ns() / max(1, self._pool.workers * (end_ns - self.start_ns))
         return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline, self.autoscaling,
                           round(busy, 4))
 
-    def _interrupt(self) -> None:
+    def _interrupt(self, signum: int = signal.SIGINT) -> None:
         if self._status == "completed":
             self._status = "interrupted"
+            self.stop_signal = signum
         self._done.set()
 
     def _fail(self, exc: BaseException) -> None:

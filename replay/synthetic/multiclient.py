@@ -25,8 +25,8 @@ from kvconnector.histogram import LatencyHistogram
 from .. import sysinfo
 from ..bench_config import BenchConfig
 from ..bench_view import LiveView
+from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
 from ..results import GB, cache_stats, merge_tier_details
-from .bench import default_output_path
 
 STATUS_ENV = "KVTIER_CLIENT_STATUS"
 ORDER = {"completed": 0, "interrupted": 1, "failed": 2}
@@ -52,68 +52,78 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
     return data
 
 
-def run_clients(cfg: BenchConfig) -> int:
+def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
     from ..bench_cli import _fail, finish
 
     if cfg.num_users < cfg.num_clients:
         return _fail(f"--num-clients {cfg.num_clients} needs at least as many users (--num-users {cfg.num_users})")
     if cfg.seed is None:
         cfg = cfg.model_copy(update={"seed": int(time.time()) % 2**31})
-    output = cfg.output or default_output_path()
     workdir = tempfile.mkdtemp(prefix="kvtier-clients-")
     cache_base = os.path.abspath(cfg.cache_dir) if cfg.cache_dir else tempfile.mkdtemp(prefix="kvtier-clients-", dir="/var/tmp")
     procs: list[subprocess.Popen] = []
     env_dev = sysinfo.block_device_of(cache_base)
     disk0 = sysinfo.disk_counters(env_dev)
     t0 = time.perf_counter()
+    stop = {"signal": None}
     try:
+        with stop_signals_raise():  # a signal while clients start: the finally below stops and cleans up
+            for i in range(cfg.num_clients):
+                path = os.path.join(workdir, f"client-{i}.yaml")
+                with open(path, "w") as f:
+                    yaml.safe_dump(client_config(cfg, i, workdir, cache_base), f)
+                env = dict(os.environ, **{STATUS_ENV: os.path.join(workdir, f"client-{i}.status")})
+                procs.append(subprocess.Popen([sys.executable, "-m", "replay.cli", "bench", "--config", path],
+                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        codes = _supervise(cfg, procs, workdir, stop)
+        disk1 = sysinfo.disk_counters(env_dev)
+        wall = time.perf_counter() - t0
+        errors = [p.stderr.read().strip() for p in procs]
+        docs = []
         for i in range(cfg.num_clients):
-            path = os.path.join(workdir, f"client-{i}.yaml")
-            with open(path, "w") as f:
-                yaml.safe_dump(client_config(cfg, i, workdir, cache_base), f)
-            env = dict(os.environ, **{STATUS_ENV: os.path.join(workdir, f"client-{i}.status")})
-            procs.append(subprocess.Popen([sys.executable, "-m", "replay.cli", "bench", "--config", path],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        codes = _supervise(cfg, procs, workdir)
+            try:
+                with open(os.path.join(workdir, f"client-{i}.json")) as f:
+                    docs.append(json.load(f))
+            except (OSError, json.JSONDecodeError):
+                pass
+    except Interrupted as exc:
+        return _fail(f"interrupted while starting the clients ({exc}); no results", exc.exit_code)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    disk1 = sysinfo.disk_counters(env_dev)
-    wall = time.perf_counter() - t0
-    errors = [p.stderr.read().strip() for p in procs]
-    docs = []
-    for i in range(cfg.num_clients):
-        try:
-            with open(os.path.join(workdir, f"client-{i}.json")) as f:
-                docs.append(json.load(f))
-        except (OSError, json.JSONDecodeError):
-            pass
-    shutil.rmtree(workdir, ignore_errors=True)
-    if not cfg.cache_dir:
-        shutil.rmtree(cache_base, ignore_errors=True)
+                p.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+        if not cfg.cache_dir:
+            shutil.rmtree(cache_base, ignore_errors=True)
     if not docs:
         msg = next((e.splitlines()[-1] for e in errors if e), "no client produced results")
         return _fail(f"clients failed: {msg}", max(codes) or 1)
     doc = merge(docs, cfg, env_dev, disk0, disk1, wall)
-    failed = [f"client {i}: {e.splitlines()[-1]}" for i, (c, e) in enumerate(zip(codes, errors)) if c not in (0, 130) and e]
+    stopped = (0, exit_code(signal.SIGINT), exit_code(signal.SIGTERM))
+    failed = [f"client {i}: {e.splitlines()[-1]}" for i, (c, e) in enumerate(zip(codes, errors)) if c not in stopped and e]
     if failed and doc["status"] == "completed":
         doc["status"], doc["error"] = "failed", "; ".join(failed)
-    return finish(doc, cfg, output)
+    if stop["signal"] is not None:
+        doc["stop_signal"] = signal_name(stop["signal"])
+    return finish(doc, cfg, output, is_default)
 
 
-def _supervise(cfg: BenchConfig, procs: list[subprocess.Popen], workdir: str) -> list[int]:
-    """Wait for the clients with an aggregate live view; on Ctrl-C or a failing client, stop them all."""
+def _supervise(cfg: BenchConfig, procs: list[subprocess.Popen], workdir: str, stop: dict) -> list[int]:
+    """Wait for the clients with an aggregate live view; on SIGINT/SIGTERM (forwarded as received) or a failing
+    client (SIGINT), stop them all. The signal received is left in stop["signal"]."""
     stopping = False
 
-    def stop_all(*_):
+    def stop_all(signum=signal.SIGINT, _frame=None):
         nonlocal stopping
+        if _frame is not None:
+            stop["signal"] = signum
         stopping = True
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                p.send_signal(signum)
 
-    old = signal.signal(signal.SIGINT, stop_all)
+    old = {sig: signal.signal(sig, stop_all) for sig in STOP_SIGNALS}
     try:
         with LiveView(cfg.duration, enabled=cfg.progress) as view:
             start = time.monotonic()
@@ -126,7 +136,8 @@ def _supervise(cfg: BenchConfig, procs: list[subprocess.Popen], workdir: str) ->
                     snap["t_s"] = round(time.monotonic() - start, 2)
                     view.update(snap)
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     return [p.returncode for p in procs]
 
 
