@@ -3,10 +3,15 @@
 The header page keeps the payload aligned for O_DIRECT and carries what a restart needs to serve the file again
 without trusting anything else: the key (file names are hashes, so no key ever becomes a path), shape, dtype, payload
 length and an xxh3-64 checksum of the payload. The header has its own checksum so a torn header is caught too.
+
+The names kvtier gives files in a tier directory are defined here, one pattern each, and are all it ever deletes
+there (see persistence.py): entries (`ENTRY_NAME`), temp files (`TEMP_NAME`: writes in flight, spare files, the
+O_DIRECT probe) and the directory's marker (`MARKER_NAME`, which names the entry format version).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 
@@ -95,3 +100,25 @@ def unpack_header(page: memoryview | bytes, where: str = "entry") -> EntryHeader
 def file_name_for(key: str) -> str:
     """A fixed-length hex name: keys (which hold '/', '..', '@') never reach the filesystem as paths."""
     return xxhash.xxh3_128_hexdigest(key.encode("utf-8")) + ".kv"
+
+
+# Exactly what file_name_for makes (xxh3-128 in lower-case hex), and exactly the temp names below.
+ENTRY_NAME = re.compile(r"[0-9a-f]{32}\.kv")
+TEMP_NAME = re.compile(r"[0-9a-f]{32}\.kv\.tmp[0-9]+-[0-9]+|spare-[0-9]+\.kv\.tmp|\.kvtier-odirect-probe-[0-9]+-[0-9]+")
+# The marker that makes a directory a kvtier tier: written into an empty directory before anything else, checked
+# before a non-empty one is used. Its content names the entry format, so a future format is not misread.
+MARKER_NAME = ".kvtier-tier"
+MARKER_TEXT = f"kvtier tier\nentry format {MAGIC.decode()} {VERSION}\n"
+
+
+def temp_path_for(path: str, pid: int, thread_id: int) -> str:
+    """A write in flight: private to one thread of one process (so shared-directory writers never collide)."""
+    return f"{path}.tmp{pid}-{thread_id}"
+
+
+def spare_name(n: int) -> str:
+    return f"spare-{n}.kv.tmp"
+
+
+def probe_name(pid: int, thread_id: int) -> str:
+    return f".kvtier-odirect-probe-{pid}-{thread_id}"

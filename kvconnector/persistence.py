@@ -1,24 +1,90 @@
-"""Serving a tier's directory again after a restart.
+"""Serving a tier's directory again after a restart, and the rule that keeps a user's files safe in it.
 
-`rescan_dir` walks a tier directory: every `*.kv` file's header is validated (magic, version, header checksum, file
-length; the name must be the hash of the key it holds; with `verify_payload` the payload checksum too). Valid entries
-are adopted by the store oldest first (so the LRU order survives the restart); corrupt, truncated or misnamed files
-are removed and counted, and so are temp files a crash left behind (in a shared directory only those older than
-`stale_tmp_s`, because younger ones may be another instance's write in flight). Nothing but `*.kv` files and our temp
-files is ever touched.
+What kvtier may delete: only what it can show it wrote. A directory becomes a tier by `claim_dir`: kvtier writes a
+marker file (`.kvtier-tier`, naming the entry format and version) into it while it is empty, before anything else;
+a non-empty directory without the marker is refused with a ConfigError (one line), so kvtier never shares a
+directory with the user's files; a marker of another format version is refused too. Inside a claimed directory
+kvtier touches only regular files whose names match its patterns exactly (entry_format.ENTRY_NAME: 32 hex digits
++ ".kv"; entry_format.TEMP_NAME: its temp, spare and probe names). Anything else (other names, subdirectories,
+FIFOs, symlinks, even under one of our names) is left alone and counted (`left_alone`); symlinks are never followed.
+
+`rescan_dir` walks a claimed tier directory: every entry file's header is validated (magic, version, header checksum,
+file length; the name must be the hash of the key it holds; with `verify_payload` the payload checksum too). Valid
+entries are adopted by the store oldest first (so the LRU order survives the restart); corrupt, truncated or misnamed
+entry files are removed and counted, and so are temp files a crash left behind (in a shared directory only those
+older than `stale_tmp_s`, because younger ones may be another instance's write in flight).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass
 
-from .entry_format import file_name_for
-from .errors import CorruptEntryError
+from .entry_format import ENTRY_NAME, MARKER_NAME, MARKER_TEXT, TEMP_NAME, file_name_for
+from .errors import ConfigError, CorruptEntryError
 from .timed_io import IOMode, read_entry, read_header
 
-_TMP_MARK = ".kv.tmp"
+# How long a marker that another instance is writing right now may stay incomplete (it is one small write).
+_MARKER_WAIT_S = 2.0
+
+
+def claim_dir(directory: str) -> None:
+    """Make `directory` a kvtier tier (an empty one gets the marker) or check that it is one. Raises ConfigError for
+    a non-empty directory without the marker, or a marker that is not ours or names another entry format."""
+    marker = os.path.join(directory, MARKER_NAME)
+    if os.path.lexists(marker):
+        _check_marker(marker, directory)
+        return
+    with os.scandir(directory) as it:
+        if next(it, None) is not None:
+            raise ConfigError(f"cache dir {directory} is not empty and is not a kvtier tier (no {MARKER_NAME}): "
+                              f"give a new or empty directory (kvtier never writes among files it did not make)")
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except FileExistsError:  # another instance of a shared directory claimed it at the same moment
+        _check_marker(marker, directory)
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot write {marker}: {exc.strerror}") from exc
+    _write_marker(fd)
+
+
+def _write_marker(fd: int) -> None:
+    with os.fdopen(fd, "w") as fh:
+        fh.write(MARKER_TEXT)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _check_marker(marker: str, directory: str) -> None:
+    deadline = time.monotonic() + _MARKER_WAIT_S
+    while True:
+        try:
+            if not stat.S_ISREG(os.lstat(marker).st_mode):
+                raise ConfigError(f"cache dir {directory}: {MARKER_NAME} is not a regular file; not a kvtier tier")
+            with open(marker, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(256)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {marker}: {exc.strerror}") from exc
+        if text == MARKER_TEXT:
+            return
+        if not MARKER_TEXT.startswith(text):
+            break
+        if time.monotonic() >= deadline:
+            # Still a part of our own text: the instance that created it died while writing it. Complete it.
+            try:
+                _write_marker(os.open(marker, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+            except OSError as exc:
+                raise ConfigError(f"cannot write {marker}: {exc.strerror}") from exc
+            return
+        time.sleep(0.05)  # being written by the instance that created it
+    got, want = text.splitlines(), MARKER_TEXT.splitlines()
+    if got[:1] == want[:1]:
+        raise ConfigError(f"cache dir {directory} holds a kvtier tier of another format ({' '.join(got[1:2])!r}; "
+                          f"this kvtier writes {want[1]!r}): give another directory")
+    raise ConfigError(f"cache dir {directory}: {MARKER_NAME} is not a kvtier marker; not a kvtier tier")
 
 
 @dataclass(slots=True)
@@ -29,6 +95,7 @@ class RescanReport:
     corrupt_removed: int = 0
     stale_tmp_removed: int = 0
     no_room_removed: int = 0
+    left_alone: int = 0  # names that are not kvtier's (or not regular files): never touched
     duration_ms: float = 0.0
 
     def to_dict(self) -> dict:
@@ -47,16 +114,23 @@ def rescan_dir(store, t: int, *, verify_payload: bool = False, stale_tmp_s: floa
     with os.scandir(tier.directory) as it:
         for de in it:
             name = de.name
-            if _TMP_MARK in name:
-                try:
-                    age_s = now - de.stat(follow_symlinks=False).st_mtime
-                except FileNotFoundError:
-                    continue
-                if stale_tmp_s is None or age_s > stale_tmp_s:
+            temp = TEMP_NAME.fullmatch(name)
+            if name == MARKER_NAME:
+                continue
+            if not (temp or ENTRY_NAME.fullmatch(name)):
+                report.left_alone += 1  # not a name kvtier gives: not ours to touch
+                continue
+            try:
+                st = de.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                report.left_alone += 1  # a symlink, FIFO or directory under one of our names: kvtier made no such thing
+                continue
+            if temp:
+                if stale_tmp_s is None or now - st.st_mtime > stale_tmp_s:
                     _unlink(de.path)
                     report.stale_tmp_removed += 1
-                continue
-            if not name.endswith(".kv") or not de.is_file(follow_symlinks=False):
                 continue
             try:
                 hdr = read_header(de.path)
@@ -64,9 +138,9 @@ def rescan_dir(store, t: int, *, verify_payload: bool = False, stale_tmp_s: floa
                     raise CorruptEntryError(f"{de.path}: name does not match the key it holds")
                 if verify_payload:
                     read_entry(de.path, hdr.key, hdr.payload_nbytes, IOMode.BUFFERED, None)
-                found.append((de.stat().st_mtime_ns, hdr))
+                found.append((st.st_mtime_ns, hdr))
             except FileNotFoundError:
-                continue  # removed by another instance while we looked
+                continue  # removed by another instance while we looked (or replaced by something not a file)
             except (CorruptEntryError, OSError):
                 _unlink(de.path)
                 report.corrupt_removed += 1
@@ -80,7 +154,7 @@ def rescan_dir(store, t: int, *, verify_payload: bool = False, stale_tmp_s: floa
             # been demoted to make room; what is left over is removed so the directory stays within capacity.
             tier.delete(hdr.key)
             report.no_room_removed += 1
-    for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed"):
+    for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed", "left_alone"):
         if getattr(report, event):
             store.stats[t].count("rescan_" + event, getattr(report, event))
     report.duration_ms = (time.perf_counter_ns() - t0) / 1e6

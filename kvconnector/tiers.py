@@ -18,8 +18,9 @@ from time import perf_counter_ns
 
 import numpy as np
 
-from .entry_format import file_name_for, file_nbytes
+from .entry_format import file_name_for, file_nbytes, spare_name
 from .errors import ConfigError, EntryNotFound
+from .persistence import claim_dir
 from .timed_io import CHUNK_BYTES, IOMode, OpTiming, _scratch, aligned_buffer, probe_direct, read_entry, write_entry
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,8 @@ class DiskTier(Tier):
     size overwrites it in place: no block allocation, no metadata for fdatasync to commit, no freshly discarded
     blocks (which thin-provisioned and discard-mounted disks write slowly). KV chunks have one size, so a tier in its
     steady state (full, evicting) writes almost only spares. Spares are temp files: a restart's rescan removes them.
+    The directory is claimed with a marker file first (persistence.claim_dir): kvtier never mixes into a directory
+    holding files it did not write.
     """
 
     kind = "disk"
@@ -134,9 +137,13 @@ class DiskTier(Tier):
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
         except OSError as exc:
+            if os.path.exists(directory) and not os.path.isdir(directory):
+                raise ConfigError(f"cache dir {directory} exists and is not a directory") from exc
             raise ConfigError(f"cannot create cache dir {directory}: {exc.strerror}") from exc
         if not os.access(directory, os.W_OK | os.X_OK):
             raise ConfigError(f"cache dir {directory} is not writable")
+        # Before anything is written: a non-empty directory that kvtier did not make is refused, not mixed into.
+        claim_dir(directory)
         if capacity_bytes <= 0:  # auto: what the filesystem has free now
             capacity_bytes = shutil.disk_usage(directory).free
         super().__init__(name, capacity_bytes)
@@ -189,7 +196,7 @@ class DiskTier(Tier):
             if self._spare_bytes + size > self._spare_limit:
                 return False
             self._spare_bytes += size
-            spare = os.path.join(self.directory, f"spare-{next(self._spare_seq)}.kv.tmp")
+            spare = os.path.join(self.directory, spare_name(next(self._spare_seq)))
         try:
             os.rename(path, spare)
         except OSError:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from enum import Enum
@@ -28,7 +29,7 @@ from time import perf_counter_ns
 
 import xxhash
 
-from .entry_format import PAGE, EntryHeader, aligned, pack_header, unpack_header
+from .entry_format import PAGE, EntryHeader, aligned, pack_header, probe_name, temp_path_for, unpack_header
 from .errors import CorruptEntryError, StorageFullError
 
 # One system call moves at most this much; also the size of a thread's scratch buffer for reads with no destination.
@@ -93,7 +94,7 @@ def probe_direct(directory: str) -> bool:
     """Whether the filesystem under `directory` accepts an aligned O_DIRECT write and read."""
     if not _O_DIRECT:
         return False
-    path = os.path.join(directory, f".kvtier-odirect-probe-{os.getpid()}-{threading.get_ident()}")
+    path = os.path.join(directory, probe_name(os.getpid(), threading.get_ident()))
     buf = aligned_buffer(PAGE)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_DIRECT | os.O_CLOEXEC, 0o600)
@@ -125,7 +126,7 @@ def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
         h.update(c)
     pack_header(sc.header, EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
     iov = [sc.header] + _payload_iov(chunks, nbytes, mode)
-    tmp = spare or f"{path}.tmp{os.getpid()}-{threading.get_ident()}"
+    tmp = spare or temp_path_for(path, os.getpid(), threading.get_ident())
     flags = os.O_WRONLY | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
     device_ns = 0
     fd = -1
@@ -313,12 +314,25 @@ def _check_header(page: memoryview, key: str, payload_nbytes: int, path: str) ->
 
 
 def read_header(path: str) -> EntryHeader:
-    """The header of an entry file (for rescans after a restart). Raises CorruptEntryError for a bad one."""
-    with open(path, "rb") as f:
-        page = f.read(PAGE)
+    """The header of an entry file (for rescans after a restart). Raises CorruptEntryError for a bad one, and
+    FileNotFoundError for a name that is not a regular file: a FIFO, directory or symlink is nothing kvtier wrote,
+    so it is neither followed, nor waited on, nor reported as corrupt (which would get it removed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a symlink
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", path) from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+        page = os.pread(fd, PAGE, 0)
+    finally:
+        os.close(fd)
     hdr = unpack_header(page, path)
-    if os.path.getsize(path) < hdr.file_nbytes:
-        raise CorruptEntryError(f"{path}: truncated ({os.path.getsize(path)} < {hdr.file_nbytes} bytes)")
+    if st.st_size < hdr.file_nbytes:
+        raise CorruptEntryError(f"{path}: truncated ({st.st_size} < {hdr.file_nbytes} bytes)")
     return hdr
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from kvconnector.entry_format import file_nbytes
+from kvconnector.entry_format import MARKER_NAME, file_nbytes
 from kvconnector.persistence import rescan_dir
 from kvconnector.store import TieredStore
 from kvconnector.tiers import DiskTier
@@ -19,8 +19,13 @@ def entry_files(d):
     return sorted(n for n in os.listdir(d) if n.endswith(".kv"))
 
 
+def tier_files(d):
+    """Everything in the tier directory but its marker."""
+    return sorted(n for n in os.listdir(d) if n != MARKER_NAME)
+
+
 def disk_bytes(d):
-    return sum(os.stat(os.path.join(d, n)).st_size for n in os.listdir(d))
+    return sum(os.stat(os.path.join(d, n)).st_size for n in tier_files(d))
 
 
 @pytest.mark.parametrize("mode", [IOMode.DIRECT, IOMode.BUFFERED])
@@ -49,7 +54,7 @@ def test_evicted_file_is_reused_in_place_and_disk_stays_within_capacity(tmp_path
     s.delete(s.keys_by_tier()["disk"][0])  # a spare with nobody to take it
     assert tier.describe()["spare_bytes"] == file_nbytes(64 * KB)
     s.close()
-    assert sorted(os.listdir(d)) == entry_files(d)  # close removes the spares
+    assert tier_files(d) == entry_files(d)  # close removes the spares
 
 
 def test_spare_of_another_size_is_not_used_and_restart_removes_spares(tmp_path):
@@ -65,7 +70,7 @@ def test_spare_of_another_size_is_not_used_and_restart_removes_spares(tmp_path):
     s2 = TieredStore([DiskTier(str(d), 1024 * KB, IOMode.BUFFERED)])
     report = rescan_dir(s2, 0)
     assert report.adopted == 1 and report.stale_tmp_removed == 1
-    assert entry_files(d) == sorted(os.listdir(d))
+    assert entry_files(d) == tier_files(d)
     res, got = read(s2, "b", 32 * KB)
     assert res.hit and got == data("b", 32 * KB)
 
@@ -76,4 +81,4 @@ def test_no_spares_when_ratio_is_zero(tmp_path):
     s = TieredStore([tier])
     put(s, "a", 64 * KB)
     s.delete("a")
-    assert os.listdir(d) == []
+    assert tier_files(d) == []

@@ -6,6 +6,7 @@ import numpy as np
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
+from kvconnector.entry_format import file_name_for
 from kvconnector.errors import EntryNotFound
 from kvconnector.shared_tier import SharedDirTier
 from kvconnector.timed_io import aligned_buffer
@@ -93,7 +94,7 @@ def test_probe_ignores_and_removes_corrupt_files_and_stale_tmp_only(tmp_path):
     a.close()
     t = SharedDirTier(str(s), 10 << 20)
     (s / t.path_for("bad").split("/")[-1]).write_bytes(b"KVTR" + bytes(5000))
-    young = s / "x.kv.tmp999-1"
+    young = s / (file_name_for("in-flight") + ".tmp999-1")  # another instance's write in flight
     young.write_bytes(b"in flight")
     b = backend(s)
     try:
