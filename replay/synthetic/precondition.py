@@ -26,13 +26,17 @@ def precondition(directory: str, size_bytes: int, threads: int, payload: RandomP
     lock = threading.Lock()
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (_O_DIRECT if direct else 0)
 
+    stop = threading.Event()  # a signal or an error in any writer stops the others at their next write
+
     def fill(i: int) -> None:
+        if stop.is_set():
+            return
         rng = random.Random(i)
         budget = min(FILE_BYTES, size_bytes - i * FILE_BYTES)
         fd = os.open(files[i], flags, 0o600)
         try:
             pos = 0
-            while pos < budget:
+            while pos < budget and not stop.is_set():
                 n = min(WRITE_BYTES, budget - pos)
                 n -= n % 4096 or 0
                 if n <= 0:
@@ -47,10 +51,13 @@ def precondition(directory: str, size_bytes: int, threads: int, payload: RandomP
             os.close(fd)
 
     t0 = time.perf_counter()
+    pool = ThreadPoolExecutor(threads)
     try:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(fill, range(len(files))))
+        list(pool.map(fill, range(len(files))))
     finally:
+        # On an interrupt, files not started are never begun and running writers stop within one write.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
         for f in files:
             try:
                 os.unlink(f)

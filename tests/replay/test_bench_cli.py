@@ -154,3 +154,23 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
         assert doc["status"] == "failed" and doc["tiers"]["disk"]["events"].get("enospc", 0) >= 1
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_sigterm_during_precondition_stops_promptly_and_removes_its_files(tmp_path, small_model):
+    """Set-up I/O (here 20 GB of preconditioning by one writer) stops within one write when SIGTERM comes."""
+    out, cache = tmp_path / "r.json", tmp_path / "c"
+    p = subprocess.Popen(KVTIER + ["--model", small_model, "--duration", "5", "--no-progress", "--gpu-mem-gb", "0",
+                                   "--io-mode", "buffered", "--precondition", "--precondition-size-gb", "20",
+                                   "--precondition-threads", "1", "--cache-dir", str(cache), "--output", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(f.startswith("precondition-") for _, _, fs in os.walk(cache) for f in fs):
+        assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else "slow"
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, stderr = p.communicate(timeout=120)
+    assert time.monotonic() - t0 < 10, "set-up went on after SIGTERM"
+    assert p.returncode == 143 and "interrupted during set-up (SIGTERM)" in stderr, stderr
+    assert "Traceback" not in stderr and not out.exists()
+    assert list(cache.iterdir()) == []
