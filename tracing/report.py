@@ -16,7 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from .histparse import Hist, Trace, TraceParseError, parse_trace
+from .histparse import Hist, Trace, TraceParseError, parse_trace, read_trace
 
 __all__ = ["layer_rows", "format_table", "write_plots", "main"]
 
@@ -169,13 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0) and 2
     try:
-        tr = parse_trace(Path(args.trace).read_text(errors="replace"))
+        tr = parse_trace(read_trace(args.trace))  # refuses a FIFO, a binary file; reads past a BOM
     except OSError as exc:
         print(f"report: cannot read {args.trace}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except TraceParseError as exc:
         print(f"report: {args.trace}: {exc}", file=sys.stderr)
         return 2
+    if tr.truncated:  # the table holds only what came before the cut
+        print(f"report: warning: {args.trace} is truncated (" + "; ".join(tr.cuts[:3]) + ")", file=sys.stderr)
     sys.stdout.write(format_table(tr))
     if args.plots:
         try:
