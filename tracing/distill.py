@@ -1,6 +1,7 @@
 """Distil a storage_latency_stack trace into a fio job that replays its I/O.
 
-    python -m tracing.distill -i TRACE [--process NAME] [--window-s S] -o job.fio
+    kvtier distill -i TRACE [--process NAME] [--window-s S] -o job.fio
+    python -m tracing.distill ...      (the same, where only tracing/ is copied)
 
 What comes from where (all block-layer figures are per request as the
 device saw it, after merging and splitting):
@@ -19,7 +20,18 @@ device saw it, after merging and splitting):
 * ``ioengine``: io_uring when the process submitted io_uring requests, else
   libaio; always ``direct=1``; the target is ``${TARGET}``.
 
-Standard library only. User errors: one line on stderr, exit status 2.
+Bad input (tracing/README.md has the table): a user's mistake
+(bad flag or value, a file that is not a trace, an output that cannot be
+written) is one line on stderr naming the command and exit status 2. A
+truncated trace (see histparse: END line, end marker, a histogram or line
+cut off) is refused the same way, since the job would silently lack what
+was cut; ``--allow-truncated`` distils what is there, with a warning line
+and the cuts in the job's comments. Every value written into the job is
+checked against fio's syntax and a plausible range, and comments carry no
+control characters: nothing from the trace or the command line can add a
+line (an option such as exec_prerun) to the job.
+
+Standard library only.
 """
 
 from __future__ import annotations
@@ -36,17 +48,23 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .histparse import Hist, Stats, Trace, TraceParseError, parse_trace
+from .histparse import Hist, Stats, Trace, TraceParseError, parse_trace, read_trace
 
-__all__ = ["DistillError", "Distilled", "distill", "render_job", "validate_job", "main"]
+__all__ = ["DistillError", "Distilled", "distill", "render_job", "validate_job", "parse_fio_size", "main"]
 
 SEQ_THRESHOLD = 0.8      # this share of sequential requests makes a direction sequential
 MIN_SPLIT_PCT = 1        # bssplit entries rounding below this are dropped (and said so)
 IDLE_MIN_SHARE = 0.05    # thinktime only when idle gaps cover this share of the window
+# Bounds of a real capture; a trace beyond them is not one (or was edited),
+# and its numbers must not reach the job.
+MAX_WINDOW_S = 366 * 86400        # a capture (and a replay) of at most a year
+MAX_REQUEST_BYTES = 1 << 32       # a block request's length is a 32-bit field
+MAX_IODEPTH = 65536               # far above any device queue (nr_requests)
+MAX_JOB_NAME = 64
 
 
 class DistillError(Exception):
-    """The trace cannot give a job (empty, cut before END without --window-s, ...)."""
+    """The trace cannot give a job (empty, truncated, implausible numbers, ...)."""
 
 
 @dataclass
@@ -74,8 +92,57 @@ def _op_hist(tr: Trace, base: str, op: str, unit: str) -> Hist | None:
     return tr.hist(f"{base}_{op}_{unit}") or tr.hist(f"{base}_{unit}", op)
 
 
+def _num(tr: Trace, name: str, key: str = "") -> int:
+    """A count from the trace; a negative one is not bpftrace's (counts only grow)."""
+    v = tr.number(name, key)
+    if not 0 <= v < 1 << 64:
+        raise DistillError(f"@{name}{f'[{key}]' if key else ''} is {v}: not a count "
+                           "(bpftrace counts are 64-bit, never negative)")
+    return v
+
+
+def _stats(tr: Trace, name: str, key: str = "") -> Stats | None:
+    v = tr.get(name, key)
+    if not isinstance(v, Stats):
+        return None
+    if min(v.count, v.average, v.total) < 0:
+        raise DistillError(f"@{name} is {v.count}/{v.average}/{v.total}: durations cannot be negative")
+    return v
+
+
 def _op_num(tr: Trace, base: str, op: str) -> int:
-    return tr.number(f"{base}_{op}") or tr.number(base, op)
+    return _num(tr, f"{base}_{op}") or _num(tr, base, op)
+
+
+_FIO_SIZE_RE = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>[kmgtp]?)(?:i?b)?|(?P<pct>\d+(?:\.\d+)?)%", re.IGNORECASE)
+
+
+def parse_fio_size(text: str) -> str:
+    """A value for fio's size=: a number with an optional k/m/g/t/p suffix
+    (powers of 1024, as fio reads them) or a percentage of the target.
+    ValueError otherwise: fio --parse-only itself takes "-1", "1x" and
+    "1g 2", and a newline would add any option to the job."""
+    m = _FIO_SIZE_RE.fullmatch(text)
+    if not m:
+        raise ValueError(f"{text!r} is not a fio size: a number with an optional k/m/g/t/p suffix "
+                         "(64m, 1.5g) or a percentage (50%)")
+    if m.group("pct") is not None:
+        if not 0 < float(m.group("pct")) <= 100:
+            raise ValueError(f"{text!r}: a percentage of the target must be over 0 and at most 100")
+        return text
+    unit = m.group("unit").lower()
+    nbytes = float(m.group("n")) * (1024 ** ("kmgtp".index(unit) + 1) if unit else 1)
+    if not 1 <= nbytes < 2 ** 63:
+        raise ValueError(f"{text!r}: a size must be at least 1 byte and under 8 EiB")
+    return text
+
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """Control characters shown escaped: a comment or message stays one line."""
+    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
 def fio_size(nbytes: int) -> str:
@@ -108,6 +175,8 @@ def size_split(tr: Trace, op: str) -> tuple[list[tuple[int, int]], list[str]]:
                 size = int(k)
             except ValueError:
                 continue
+            if isinstance(v, int) and v < 0:
+                raise DistillError(f"@io_{op}_bytes[{k}] is {v}: a count cannot be negative")
             if isinstance(v, int) and v > 0 and size > 0:
                 weights[size] = weights.get(size, 0) + v
         source = f"@io_{op}_bytes (exact sizes)"
@@ -124,6 +193,10 @@ def size_split(tr: Trace, op: str) -> tuple[list[tuple[int, int]], list[str]]:
                 continue
             weights[size] = weights.get(size, 0) + b.count
         source = f"@bs_{op}_bytes (log2 buckets, lower bounds)"
+    too_big = [s for s in weights if s > MAX_REQUEST_BYTES]
+    if too_big:
+        raise DistillError(f"{op} request size {max(too_big)} bytes in {source.split()[0]}: over 4 GiB, "
+                           "more than a block request can hold")
     # sector multiples only: fio with direct=1 needs them
     fixed: dict[int, float] = {}
     for size, w in weights.items():
@@ -164,23 +237,38 @@ def _pct_split(split: list[tuple[int, int]]) -> str:
 # --- the distiller -------------------------------------------------------------
 
 def distill(tr: Trace, *, process: str | None = None, window_s: float | None = None,
-            runtime_s: int | None = None, size: str | None = None) -> Distilled:
+            runtime_s: int | None = None, size: str | None = None, allow_truncated: bool = False) -> Distilled:
+    """The job for a parsed trace. DistillError when the trace is truncated
+    (unless allow_truncated), holds no block I/O or numbers no capture has."""
     notes: list[str] = []
+    if tr.truncated and not allow_truncated:
+        raise DistillError("the trace is truncated (" + "; ".join(tr.cuts[:3] or ["no END"]) + "): its job would "
+                           "silently lack what was cut; --allow-truncated distils what is there")
     if window_s is not None:
-        if window_s <= 0:
-            raise DistillError("--window-s must be positive")
+        if not 0 < window_s <= MAX_WINDOW_S:  # NaN fails this too
+            raise DistillError(f"--window-s must be over 0 and at most {MAX_WINDOW_S} (a year), not {window_s}")
         window = float(window_s)
         notes.append(f"capture window {window:.3f} s given by --window-s")
-    elif tr.window_ns:
-        window = tr.window_ns / 1e9
+    elif tr.window_ns is None:
+        raise DistillError("the trace has no capture window (cut before END); give --window-s")
+    elif not 0 < tr.window_ns <= MAX_WINDOW_S * 1e9:
+        raise DistillError(f"capture_window_ns is {tr.window_ns}: not a capture's length "
+                           f"(over 0 and at most a year); give --window-s")
     else:
-        raise DistillError("the trace has no capture window (cut before END?); give --window-s")
+        window = tr.window_ns / 1e9
+    if runtime_s is not None and not 0 < runtime_s <= MAX_WINDOW_S:
+        raise DistillError(f"--runtime-s must be over 0 and at most {MAX_WINDOW_S} (a year), not {runtime_s}")
+    if size is not None:
+        try:
+            size = parse_fio_size(size)
+        except ValueError as exc:
+            raise DistillError(f"--size: {exc}") from None
     missed = tr.meta.get("missed_events", "")
     if missed.isdigit() and int(missed) > 0:
         notes.append(f"the kernel skipped {missed} probe runs (BPF recursion guard): "
                      "counts are a sample and the sampled depth may drift; mix and sizes are still fair")
     if tr.truncated:
-        notes.append("the trace is truncated: " + "; ".join(tr.problems[:3] or ["no END"]))
+        notes.append("TRUNCATED trace (--allow-truncated), what was cut is missing: " + "; ".join(tr.cuts[:3]))
 
     reads = _op_num(tr, "completed", "read")
     writes = _op_num(tr, "completed", "write")
@@ -196,8 +284,8 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
                            "(wrong process or device filter, or a page-cache-only workload?)")
     figures: dict = {"window_s": round(window, 3), "reads": reads, "writes": writes}
     for key in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs", "other_reqs"):
-        if tr.number(key):
-            figures[key] = tr.number(key)
+        if _num(tr, key):
+            figures[key] = _num(tr, key)
     issued = _op_num(tr, "issued", "read") + _op_num(tr, "issued", "write")
     figures["issued"] = issued
 
@@ -210,8 +298,8 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
     if writes and not split_w:
         split_w = [(4096, 100)]
         notes.append("write sizes missing from trace: 4k assumed")
-    if tr.number("other_reqs"):
-        notes.append(f"{tr.number('other_reqs')} discard/other requests dropped (fio job has reads and writes only)")
+    if _num(tr, "other_reqs"):
+        notes.append(f"{_num(tr, 'other_reqs')} discard/other requests dropped (fio job has reads and writes only)")
 
     # queue depth: sampled at dispatch, and Little's law as a cross-check
     qd = None
@@ -222,12 +310,13 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
     # outstanding time (insert to complete) when traced, else device time
     busy_us = 0
     for op in ("read", "write"):
-        st = tr.get(f"q2c_stats_{op}_usecs") or tr.get(f"d2c_stats_{op}_usecs") or tr.get("d2c_stats_usecs", op)
-        if isinstance(st, Stats):
+        st = (_stats(tr, f"q2c_stats_{op}_usecs") or _stats(tr, f"d2c_stats_{op}_usecs")
+              or _stats(tr, "d2c_stats_usecs", op))
+        if st is not None:
             busy_us += st.total
     # the span with I/O in it (first outstanding request to last completion)
     # when the trace has it, so idle time before and after does not dilute it
-    span = tr.active_span_ns / 1e9 if tr.active_span_ns and window_s is None else window
+    span = tr.active_span_ns / 1e9 if tr.active_span_ns and 0 < tr.active_span_ns and window_s is None else window
     little = busy_us / (span * 1e6) if span > 0 else math.nan
     if busy_us:
         figures["iodepth_little"] = round(little, 2)
@@ -253,8 +342,8 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
     # sequential or random, per direction
     seq_share: dict[str, float | None] = {}
     for op, n in (("read", reads), ("write", writes)):
-        s = tr.number(f"seq_{op}_reqs") or tr.number("seq_reqs", op)
-        r = tr.number(f"rand_{op}_reqs") or tr.number("rand_reqs", op)
+        s = _num(tr, f"seq_{op}_reqs") or _num(tr, "seq_reqs", op)
+        r = _num(tr, f"rand_{op}_reqs") or _num(tr, "rand_reqs", op)
         seq_share[op] = s / (s + r) if (s + r) and n else None
         if n and seq_share[op] is not None:
             figures[f"seq_share_{op}"] = round(seq_share[op], 3)
@@ -292,8 +381,8 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
 
     # thinktime from real idle gaps only
     thinktime_us = thinktime_blocks = None
-    idle = tr.get("idle_stats_usecs")
-    if isinstance(idle, Stats) and idle.count:
+    idle = _stats(tr, "idle_stats_usecs")
+    if idle is not None and idle.count:
         share = idle.total / (window * 1e6)
         figures["idle_share"] = round(share, 3)
         if share >= IDLE_MIN_SHARE:
@@ -302,19 +391,36 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
         else:
             notes.append(f"idle gaps cover {100 * share:.1f}% of the window: no thinktime")
 
-    uring = sum(v for v in tr.maps.get("uring_sqes", {}).values() if isinstance(v, int))
+    uring = sum(v for v in tr.maps.get("uring_sqes", {}).values() if isinstance(v, int) and v > 0)
     ioengine = "io_uring" if uring else "libaio"
     if uring:
         figures["io_uring_sqes"] = uring
 
     if size is None:
         size = _footprint(tr)
-    name = re.sub(r"[^A-Za-z0-9]+", "-", (process or "traced")).strip("-") or "traced"
-    return Distilled(
+    name = re.sub(r"[^A-Za-z0-9]+", "-", (process or "traced")).strip("-")[:MAX_JOB_NAME].strip("-") or "traced"
+    d = Distilled(
         job_name=f"{name}-distilled", rw=rw, rwmixread=rwmix, bssplit_read=split_r, bssplit_write=split_w,
         iodepth=iodepth, ioengine=ioengine, runtime_s=runtime_s or max(1, int(math.ceil(window))), size=size,
         percentage_random=percentage_random, thinktime_us=thinktime_us, thinktime_blocks=thinktime_blocks,
         notes=notes, figures=figures)
+    _check_plausible(d, window)
+    return d
+
+
+def _check_plausible(d: Distilled, window_s: float) -> None:
+    """Numbers a real capture cannot give (a trace with huge or edited
+    values) are refused here rather than written into a job that fio
+    --parse-only would take: it checks syntax, not sense."""
+    bounds = [("iodepth", d.iodepth, 1, MAX_IODEPTH, "deeper than any device queue"),
+              ("runtime", d.runtime_s, 1, MAX_WINDOW_S, "longer than a year")]
+    if d.thinktime_us is not None:
+        bounds.append(("thinktime", d.thinktime_us, 1, max(1, int(window_s * 1e6)),
+                       "an idle gap longer than the capture window"))
+        bounds.append(("thinktime_blocks", d.thinktime_blocks, 1, (1 << 31) - 1, "more than fio can count"))
+    for key, value, lo, hi, why in bounds:
+        if not lo <= value <= hi:
+            raise DistillError(f"the trace gives {key}={value}: {why}; not a real capture")
 
 
 def _footprint(tr: Trace) -> str:
@@ -330,9 +436,24 @@ def _footprint(tr: Trace) -> str:
     return f"{gib}g"
 
 
+# What a job line may be: a comment, a section, an option with or without a
+# value. Values hold no space, "=", ";", "#" or control character, so no
+# field (from the trace or the command line) can add an option or a section.
+_JOB_LINE_RE = re.compile(r"\[[A-Za-z0-9-]+\]|[a-z_]+(?:=[A-Za-z0-9_.,:/%${}+-]+)?|")
+
+
 def render_job(d: Distilled, *, source: str, tr: Trace) -> str:
+    """The job text. Every line passes one gate: comments have their control
+    characters escaped, other lines must match _JOB_LINE_RE (DistillError)."""
     out: list[str] = []
-    c = out.append
+
+    def c(line: str) -> None:
+        if line.startswith(";"):
+            out.append(one_line(line))
+        elif _JOB_LINE_RE.fullmatch(line):
+            out.append(line)
+        else:
+            raise DistillError(f"refusing to write the job line {one_line(line)!r}: not a plain fio option")
     c(f"; {d.job_name}: fio job distilled from a storage_latency_stack trace.")
     c(f"; Source trace: {source}")
     c(f"; Capture window: {d.figures['window_s']} s; block requests completed: "
@@ -411,24 +532,24 @@ def validate_job(text: str) -> str | None:
         os.unlink(path)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m tracing.distill",
-        description="Turn a storage_latency_stack trace (bpftrace text or JSON) into a fio job.",
-        epilog="examples:\n"
-               "  python -m tracing.distill -i out/trace.txt -o job.fio\n"
-               "  python -m tracing.distill -i trace.json --process vllm --window-s 30 -o vllm.fio\n"
-               "  TARGET=/mnt/nvme/fio.dat fio job.fio",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-i", "--input", required=True, help="trace file (text or -f json output)")
-    p.add_argument("-o", "--output", help="fio job to write (default: stdout)")
-    p.add_argument("--process", help="name for the fio job section (the trace is already filtered at capture)")
-    p.add_argument("--window-s", type=float, help="capture window in seconds, for traces cut before END")
-    p.add_argument("--runtime-s", type=int, help="fio runtime (default: the capture window)")
-    p.add_argument("--size", help="fio size= (default: the traced LBA footprint, at least 1g)")
-    p.add_argument("--dump-json", metavar="FILE", help="also write the parsed histograms as JSON")
-    p.add_argument("--no-validate", action="store_true", help="skip fio --parse-only")
-    return p
+def _seconds(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number "
+                                             "of seconds") from None
+        if not 0 < v <= MAX_WINDOW_S:  # NaN and inf fail this too
+            raise argparse.ArgumentTypeError(f"{text!r}: seconds over 0 and at most {MAX_WINDOW_S} (a year)")
+        return v
+    return parse
+
+
+def _fio_size_arg(text: str) -> str:
+    try:
+        return parse_fio_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class _ArgError(Exception):
@@ -440,48 +561,122 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgError(message)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    parser.__class__ = _Parser
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=prog,
+        description="Turn a storage_latency_stack trace (bpftrace text or JSON) into a fio job.",
+        epilog="bad input: a user's mistake (bad flag or value, a file that is not a trace, an output\n"
+               "that cannot be written) is one line on stderr and exit status 2, nothing written;\n"
+               "so is a truncated trace (END line, end marker, a histogram or a line cut off),\n"
+               "unless --allow-truncated. Every value in the job is checked (fio syntax, range).\n\n"
+               "examples:\n"
+               "  %(prog)s -i out/trace.txt -o job.fio\n"
+               "  %(prog)s -i trace.json --process vllm -o vllm.fio\n"
+               "  TARGET=/mnt/nvme/fio.dat fio job.fio",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", "--input", required=True, help="trace file (text or -f json output)")
+    p.add_argument("-o", "--output", help="fio job to write (default: stdout)")
+    p.add_argument("--process", help="name for the fio job section (the trace is already filtered at capture)")
+    p.add_argument("--window-s", type=_seconds(float), help="capture window in seconds, for traces cut before END")
+    p.add_argument("--runtime-s", type=_seconds(int), help="fio runtime (default: the capture window)")
+    p.add_argument("--size", type=_fio_size_arg,
+                   help="fio size=: 64m, 1.5g, 50%% (default: the traced LBA footprint, at least 1g)")
+    p.add_argument("--allow-truncated", action="store_true",
+                   help="distil a truncated trace (cut before its end) from what it has, with a warning")
+    p.add_argument("--dump-json", metavar="FILE", help="also write the parsed histograms as JSON")
+    p.add_argument("--no-validate", action="store_true", help="skip fio --parse-only")
+    return p
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _check_writable(path: str) -> None:
+    """Before any work, so one bad output path does not leave the other written."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise DistillError(f"cannot write {path}: Is a directory")
+    if not os.path.isdir(parent):
+        raise DistillError(f"cannot write {path}: No such directory {parent}")
+    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        raise DistillError(f"cannot write {path}: Permission denied")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise DistillError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def main(argv: list[str] | None = None, prog: str = "kvtier distill") -> int:
+    """``kvtier distill`` (replay/cli.py calls main(rest)); ``python -m
+    tracing.distill`` passes the command line it was started with as prog."""
+    parser = _parser(prog)
     try:
         args = parser.parse_args(argv)
     except _ArgError as exc:
-        print(f"distill: {exc}", file=sys.stderr)
+        print(one_line(f"{prog}: {exc} (see '{prog} --help')"), file=sys.stderr)
         return 2
     try:
-        path = Path(args.input)
+        path = args.input
+        for out in (args.output, args.dump_json):
+            if out and _same_file(out, path):
+                raise DistillError(f"{out} is the input trace: refusing to overwrite it")
+        if args.output and args.dump_json and os.path.abspath(args.output) == os.path.abspath(args.dump_json):
+            raise DistillError("-o and --dump-json name the same file")
+        for out in (args.output, args.dump_json):
+            if out:
+                _check_writable(out)
         try:
-            text = path.read_text(errors="replace")
+            tr = parse_trace(read_trace(path))
         except OSError as exc:
             raise DistillError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        try:
-            tr = parse_trace(text)
         except TraceParseError as exc:
             raise DistillError(f"{path}: {exc}") from exc
-        if args.dump_json:
-            Path(args.dump_json).write_text(json.dumps(tr.to_json(), indent=1) + "\n")
-        if not args.output and args.dump_json:
-            return 0
-        if args.runtime_s is not None and args.runtime_s <= 0:
-            raise DistillError("--runtime-s must be positive")
-        d = distill(tr, process=args.process, window_s=args.window_s, runtime_s=args.runtime_s, size=args.size)
-        job = render_job(d, source=str(path), tr=tr)
-        if not args.no_validate:
-            err = validate_job(job)
-            if err:
-                raise DistillError(f"fio rejects the generated job: {err}")
-        if args.output:
+        cuts = "; ".join(tr.cuts[:3])
+        if tr.truncated and not args.allow_truncated:
+            raise DistillError(f"{path} is truncated ({cuts}): its job would silently lack what was cut; "
+                               "--allow-truncated distils what is there")
+        # said once the job is made, so a failure after it stays one line
+        warn = f"{prog}: warning: {path} is truncated ({cuts}): distilled what is there" if tr.truncated else ""
+        job = None
+        if args.output or not args.dump_json:
             try:
-                Path(args.output).write_text(job)
-            except OSError as exc:
-                raise DistillError(f"cannot write {args.output}: {exc.strerror or exc}") from exc
-        else:
-            sys.stdout.write(job)
+                d = distill(tr, process=args.process, window_s=args.window_s, runtime_s=args.runtime_s,
+                            size=args.size, allow_truncated=args.allow_truncated)
+            except DistillError as exc:
+                raise DistillError(f"{path}: {exc}") from exc
+            job = render_job(d, source=str(path), tr=tr)
+            if not args.no_validate:
+                err = validate_job(job)
+                if err:
+                    raise DistillError(f"fio rejects the generated job: {err}")
+        # written only once everything is made: a refused trace leaves no file
+        if args.dump_json:
+            _write(args.dump_json, json.dumps(tr.to_json(), indent=1) + "\n")
+        if job is not None:
+            if args.output:
+                _write(args.output, job)
+            else:
+                sys.stdout.write(job)
+        if warn:
+            print(one_line(warn), file=sys.stderr)
     except DistillError as exc:
-        print(f"distill: {exc}", file=sys.stderr)
+        print(one_line(f"{prog}: {exc}"), file=sys.stderr)
         return 2
     return 0
 
 
+def _module_prog() -> str:
+    """What the user typed to start this module: "python3 -m tracing.distill"."""
+    exe = os.path.basename(getattr(sys, "orig_argv", [sys.executable])[0] or "python")
+    return f"{exe} -m tracing.distill"
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=_module_prog()))

@@ -154,19 +154,21 @@ def test_main_writes_job_and_json(tmp_path):
 
 @pytest.mark.parametrize("argv,msg", [
     (["-i", "/nonexistent/trace.txt"], "cannot read"),
-    (["-i", str(FIXTURES / "truncated.json")], "no capture window"),
+    (["-i", str(FIXTURES / "truncated.json")], "truncated"),
+    (["-i", str(FIXTURES / "truncated.json"), "--allow-truncated"], "no capture window"),
     (["-i", "x", "--bogus"], "unrecognized"),
     ([], "required"),
 ])
 def test_main_user_errors_are_one_line_exit_2(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and msg in err[0] and err[0].startswith("distill:")
+    assert len(err) == 1 and msg in err[0] and err[0].startswith("kvtier distill: ")
 
 
 def test_truncated_trace_with_window_given(tmp_path):
     out = tmp_path / "j.fio"
-    assert main(["-i", str(FIXTURES / "truncated.txt"), "--window-s", "2", "-o", str(out), "--size", "64m"]) == 0
+    assert main(["-i", str(FIXTURES / "truncated.txt"), "--window-s", "2", "-o", str(out), "--size", "64m",
+                 "--allow-truncated"]) == 0
     text = out.read_text()
     assert "truncated" in text and "rwmixread=50" in text
 
