@@ -398,6 +398,9 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
 
     if size is None:
         size = _footprint(tr)
+        if size is None:
+            size = "1g"
+            notes.append("no LBA regions in trace: size=1g assumed (--size sets it)")
     name = re.sub(r"[^A-Za-z0-9]+", "-", (process or "traced")).strip("-")[:MAX_JOB_NAME].strip("-") or "traced"
     d = Distilled(
         job_name=f"{name}-distilled", rw=rw, rwmixread=rwmix, bssplit_read=split_r, bssplit_write=split_w,
@@ -423,8 +426,9 @@ def _check_plausible(d: Distilled, window_s: float) -> None:
             raise DistillError(f"the trace gives {key}={value}: {why}; not a real capture")
 
 
-def _footprint(tr: Trace) -> str:
-    """The span of LBA regions touched, in whole GiB (at least 1 GiB)."""
+def _footprint(tr: Trace) -> str | None:
+    """The span of LBA regions touched, in whole GiB (at least 1 GiB); None
+    when the trace has no regions to tell."""
     m = re.search(r"region (\d+) GiB", " ".join(tr.lines))
     width = int(m.group(1)) if m else 0
     regions = 0
@@ -432,8 +436,9 @@ def _footprint(tr: Trace) -> str:
         h = tr.hist(f"lba_region_{op}_gib")
         if h:
             regions = max(regions, sum(1 for b in h.buckets if b.count))
-    gib = max(1, regions * width) if width else 1
-    return f"{gib}g"
+    if not (width and regions):
+        return None
+    return f"{max(1, regions * width)}g"
 
 
 # What a job line may be: a comment, a section, an option with or without a

@@ -95,6 +95,19 @@ def test_raw_bpftrace_text_cut_is_seen_without_the_wrapper_marker(how, why, tmp_
     assert "end marker" not in err[0]
 
 
+def test_a_whole_trace_with_some_layers_says_what_it_assumed(tmp_path, capsys):
+    # not truncated (END line and end marker present), but only counts: every
+    # figure the job lacks is named in its comments, the size included
+    p = tmp_path / "some.txt"
+    p.write_text("# kvtier layers_on: block\nAttaching 3 probes...\ncapture_window_ns: 2000000000\n"
+                 "@completed_read: 100\n@completed_write: 50\n# kvtier missed_events: 0\n")
+    rc, job, err = run(["-i", p], capsys)
+    assert rc == 0 and err == [], err
+    for said in ("read sizes missing", "iodepth=1 assumed", "random access assumed", "size=1g assumed"):
+        assert said in job
+    assert "TRUNCATED" not in job and "rwmixread=67" in job
+
+
 def test_whole_trace_is_not_truncated(tmp_path, capsys):
     for src in (TEXT, TEXT_IDLE, JSON):
         out = tmp_path / "job.fio"
