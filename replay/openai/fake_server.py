@@ -3,7 +3,9 @@
 It is a *fake* on purpose: it lets tests check that the replayer measures exactly the delays it was given, and lets
 the overhead benchmark run with zero server cost. It streams `/v1/chat/completions` and `/v1/completions`, answers
 `/tokenize`, `/detokenize`, `/health` and `/metrics` (vLLM's prefix-cache counter names, driven by a simple block-hash
-prefix cache over whitespace "tokens"), and can inject faults: malformed SSE, a mid-stream disconnect, HTTP 500.
+prefix cache over whitespace "tokens"), and can inject faults (`FAULTS`): malformed SSE, a mid-stream disconnect,
+any HTTP status (``http_500``, ``http_429``...), a stream without [DONE], a stream whose events lack the blank-line
+separator, a response that hangs for `hang_s`; and a slow or hanging ``/tokenize`` (`tokenize_delay_s`).
 
 Use it in-process (`with FakeServer(cfg) as srv: srv.base_url`), which runs its own event loop in a thread, or as a
 process: ``python -m replay.openai.fake_server --port 8123 --ttft-ms 0 --itl-ms 0`` (what the benchmark does, so the
@@ -31,7 +33,8 @@ from aiohttp import web
 __all__ = ["FakeServerConfig", "FakeServer", "make_app"]
 
 STATE_KEY: web.AppKey[_State] = web.AppKey("fake_state")  # set below, after _State
-FAULTS = ("malformed_sse", "disconnect", "http_500", "no_done")
+# "http_<status>" answers that status (http_500, http_404, http_429, ...); the others are named here.
+FAULTS = ("malformed_sse", "disconnect", "http_500", "no_done", "no_blank_lines", "hang")
 
 
 @dataclass
@@ -49,6 +52,8 @@ class FakeServerConfig:
     fault_every: dict[str, int] = field(default_factory=dict)
     # word the fake "model" answers with; token i of an answer is f"{word}{i}"
     word: str = "tok"
+    hang_s: float = 30.0  # the "hang" fault: seconds before the response starts (a client timeout should come first)
+    tokenize_delay_s: float = 0.0  # /tokenize answers after this long (a large value = a hanging tokenizer)
 
 
 @dataclass
@@ -116,8 +121,10 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         for name, every in cfg.fault_every.items():
             if every and (n_req + 1) % every == 0:
                 fault = name
-        if fault == "http_500":
-            return web.json_response({"error": {"message": "injected failure"}}, status=500)
+        if fault and fault.startswith("http_"):
+            return web.json_response({"error": {"message": "injected failure"}}, status=int(fault[5:]))
+        if fault == "hang":
+            await asyncio.sleep(cfg.hang_s)
         chat = request.path.endswith("/chat/completions")
         tokens = _prompt_text(body).split()
         hits = prefix_lookup(tokens)
@@ -131,6 +138,8 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         model = body.get("model", "fake")
         rid = f"fake-{n_req}"
 
+        # An event ends with a blank line; "no_blank_lines" ends each with one newline only (one endless event).
+        sep = b"\n" if fault == "no_blank_lines" else b"\n\n"
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
 
@@ -145,7 +154,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
             if continuous:
                 obj["usage"] = {"prompt_tokens": len(tokens), "completion_tokens": done_tokens,
                                 "total_tokens": len(tokens) + done_tokens}
-            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+            return b"data: " + json.dumps(obj).encode() + sep
 
         if chat and cfg.role_chunk:
             await resp.write(chunk(None, 0, role=True))
@@ -173,13 +182,15 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         if include_usage:
             u = {"prompt_tokens": len(tokens), "completion_tokens": sent, "total_tokens": len(tokens) + sent,
                  "prompt_tokens_details": {"cached_tokens": hits}}
-            await resp.write(b"data: " + json.dumps({"id": rid, "choices": [], "usage": u}).encode() + b"\n\n")
+            await resp.write(b"data: " + json.dumps({"id": rid, "choices": [], "usage": u}).encode() + sep)
         if fault != "no_done":
-            await resp.write(b"data: [DONE]\n\n")
+            await resp.write(b"data: [DONE]" + sep)
         await resp.write_eof()
         return resp
 
     async def tokenize(request: web.Request) -> web.Response:
+        if cfg.tokenize_delay_s:
+            await asyncio.sleep(cfg.tokenize_delay_s)
         body = await request.json()
         toks = _prompt_text(body).split()
         ids = [int.from_bytes(hashlib.blake2b(t.encode(), digest_size=3).digest(), "little") for t in toks]
@@ -263,7 +274,8 @@ class FakeServer:
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
         self.app = make_app(self.cfg)
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # A client that gives up on a hanging response cancels its handler; shutdown waits 1 s, not aiohttp's 60.
+        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
@@ -278,7 +290,8 @@ class FakeServer:
         c = self.cfg
         cmd = [sys.executable, "-m", "replay.openai.fake_server", "--port", str(self.port), "--ttft-ms", str(c.ttft_ms),
                "--itl-ms", str(c.itl_ms), "--tokens-per-chunk", str(c.tokens_per_chunk),
-               "--default-max-tokens", str(c.default_max_tokens), "--fault-every", json.dumps(c.fault_every)]
+               "--default-max-tokens", str(c.default_max_tokens), "--fault-every", json.dumps(c.fault_every),
+               "--hang-s", str(c.hang_s), "--tokenize-delay-s", str(c.tokenize_delay_s)]
         if not c.role_chunk:
             cmd.append("--no-role-chunk")
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -320,11 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--default-max-tokens", type=int, default=16)
     ap.add_argument("--no-role-chunk", action="store_true")
     ap.add_argument("--fault-every", default="{}", help='JSON, e.g. {"malformed_sse": 5}')
+    ap.add_argument("--hang-s", type=float, default=30.0)
+    ap.add_argument("--tokenize-delay-s", type=float, default=0.0)
     args = ap.parse_args(argv)
     cfg = FakeServerConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens_per_chunk=args.tokens_per_chunk,
                            default_max_tokens=args.default_max_tokens, role_chunk=not args.no_role_chunk,
-                           fault_every=json.loads(args.fault_every))
-    web.run_app(make_app(cfg), host="127.0.0.1", port=args.port, access_log=None, print=None)
+                           fault_every=json.loads(args.fault_every), hang_s=args.hang_s,
+                           tokenize_delay_s=args.tokenize_delay_s)
+    web.run_app(make_app(cfg), host="127.0.0.1", port=args.port, access_log=None, print=None, shutdown_timeout=1.0,
+                handler_cancellation=True)
     return 0
 
 
