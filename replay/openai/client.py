@@ -1,10 +1,12 @@
 """Streaming requests to an OpenAI-compatible server: one frozen spec in, one record out, never an exception.
 
 The record keeps raw monotonic timestamps (``time.perf_counter_ns``); TTFT, ITL, TPOT and E2E are derived afterwards
-(`RequestRecord.derive`). SSE is parsed incrementally: events split across reads are joined, ``:`` comments (pings)
-skipped, ``[DONE]`` ends the stream. A chunk that carries only the assistant role (no text) is not a token. When the
-server reports cumulative usage on every chunk (``stream_options.continuous_usage_stats``, vLLM and SGLang do), a chunk
-holding k tokens spreads its gap over k inter-token latencies; otherwise each content chunk counts as one token.
+(`RequestRecord.derive`). SSE is parsed incrementally and in linear time (`_SSEReader`: each byte is scanned once,
+only a partial line is kept between reads): events split across reads are joined, ``:`` comments (pings) skipped,
+``[DONE]`` ends the stream; a stream that ends inside an event (no blank line after it) is `malformed_sse`. A chunk
+that carries only the assistant role (no text) is not a token. When the server reports cumulative usage on every chunk
+(``stream_options.continuous_usage_stats``, vLLM and SGLang do), a chunk holding k tokens spreads its gap over k
+inter-token latencies; otherwise each content chunk counts as one token.
 """
 
 from __future__ import annotations
@@ -17,10 +19,21 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["RequestSpec", "RequestRecord", "send_streaming", "ERROR_KINDS"]
+__all__ = ["RequestSpec", "RequestRecord", "send_streaming", "api_root", "ERROR_KINDS"]
 
-ERROR_KINDS = ("http_4xx", "http_5xx", "timeout", "connection", "disconnected", "malformed_sse", "incomplete_stream",
+# Besides these, a non-200 answer is "http_<status>" (http_404, http_500, ...).
+ERROR_KINDS = ("timeout", "connection", "disconnected", "malformed_sse", "stream_error", "incomplete_stream",
                "no_content", "cancelled", "other")
+
+# One SSE event larger than this (no blank line to end it) is a broken stream, not something to buffer forever.
+MAX_EVENT_BYTES = 16 << 20
+
+
+def api_root(base_url: str) -> str:
+    """The server root from a base URL given either way: ``http://h:p`` or the OpenAI SDK's ``http://h:p/v1``
+    (trailing slash or not). Request paths (/v1/..., /tokenize) are appended to the root."""
+    root = base_url.rstrip("/")
+    return root[:-3] if root.endswith("/v1") else root
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,35 +154,26 @@ async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec:
     text_parts: list[str] = []
     prev_completion = 0
     continuous = False
+    reader = _SSEReader()
     try:
         rec.sent_ns = clock()
         async with session.post(spec.url, json=spec.payload, headers=spec.headers, timeout=timeout) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
-                body = (await resp.text(errors="replace"))[:200]
+                # The start of the body is enough to say what went wrong; an error page can be any size.
+                body = (await resp.content.read(2048)).decode(errors="replace")[:200]
                 rec.first_byte_ns = clock()
-                kind = "http_5xx" if resp.status >= 500 else "http_4xx"
-                return _fail(rec, kind, f"HTTP {resp.status}: {body}")
-            buf = b""
+                return _fail(rec, f"http_{resp.status}", f"HTTP {resp.status}: {body}")
             done = False
             async for data in resp.content.iter_any():
                 now = clock()
                 if not rec.first_byte_ns:
                     rec.first_byte_ns = now
-                buf += data
-                while True:
-                    # Events end with a blank line; accept \n\n and \r\n\r\n.
-                    cut = buf.find(b"\n\n")
-                    cut_r = buf.find(b"\r\n\r\n")
-                    if cut < 0 and cut_r < 0:
-                        break
-                    if cut_r >= 0 and (cut < 0 or cut_r < cut):
-                        event, buf = buf[:cut_r], buf[cut_r + 4:]
-                    else:
-                        event, buf = buf[:cut], buf[cut + 2:]
-                    payload = _event_data(event)
-                    if payload is None:
-                        continue  # comment / ping / empty event
+                try:
+                    events = reader.feed(data)
+                except _SSEError as exc:
+                    return _fail(rec, "malformed_sse", str(exc))
+                for payload in events:
                     if payload == b"[DONE]":
                         done = True
                         break
@@ -180,7 +184,7 @@ async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec:
                     if not isinstance(obj, dict):
                         return _fail(rec, "malformed_sse", f"SSE data is not an object: {payload[:80]!r}")
                     if "error" in obj and not obj.get("choices"):
-                        return _fail(rec, "http_5xx", f"error event in stream: {str(obj['error'])[:200]}")
+                        return _fail(rec, "stream_error", f"error event in stream: {str(obj['error'])[:200]}")
                     usage = obj.get("usage")
                     piece = _content(obj, chat)
                     if piece:
@@ -211,6 +215,14 @@ async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec:
                     await resp.content.read()
                     break
             if not done:
+                left = reader.unterminated_bytes()
+                if left:
+                    return _fail(rec, "malformed_sse", f"stream ended inside an SSE event: {left} bytes with no blank "
+                                                       "line after them (events must be separated by a blank line)")
+                ctype = resp.headers.get("Content-Type", "")
+                if not rec.chunk_ns and "text/event-stream" not in ctype:
+                    return _fail(rec, "malformed_sse", f"the answer is not an event stream (Content-Type: "
+                                                       f"{ctype or 'none'}): does the server stream?")
                 return _fail(rec, "incomplete_stream", "stream ended without [DONE]")
     except asyncio.CancelledError:
         _fail(rec, "cancelled", "cancelled (run interrupted or aborted)")
@@ -232,16 +244,58 @@ async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec:
     return rec
 
 
-def _event_data(event: bytes) -> bytes | None:
-    data = None
-    for line in event.split(b"\n"):
-        line = line.rstrip(b"\r")
-        if not line or line.startswith(b":"):
-            continue
-        if line.startswith(b"data:"):
-            chunk = line[5:].lstrip(b" ")
-            data = chunk if data is None else data + b"\n" + chunk
-    return data
+class _SSEError(ValueError):
+    pass
+
+
+class _SSEReader:
+    """Splits a byte stream into the data of each SSE event, scanning each byte once: a read is searched for newlines
+    from where the last one ended, and only an unfinished line is carried over (a growing buffer re-scanned on every
+    read made a stream without blank lines quadratic). Lines end with LF or CRLF; a blank line ends an event;
+    ``:`` comments and fields other than ``data`` are skipped; an event's data lines are joined with LF."""
+
+    __slots__ = ("_line", "_data", "_pending")
+
+    def __init__(self) -> None:
+        self._line = bytearray()  # an unfinished line from earlier reads
+        self._data: list[bytes] = []  # data lines of the event being read
+        self._pending = 0  # bytes held in _data
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The data of each event completed by `chunk` (events without data lines are dropped)."""
+        events: list[bytes] = []
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                self._line += chunk[start:]
+                break
+            if self._line:
+                self._line += chunk[start:nl]
+                line = bytes(self._line)
+                self._line.clear()
+            else:
+                line = chunk[start:nl]
+            start = nl + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    events.append(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
+                    self._data = []
+                    self._pending = 0
+            elif line.startswith(b"data:"):
+                value = line[5:].lstrip(b" ")
+                self._data.append(value)
+                self._pending += len(value)
+        if self._pending + len(self._line) > MAX_EVENT_BYTES:
+            raise _SSEError(f"an SSE event grew past {MAX_EVENT_BYTES >> 20} MiB without a blank line to end it")
+        return events
+
+    def unterminated_bytes(self) -> int:
+        """Bytes of event data that no blank line ended (a partial last line counts when it is a data line)."""
+        partial = len(self._line) if self._pending or self._line.startswith(b"data:") else 0
+        return self._pending + partial
 
 
 def _content(obj: dict, chat: bool) -> str:

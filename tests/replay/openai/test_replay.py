@@ -149,10 +149,10 @@ def test_faults_are_recorded_not_fatal(tmp_path):
                         "--output-len", "6", "--max-concurrency", "4", "--detail", str(tmp_path / "d.jsonl"))
     assert rc == 0 and s["aborted"] is None
     errs = s["errors_by_kind"]
-    assert errs["malformed_sse"] >= 5 and errs["disconnected"] >= 4 and errs["http_5xx"] >= 3
+    assert errs["malformed_sse"] >= 5 and errs["disconnected"] >= 4 and errs["http_500"] >= 3
     assert s["completed"] + s["failed"] == 30 and s["completed"] >= 14
     rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
-    assert {r["error_kind"] for r in rows if not r["success"]} == {"malformed_sse", "disconnected", "http_5xx"}
+    assert {r["error_kind"] for r in rows if not r["success"]} == {"malformed_sse", "disconnected", "http_500"}
 
 
 def test_dead_server_ends_run_early_with_partial_results(tmp_path):
