@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.report import build_summary, parse_slo, summary_table, write_csv, write_detail_jsonl, write_plots
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
@@ -35,6 +36,12 @@ EXAMPLES = """examples:
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --input-len 512 --output-len 64 \\
       --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
 The API key, if the server needs one, comes from $OPENAI_API_KEY (or the variable named by --api-key-env).
+--base-url is the server root; the OpenAI SDK's form with a trailing /v1 is accepted too.
+
+exit status: 0 when at least one request completed and no more requests failed than completed (requests the run
+cancelled itself, at the end of --duration or on Ctrl-C, are not failures); 1 when no request completed or more
+failed than completed (the summary's errors_by_kind and run_failed say why); 2 for a usage error; 3 when the run
+stopped early (server unreachable, SIGTERM); 130 on Ctrl-C. Results are written in every case but 2.
 """
 
 
@@ -91,6 +98,10 @@ class ReplayConfig(BaseModel):
     def _check(self) -> "ReplayConfig":
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"--base-url must start with http:// or https://, got {self.base_url!r}")
+        if self.base_url.rstrip("/").endswith("/completions"):
+            raise ValueError(f"--base-url is the server root (e.g. http://127.0.0.1:8000), not an endpoint: "
+                             f"{self.base_url!r}; --endpoint picks chat or completions")
+        self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
         if self.source == "sharegpt" and not self.dataset_path:
             raise ValueError("--source sharegpt needs --dataset-path FILE")
         if self.source == "burstgpt" and not self.trace_path:
@@ -100,6 +111,13 @@ class ReplayConfig(BaseModel):
                 raise ValueError("--rounds needs --concurrency C (the number of sessions)")
             if self.source == "burstgpt":
                 raise ValueError("--rounds works with --source synthetic or sharegpt, not burstgpt")
+        for name, v in self:
+            if isinstance(v, float) and math.isnan(v):
+                raise ValueError(f"--{name.replace('_', '-')} must be a number, got nan")
+        for name in ("request_timeout", "duration"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v < math.inf:
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, got {v:g}")
         for name in ("trace_speedup", "burstiness"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
@@ -224,7 +242,12 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
     maker = TextMaker(cfg.seed)
     needs_text = cfg.source in ("burstgpt", "synthetic")
     if needs_text:
-        await maker.prepare(drv.session, cfg.base_url, cfg.model)
+        # Set-up must not outlast what the user allowed a request, nor the run window itself.
+        budget_s = min(30.0, cfg.request_timeout, cfg.duration or math.inf)
+        await maker.prepare(drv.session, cfg.base_url, cfg.model, timeout_s=budget_s)
+        if maker.fallback_reason:
+            print(f"kvtier replay: server tokenizer not used ({maker.fallback_reason}); prompt lengths are estimated "
+                  "at 4 characters per token", file=sys.stderr)
     fixed = None if cfg.max_tokens == "dataset" else int(cfg.max_tokens)
     meta: dict = {"source": cfg.source, "endpoint": cfg.endpoint, "model": cfg.model, "base_url": cfg.base_url,
                   "seed": cfg.seed, "prompt_text_from": maker.mode if needs_text else "dataset text",
@@ -397,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"kvtier replay: cannot write results: {exc}", file=sys.stderr)
         return 2
+    if code == 0 and summary["run_failed"]:
+        print(f"kvtier replay: run failed: {summary['run_failed']}", file=sys.stderr)
+        code = 1
     if not cfg.quiet:
         from rich.console import Console  # noqa: PLC0415
 

@@ -61,7 +61,7 @@ class RunState:
     records: list[RequestRecord] = field(default_factory=list)
     warmup_records: list[RequestRecord] = field(default_factory=list)
     t0_ns: int = 0
-    end_ns: int = 0
+    end_ns: int = 0  # when the run's last request ended (set by the driver, also on an abort)
     sent: int = 0
     in_flight: int = 0
     done: int = 0
@@ -275,7 +275,30 @@ class Driver:
             stop.cancel()
 
     # ---------------------------------------------------------------- the three pacings
+    def _ended(self) -> None:
+        # The run's real end (its duration is t0 to here), whatever the records say: a request that timed out has no
+        # chunk timestamp to measure it by.
+        self.s.end_ns = time.perf_counter_ns()
+
     async def run_open_loop(self, plans: list[SessionPlan], first_offsets_ns: list[int], traced: bool) -> None:
+        try:
+            await self._open_loop(plans, first_offsets_ns, traced)
+        finally:
+            self._ended()
+
+    async def run_closed_loop(self, plans: list[SessionPlan], users: int) -> None:
+        try:
+            await self._closed_loop(plans, users)
+        finally:
+            self._ended()
+
+    async def run_rounds(self, plans: list[SessionPlan], rounds: int) -> None:
+        try:
+            await self._rounds(plans, rounds)
+        finally:
+            self._ended()
+
+    async def _open_loop(self, plans: list[SessionPlan], first_offsets_ns: list[int], traced: bool) -> None:
         self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
         self.s.scheduled_total = sum(len(p.turns) for p in plans)
         self.s.t0_ns = t0 = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
@@ -291,7 +314,7 @@ class Driver:
             task.add_done_callback(tasks.discard)
         await self._finish(list(tasks))
 
-    async def run_closed_loop(self, plans: list[SessionPlan], users: int) -> None:
+    async def _closed_loop(self, plans: list[SessionPlan], users: int) -> None:
         self._sem = None
         self.s.scheduled_total = sum(len(p.turns) for p in plans)
         self.s.t0_ns = t0 = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
@@ -306,7 +329,7 @@ class Driver:
 
         await self._finish([asyncio.create_task(user()) for _ in range(max(1, users))])
 
-    async def run_rounds(self, plans: list[SessionPlan], rounds: int) -> None:
+    async def _rounds(self, plans: list[SessionPlan], rounds: int) -> None:
         self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
         self.s.scheduled_total = sum(min(len(p.turns), rounds) for p in plans)
         self.s.t0_ns = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)

@@ -18,7 +18,8 @@ from replay.openai.client import RequestRecord
 from replay.openai.driver import RunState
 from replay.openai.server_metrics import derive
 
-__all__ = ["build_summary", "write_detail_jsonl", "write_csv", "write_plots", "summary_table", "parse_slo"]
+__all__ = ["build_summary", "write_detail_jsonl", "write_csv", "write_plots", "summary_table", "parse_slo",
+           "run_failure"]
 
 _SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
 
@@ -126,7 +127,10 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
     recs = state.records
     ok = [r for r in recs if r.success]
     sent = [r for r in recs if r.sent_ns]
-    end_ns = max((r.last_chunk_ns or r.first_byte_ns or r.sent_ns for r in sent), default=state.t0_ns)
+    # The run's wall time, start of the schedule to the end of its last request (failed ones included); the records'
+    # own timestamps only when the driver did not say (a request that timed out has none past its send).
+    end_ns = state.end_ns or max((r.last_chunk_ns or r.first_byte_ns or r.sent_ns for r in sent),
+                                 default=state.t0_ns)
     duration_s = max((end_ns - state.t0_ns) / 1e9, 1e-9) if sent else 0.0
     hs = _record_hists(recs)
     out_tokens = sum(r.n_output_tokens() for r in ok)
@@ -162,6 +166,7 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
     if targets:
         s["prompt_tokens_vs_target_mean"] = round(sum(a for _, a in targets) / sum(t for t, _ in targets), 4)
     s["goodput"] = _goodput(recs, slo, duration_s)
+    s["run_failed"] = run_failure(len(ok), errors)
     if state.metrics_start is not None and state.metrics_last is not None:
         s["server_metrics"] = derive(state.metrics_start, state.metrics_last, kv_bytes_per_token, kv_bytes_metric)
     else:
@@ -173,6 +178,21 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
         s["block_size"] = block_size
         s["rounds"] = _rounds(state, percentiles, block_size, kv_bytes_per_token, kv_bytes_metric)
     return s
+
+
+def run_failure(completed: int, errors_by_kind: dict[str, int]) -> str | None:
+    """Why the run as a whole failed (the CLI then exits 1), or None. The rule: no request completed, or more requests
+    failed than completed. Requests the run itself cancelled (end of the --duration window, Ctrl-C) are not failures
+    of the server, but a run where nothing completed failed whatever the reason."""
+    failed = sum(n for kind, n in errors_by_kind.items() if kind != "cancelled")
+    if completed and failed <= completed:
+        return None
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(errors_by_kind.items(), key=lambda kv: -kv[1])) or "none sent"
+    what = f"{failed} of {completed + failed} requests failed" if failed else "no request completed"
+    hint = ""
+    if set(errors_by_kind) - {"cancelled"} == {"http_404"}:
+        hint = "; check --base-url (the server root, or root/v1), --endpoint and --model"
+    return f"{what} ({kinds}){hint}"
 
 
 def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metric) -> list[dict[str, Any]]:
@@ -326,6 +346,11 @@ def summary_table(summary: dict[str, Any]):
     t.caption = (f"completed {summary['completed']}  failed {summary['failed']}  "
                  f"req/s {summary['request_throughput']:.2f}  out tok/s {summary['output_throughput']:.1f}  "
                  f"achieved rate {summary['achieved_rate'] or 0:.2f}")
+    if summary.get("errors_by_kind"):
+        errs = sorted(summary["errors_by_kind"].items(), key=lambda kv: -kv[1])
+        t.caption += "\nerrors: " + ", ".join(f"{k} {n}" for k, n in errs)
+    if summary.get("run_failed"):
+        t.caption += f"\nRUN FAILED: {summary['run_failed']}"
     tables = [t]
     if summary.get("rounds"):
         rt = Table(title="per round", show_header=True)

@@ -56,21 +56,29 @@ class TextMaker:
         self.mode = "estimate:chars/4"
         self.fallback_reason: str | None = "not probed"
 
-    async def prepare(self, session: aiohttp.ClientSession, base_url: str, model: str) -> None:
+    async def prepare(self, session: aiohttp.ClientSession, base_url: str, model: str, timeout_s: float = 30.0) -> None:
+        """Calibrate on the server's ``/tokenize`` at `base_url` (the server root); the whole calibration gets at
+        most `timeout_s`, after which the estimate is used and `fallback_reason` says why."""
         base = base_url.rstrip("/")
-        timeout = aiohttp.ClientTimeout(total=30)
 
         async def count(text: str) -> int:
-            async with session.post(f"{base}/tokenize", json={"model": model, "prompt": text}, timeout=timeout) as r:
+            async with session.post(f"{base}/tokenize", json={"model": model, "prompt": text}) as r:
                 if r.status != 200:
                     raise LookupError(f"/tokenize answered HTTP {r.status}")
                 body = await r.json()
                 n = body.get("count", len(body.get("tokens") or []))
                 return int(n)
 
-        try:
+        async def calibrate() -> tuple[int, list[int]]:
             empty = await count("x")  # BOS and the like, plus the one token of "x"
-            counts = await asyncio.gather(*(count("x " + w) for w in self._words))
+            return empty, await asyncio.gather(*(count("x " + w) for w in self._words))
+
+        try:
+            # One deadline for the whole calibration, so a server whose /tokenize hangs delays the start by no more.
+            empty, counts = await asyncio.wait_for(calibrate(), timeout_s)
+        except asyncio.TimeoutError:
+            self.fallback_reason = f"/tokenize did not answer within {timeout_s:g} s"
+            return
         except LookupError as exc:
             self.fallback_reason = str(exc)
             return
