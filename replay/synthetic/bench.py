@@ -81,6 +81,15 @@ def make_run_dir(cfg: BenchConfig) -> str:
     return tempfile.mkdtemp(prefix=stamp, dir=base)
 
 
+def context_bound(cfg: BenchConfig, spec: ModelSpec) -> int | None:
+    """The most tokens one request may hold: the model's context length, lowered by --max-context-tokens."""
+    model = spec.max_context_tokens or None
+    flag = cfg.max_context_tokens
+    if flag is not None and model is not None and flag > model:
+        raise ConfigError(f"--max-context-tokens {flag} exceeds the context length of {spec.name} ({model} tokens)")
+    return flag if flag is not None else model
+
+
 def model_spec(cfg: BenchConfig) -> ModelSpec:
     custom = cfg.model_configs.get(cfg.model)
     if custom is not None:
@@ -103,14 +112,16 @@ class Bench:
         self.spec = model_spec(cfg)
         self.bytes_per_token = self.spec.bytes_per_token(cfg.kv_dtype)
         self.seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
+        self.max_context_tokens = context_bound(cfg, self.spec)
         try:
-            self.workload = Workload(cfg, self.seed)
+            self.workload = Workload(cfg, self.seed, self.max_context_tokens)
         except WorkloadError as exc:
             raise ConfigError(str(exc)) from exc
         if self.workload.report:
             r = self.workload.report
             self.notes.append(f"{r.source}: {r.conversations} conversations, {r.turns} turns, tokenizer {r.tokenizer}"
-                              + (f", skipped {dict(r.skipped)}" if r.skipped else ""))
+                              + (f", skipped {dict(r.skipped)}" if r.skipped else "")
+                              + (f", cut to {self.max_context_tokens} tokens {dict(r.truncated)}" if r.truncated else ""))
         self.run_dir = make_run_dir(cfg)
         try:
             self.tiers = build_tiers(cfg, self.run_dir, self.notes)
@@ -121,6 +132,13 @@ class Bench:
         self.store = TieredStore(self.tiers, target_usage_ratio=cfg.eviction.target_usage_ratio,
                                  large_entry_limit_ratio=cfg.eviction.large_entry_limit_ratio,
                                  promote_on_hit=cfg.promote_on_hit)
+        # An entry larger than this share of the largest tier fits no tier: cut it before trying (see the store).
+        largest = max(t.capacity_bytes for t in self.tiers)
+        tier_tokens = int(largest * cfg.eviction.large_entry_limit_ratio) // self.bytes_per_token
+        if tier_tokens < 1:  # the caller's cleanup() removes the run directory
+            raise ConfigError(f"one token of {self.spec.name} ({self.bytes_per_token:,} B) fits no tier "
+                              f"(the largest holds {largest:,} B): give the tiers more room")
+        self.workload.set_entry_limit(tier_tokens)
         self.payload = RandomPayload(cfg.random_buffer_mb, self.seed)
 
     # ---- set-up I/O, excluded from the results ------------------------------------------------------------------------
@@ -154,7 +172,8 @@ class Bench:
             for i in range(n):
                 t = templates[i % len(templates)]
                 key = f"pre/{i}"
-                self.store.put(key, self.payload.chunks(rng.randint(*t.context_tokens) * self.bytes_per_token, rng))
+                tokens = self.workload.entry_tokens(rng.randint(*t.context_tokens))
+                self.store.put(key, self.payload.chunks(tokens * self.bytes_per_token, rng))
                 self.prepopulated.append(key)
                 if on_progress:
                     on_progress("pre-populate", i + 1, n)
@@ -232,6 +251,9 @@ class Bench:
             "end_to_end_latency_ms": req.end_to_end.summary_ms(),
             "storage_io_latency_ms": req.storage_io.summary_ms(),
             "io_saturation": outcome.io_saturation,
+            # Time past --duration and what it went to (set-up of users, a late deadline, in-flight operations).
+            "window": outcome.window,
+            "window_overrun_s": outcome.window.get("overrun_s", 0.0),
             "generation_latency_ms": req.generation.summary_ms(),
             "queue_wait_latency_ms": req.queue_wait.summary_ms(),
             "cache_stats": cache_stats(tier_details(self.store), self.store.events, elapsed),
@@ -278,9 +300,14 @@ class Bench:
             "model": {"name": self.spec.name, "bytes_per_token": self.bytes_per_token, "kv_dtype": cfg.kv_dtype,
                       "mla": self.spec.is_mla},
             "workload": {"source": self.workload.kind, "timed": self.workload.timed,
+                         "max_context_tokens": self.max_context_tokens,
+                         # Entries cut to the bound during the run, by the limit that cut them (the model's context
+                         # length or the largest tier); dataset rows cut as they loaded are in load_report.truncated.
+                         "truncated_requests": dict(self.workload.truncated_requests),
                          "load_report": None if report is None else {
                              "conversations": report.conversations, "turns": report.turns,
-                             "skipped": dict(report.skipped), "tokenizer": report.tokenizer}},
+                             "skipped": dict(report.skipped), "truncated": dict(report.truncated),
+                             "tokenizer": report.tokenizer}},
             "config": cfg.model_dump(mode="json") | {"seed": self.seed},
             "environment": env,
             "setup": self.setup,

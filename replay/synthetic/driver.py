@@ -10,6 +10,12 @@ Users are asyncio tasks (thousands are cheap); storage operations run in a pool 
 calls release the GIL), most urgent first: higher QoS class, then earlier request. At the end of the window no new
 operation starts: users are cancelled, operations not yet started are dropped, those in flight finish, and the elapsed
 time runs until the last of them did, so bandwidth is bytes over the real time it took.
+
+The window holds whatever the load: users start in batches that yield to the event loop (100,000 users do not hold
+it for seconds before the first timer can fire), starting stops at the deadline, and nothing on the loop does work
+proportional to a request's size (payloads are views made on the I/O thread, entries bounded by
+`Workload.entry_tokens`). What still runs past the deadline is measured and reported (`RunOutcome.window`): how late
+the loop reached the deadline, and how long cancelling users and finishing in-flight operations took.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ from .autoscaler import Autoscaler
 from .executor import PriorityExecutor
 from .payload import RandomPayload
 from .workload import Session, User, Workload
+
+
+# Users started per event-loop turn: small enough that a timer (the end of the window, a signal) waits at most a few
+# milliseconds for its turn, large enough that 100,000 users start in well under a second of loop time.
+SPAWN_BATCH = 500
 
 
 def _hist() -> LatencyHistogram:
@@ -85,6 +96,8 @@ class RunOutcome:
     autoscaling: list[dict]
     # Share of the I/O workers' time spent in storage operations: near 1 means storage-bound.
     io_saturation: float = 0.0
+    # How the run kept its --duration window: see SyntheticDriver._window_report.
+    window: dict = field(default_factory=dict)
 
     @property
     def elapsed_s(self) -> float:
@@ -155,7 +168,10 @@ class SyntheticDriver:
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 saved_handlers = {}
         self.start_ns = time.perf_counter_ns()
+        self._deadline_ns = self.start_ns + int(self.cfg.duration * 1e9)
         self._next_slot = time.monotonic()
+        self._spawners: set[asyncio.Task] = set()
+        self._users_started_ns: int | None = None
         background = [asyncio.create_task(self._sample())]
         if self.workload.timed:
             background.append(asyncio.create_task(self._dispatch_timed()))
@@ -163,24 +179,58 @@ class SyntheticDriver:
             self._scale_to(self.cfg.num_users)
             if self.cfg.enable_autoscaling:
                 background.append(asyncio.create_task(self._autoscale()))
+        timed_out = False
         try:
             await asyncio.wait_for(self._done.wait(), timeout=self.cfg.duration)
         except asyncio.TimeoutError:
-            pass
-        tasks = [t for _, t in self._users] + list(self._sessions_open) + background
+            timed_out = True
+        stop_ns = time.perf_counter_ns()
+        tasks = [t for _, t in self._users] + list(self._sessions_open) + list(self._spawners) + background
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # asyncio.wait, not gather: gather's per-child bookkeeping costs seconds for 100,000 users
+            await asyncio.wait(tasks)
+        cancelled_ns = time.perf_counter_ns()
         # Operations queued but not started are dropped; those in flight finish and count.
         await loop.run_in_executor(None, self._pool.shutdown)
         end_ns = time.perf_counter_ns()
+        window = self._window_report(timed_out, stop_ns, cancelled_ns, end_ns, len(tasks))
         self._record_sample(end_ns)
         for sig, handler in saved_handlers.items():
             loop.remove_signal_handler(sig)
             signal.signal(sig, handler)
         busy = self._pool.busy_ns() / max(1, self._pool.workers * (end_ns - self.start_ns))
         return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline, self.autoscaling,
-                          round(busy, 4))
+                          round(busy, 4), window)
+
+    def _window_report(self, timed_out: bool, stop_ns: int, cancelled_ns: int, end_ns: int, tasks: int) -> dict:
+        """How long the run took beyond --duration, split by cause: the loop reaching the deadline late (too much
+        work per loop turn), cancelling the users, and waiting for operations in flight to finish."""
+        s = lambda ns: round(ns / 1e9, 3)  # noqa: E731
+        started = self._users_started_ns
+        out = {
+            "duration_s": self.cfg.duration,
+            "ended_by": "duration" if timed_out else ("signal" if self._status == "interrupted" else
+                                                      "failure" if self._status == "failed" else "workload"),
+            "users_requested": 0 if self.workload.timed else self.cfg.num_users,
+            "users_started": self._next_user_id,
+            "users_started_s": None if started is None else s(started - self.start_ns),
+            "deadline_late_s": s(max(0, stop_ns - self.start_ns - int(self.cfg.duration * 1e9))) if timed_out else 0.0,
+            "cancel_s": s(cancelled_ns - stop_ns),
+            "in_flight_s": s(end_ns - cancelled_ns),
+        }
+        overrun = max(0.0, (end_ns - self.start_ns) / 1e9 - self.cfg.duration) if timed_out else 0.0
+        out["overrun_s"] = round(overrun, 3)
+        if overrun >= 0.5:
+            parts = {"deadline_late_s": f"the event loop reached the deadline {out['deadline_late_s']} s late",
+                     "cancel_s": f"stopping {tasks} tasks took {out['cancel_s']} s",
+                     "in_flight_s": f"operations in flight took {out['in_flight_s']} s to finish"}
+            worst = max(parts, key=lambda k: out[k])
+            out["reason"] = parts[worst]
+        if not self.workload.timed and not self.cfg.enable_autoscaling and self._next_user_id < self.cfg.num_users:
+            out["reason"] = (f"only {self._next_user_id} of {self.cfg.num_users} users started within the window "
+                             f"(one event loop drives them all)" + (f"; {out['reason']}" if "reason" in out else ""))
+        return out
 
     def _interrupt(self, signum: int = signal.SIGINT) -> None:
         if self._status == "completed":
@@ -210,19 +260,37 @@ class SyntheticDriver:
 
     # ---- users -----------------------------------------------------------------------------------------------------
     def _scale_to(self, n: int) -> None:
-        """Really start or stop user workers until `n` are active (stopping ones finish their current request)."""
+        """Really start or stop user workers until `n` are active (stopping ones finish their current request).
+        New users start in batches of SPAWN_BATCH per loop turn (see _spawn)."""
+        for t in self._spawners:  # a newer decision replaces a spawn still under way
+            t.cancel()
+        self._users = [(u, t) for u, t in self._users if not t.done()]
         active = [u for u, _ in self._users if not u.stop]
         for u in active[n:]:
             u.stop = True
-        for _ in range(n - len(active)):
+        if n > len(active):
+            task = asyncio.create_task(self._spawn(n - len(active)))
+            self._spawners.add(task)
+            task.add_done_callback(self._spawners.discard)
+        elif self._users_started_ns is None:
+            self._users_started_ns = time.perf_counter_ns()
+
+    async def _spawn(self, count: int) -> None:
+        for i in range(count):
+            if i and i % SPAWN_BATCH == 0:
+                await asyncio.sleep(0)  # let timers (the deadline), signals and running users have their turn
+                if time.perf_counter_ns() >= self._deadline_ns:
+                    return  # the window is over: users not started yet never will be (reported)
             user = self.workload.new_user(self._next_user_id)
             self._next_user_id += 1
             self._users.append((user, asyncio.create_task(self._user(user))))
-        self._users = [(u, t) for u, t in self._users if not t.done()]
+        if self._users_started_ns is None:
+            self._users_started_ns = time.perf_counter_ns()
 
     async def _user(self, user: User) -> None:
         try:
-            while not user.stop:
+            # Past the deadline a user starts nothing new, so a loaded loop winds down instead of doing more work.
+            while not user.stop and time.perf_counter_ns() < self._deadline_ns:
                 session = self.workload.next_session(user)
                 if session is None:  # the dataset is exhausted (--replay-cycles)
                     break
@@ -266,7 +334,7 @@ class SyntheticDriver:
         prev_key, prev_output = None, 0
         for i, turn in enumerate(session.conversation.turns):
             if user is not None:
-                if user.stop:
+                if user.stop or time.perf_counter_ns() >= self._deadline_ns:
                     return
                 await asyncio.sleep(user.think_time(throughput))
             elif turn.arrival_s is not None:
@@ -274,7 +342,7 @@ class SyntheticDriver:
                 if delay > 0:
                     await asyncio.sleep(delay)
             key = f"{session.session_id}/t{i}"
-            new_tokens = max(1, turn.input_tokens + prev_output)
+            new_tokens = self.workload.entry_tokens(max(1, turn.input_tokens + prev_output))
             await self._request(session, key, prev_key, new_tokens, turn.output_tokens, rng, first_turn=i == 0)
             prev_key, prev_output = key, turn.output_tokens
 
@@ -331,7 +399,7 @@ class SyntheticDriver:
     async def _prefix(self, prio: tuple, session: Session, rng: random.Random) -> int:
         prompt = self.cfg.prefix_cache.system_prompts[session.system_prompt]
         key = system_prompt_key(prompt.text)
-        nbytes = prompt.tokens * self.bytes_per_token
+        nbytes = self.workload.entry_tokens(prompt.tokens) * self.bytes_per_token
         r = await self._io(prio, "prefix", self.store.get, key)
         if r.hit:
             self.req.prefix_hits += 1
@@ -354,7 +422,7 @@ class SyntheticDriver:
             if not r.hit:  # chunk KV evicted: recomputed and stored again
                 self.req.rag_chunk_misses += 1
                 w = await self._io(prio, "rag", self.store.put, rag_key(d, c),
-                                   self.payload.chunks(rc.chunk_tokens * self.bytes_per_token, rng))
+                                   self.payload.chunks(self.workload.entry_tokens(rc.chunk_tokens) * self.bytes_per_token, rng))
                 storage += w.timing.total_ns
         self.req.rag_queries += 1
         self.req.rag_chunk_reads += len(picks)
