@@ -3,6 +3,10 @@
 bytes per token = layers x 2 (K and V) x kv_heads x head_dim x dtype bytes; for MLA (DeepSeek-V3) K and V share one
 latent: layers x (kv_lora_rank + qk_rope_head_dim) x dtype bytes. The catalog values are those of the MLPerf Storage
 KV Cache benchmark's table, so results compare with it; `--model` also takes a Hugging Face config.json.
+
+Each model also has its context length (`max_position_embeddings` of its config.json): no request can hold more
+tokens, so a workload row longer than that is cut to it. A config.json is validated field by field (whole, positive
+numbers; no silent truncation of 1.7 to 1): a bad one is one ConfigError line naming the file.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
 
@@ -25,6 +32,8 @@ class ModelSpec:
     # MLA models only: the compressed latent and the decoupled RoPE key.
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
+    # Tokens one sequence can hold (config.json's max_position_embeddings); 0 = not known.
+    max_context_tokens: int = 0
 
     @property
     def is_mla(self) -> bool:
@@ -49,15 +58,17 @@ class ModelSpec:
 CATALOG: dict[str, ModelSpec] = {
     m.name: m
     for m in (
-        ModelSpec("tiny-1b", 12, 4, 128),
-        ModelSpec("mistral-7b", 32, 8, 128),
-        ModelSpec("llama2-7b", 32, 32, 128),
-        ModelSpec("llama3.1-8b", 32, 8, 128),
-        ModelSpec("llama3.1-70b-instruct", 80, 8, 128),
-        ModelSpec("deepseek-v3", 61, kv_lora_rank=512, qk_rope_head_dim=64),
-        ModelSpec("qwen3-32b", 64, 8, 80),
-        ModelSpec("gpt-oss-120b", 36, 8, 64),
-        ModelSpec("gpt-oss-20b", 24, 8, 64),
+        # Context lengths are max_position_embeddings of each model's config.json. tiny-1b is the MLPerf table's
+        # made-up model: it gets Llama-3.2-1B's (the real 1B model of that family).
+        ModelSpec("tiny-1b", 12, 4, 128, max_context_tokens=131_072),
+        ModelSpec("mistral-7b", 32, 8, 128, max_context_tokens=32_768),
+        ModelSpec("llama2-7b", 32, 32, 128, max_context_tokens=4_096),
+        ModelSpec("llama3.1-8b", 32, 8, 128, max_context_tokens=131_072),
+        ModelSpec("llama3.1-70b-instruct", 80, 8, 128, max_context_tokens=131_072),
+        ModelSpec("deepseek-v3", 61, kv_lora_rank=512, qk_rope_head_dim=64, max_context_tokens=163_840),
+        ModelSpec("qwen3-32b", 64, 8, 80, max_context_tokens=40_960),
+        ModelSpec("gpt-oss-120b", 36, 8, 64, max_context_tokens=131_072),
+        ModelSpec("gpt-oss-20b", 24, 8, 64, max_context_tokens=131_072),
     )
 }
 
@@ -72,23 +83,65 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if not path.is_file():
         raise ConfigError(f"unknown model '{name_or_path}': choose from {', '.join(CATALOG)} or give a config.json path")
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read model config {path}: {exc}") from exc
-    return spec_from_hf_config(cfg, name=str(path.parent.name or path))
+        cfg = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"cannot read model config {path}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # json.loads takes UTF-8 (with or without BOM)
+        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise ConfigError(f"model config {path}: not valid JSON{where}") from exc
+    return spec_from_hf_config(cfg, name=str(path.parent.name or path), source=str(path))
 
 
-def spec_from_hf_config(cfg: dict, name: str) -> ModelSpec:
-    cfg = cfg.get("text_config", cfg)  # multimodal configs nest the language model
+# Real configs stay far below these; the caps keep an absurd file from sizing absurd entries.
+_Dim = Annotated[int, Field(strict=True, gt=0, le=1 << 20)]
+
+
+class _HFConfig(BaseModel):
+    """The fields of a Hugging Face config.json that size the KV cache. Strict: 1.7, "32" and true are not 32."""
+
+    model_config = ConfigDict(extra="ignore")
+    num_hidden_layers: _Dim
+    num_attention_heads: _Dim | None = None
+    num_key_value_heads: _Dim | None = None
+    hidden_size: _Dim | None = None
+    head_dim: _Dim | None = None
+    kv_lora_rank: Annotated[int, Field(strict=True, ge=0, le=1 << 20)] | None = None
+    qk_rope_head_dim: Annotated[int, Field(strict=True, ge=0, le=1 << 20)] | None = None
+    max_position_embeddings: Annotated[int, Field(strict=True, gt=0, le=1 << 40)] | None = None
+
+
+def spec_from_hf_config(cfg, name: str, source: str | None = None) -> ModelSpec:
+    where = f"model config {source or name}"
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: expected a JSON object of fields, found a {type(cfg).__name__}")
+    if "text_config" in cfg and cfg["text_config"] is not None:  # multimodal configs nest the language model
+        if not isinstance(cfg["text_config"], dict):
+            raise ConfigError(f"{where}: text_config must be an object, found a {type(cfg['text_config']).__name__}")
+        cfg = cfg["text_config"]
     try:
-        layers = int(cfg["num_hidden_layers"])
-        if cfg.get("kv_lora_rank"):
-            return ModelSpec(name, layers, kv_lora_rank=int(cfg["kv_lora_rank"]), qk_rope_head_dim=int(cfg["qk_rope_head_dim"]))
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"model config '{name}' lacks {exc} (need num_hidden_layers, num_attention_heads, hidden_size)") from exc
-    if min(layers, kv_heads, head_dim) <= 0:
-        raise ConfigError(f"model config '{name}' has non-positive dimensions")
-    return ModelSpec(name, layers, kv_heads, head_dim)
+        hf = _HFConfig.model_validate(cfg)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "missing":
+            raise ConfigError(f"{where}: lacks '{field}' (need num_hidden_layers, num_attention_heads, hidden_size)") from None
+        raise ConfigError(f"{where}: {field} = {err.get('input')!r}: {err['msg'].lower()}") from None
+    context = hf.max_position_embeddings or 0
+    if hf.kv_lora_rank:
+        if not hf.qk_rope_head_dim:
+            raise ConfigError(f"{where}: an MLA config (kv_lora_rank) needs a positive qk_rope_head_dim")
+        return ModelSpec(name, hf.num_hidden_layers, kv_lora_rank=hf.kv_lora_rank, qk_rope_head_dim=hf.qk_rope_head_dim,
+                         max_context_tokens=context)
+    if hf.num_attention_heads is None:
+        raise ConfigError(f"{where}: lacks 'num_attention_heads' (need num_hidden_layers, num_attention_heads, hidden_size)")
+    kv_heads = hf.num_key_value_heads or hf.num_attention_heads
+    if hf.head_dim:
+        head_dim = hf.head_dim
+    elif hf.hidden_size is None:
+        raise ConfigError(f"{where}: lacks 'hidden_size' (or head_dim)")
+    elif hf.hidden_size % hf.num_attention_heads:
+        raise ConfigError(f"{where}: hidden_size {hf.hidden_size} is not a multiple of num_attention_heads "
+                          f"{hf.num_attention_heads}; give head_dim")
+    else:
+        head_dim = hf.hidden_size // hf.num_attention_heads
+    return ModelSpec(name, hf.num_hidden_layers, kv_heads, head_dim, max_context_tokens=context)
