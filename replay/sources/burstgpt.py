@@ -12,6 +12,10 @@ single-turn conversation. Failed requests (``Response tokens`` = 0) are skipped 
 tokens a turn *adds* are its request tokens minus the previous turn's request + response tokens; when that difference
 is not positive (the trace's client trimmed its context) the turn is taken as a fresh prompt of its full size, counted
 as ``context_reset`` in the report's ``skipped`` map (nothing is dropped; the key records the interpretation).
+
+Numbers must be finite and non-negative, token counts whole: anything else is a bad row, reported as file:line. A row
+whose request + response exceeds ``max_context_tokens`` (what the model can hold) is cut to it and counted in the
+report's ``truncated`` map, so one absurd row cannot make one absurd request.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import glob as globmod
 import os
 from pathlib import Path
 
-from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError
+from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, parse_count, parse_number, read_lines
 
 __all__ = ["load_burstgpt", "resolve_trace_paths"]
 
@@ -53,12 +57,14 @@ def load_burstgpt(
     *,
     models: tuple[str, ...] | None = None,
     log_types: tuple[str, ...] | None = None,
+    max_context_tokens: int | None = None,
 ) -> tuple[list[Conversation], LoadReport]:
     """Read one or more BurstGPT CSV files into conversations ordered by the arrival of their first turn.
 
     max_requests: keep only the first N usable rows (in file order, across files).
     models / log_types: keep only rows whose ``Model`` / ``Log Type`` is in the tuple (others counted as filtered).
     Several files are concatenated as they are: their timestamps are taken as given (the public files share one clock).
+    max_context_tokens: rows whose request + response tokens exceed it are cut to it (counted as truncated).
     """
     files = resolve_trace_paths(path_or_dir_or_glob)
     report = LoadReport(source="burstgpt", tokenizer="trace token counts")
@@ -68,6 +74,10 @@ def load_burstgpt(
         for ts, session, req, resp in _read_file(path, report, models, log_types):
             if max_requests is not None and len(rows) >= max_requests:
                 break
+            if max_context_tokens is not None and req + resp > max_context_tokens:
+                report.truncate("over_max_context_tokens")
+                req = min(req, max_context_tokens)
+                resp = min(resp, max_context_tokens - req)
             rows.append((ts, session, req, resp, order))
             order += 1
     if not rows:
@@ -106,59 +116,50 @@ def load_burstgpt(
 
 
 def _read_file(path: Path, report: LoadReport, models, log_types):
+    lines = read_lines(path, "BurstGPT CSV")
+    reader = csv.reader(lines)
     try:
-        fh = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot open: {exc.strerror or exc}") from exc
-    with fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise WorkloadError(f"{path}: empty file (expected a BurstGPT CSV header)") from None
-        except csv.Error as exc:
-            raise WorkloadError(f"{path}:1: malformed CSV: {exc}") from exc
-        col = {name.strip(): i for i, name in enumerate(header)}
-        missing = [c for c in _REQUIRED if c not in col]
-        if missing:
-            raise WorkloadError(f"{path}:1: not a BurstGPT header, missing column(s) {', '.join(missing)} "
-                                f"(found: {', '.join(col) or 'nothing'})")
-        i_ts, i_req, i_resp = col["Timestamp"], col["Request tokens"], col["Response tokens"]
-        i_sess, i_model, i_log = col.get("Session ID"), col.get("Model"), col.get("Log Type")
-        width = len(header)
-        line = 1
-        try:
-            for row in reader:
-                line = reader.line_num
-                if not row or all(not f.strip() for f in row):
-                    continue
-                if len(row) != width:
-                    raise WorkloadError(f"{path}:{line}: expected {width} fields, found {len(row)}")
-                try:
-                    ts = float(row[i_ts])
-                    req = int(float(row[i_req]))
-                    resp = int(float(row[i_resp]))
-                except ValueError:
-                    raise WorkloadError(f"{path}:{line}: Timestamp/Request tokens/Response tokens not numeric: "
-                                        f"{row[i_ts]!r}, {row[i_req]!r}, {row[i_resp]!r}") from None
-                if ts < 0 or req < 0 or resp < 0 or ts != ts:
-                    raise WorkloadError(f"{path}:{line}: negative or NaN value in {row!r}")
-                if models is not None and i_model is not None and row[i_model].strip() not in models:
-                    report.skip("filtered_model")
-                    continue
-                if log_types is not None and i_log is not None and row[i_log].strip() not in log_types:
-                    report.skip("filtered_log_type")
-                    continue
-                if resp == 0:
-                    report.skip("failed_request")
-                    continue
-                if req == 0:
-                    report.skip("empty_request")
-                    continue
-                session = None
-                if i_sess is not None:
-                    s = row[i_sess].strip()
-                    session = s if s and s.lower() not in ("nan", "none", "-1") else None
-                yield ts, session, req, resp
-        except csv.Error as exc:
-            raise WorkloadError(f"{path}:{line}: malformed CSV: {exc}") from exc
+        header = next(reader)
+    except StopIteration:
+        raise WorkloadError(f"{path}: empty file (expected a BurstGPT CSV header)") from None
+    except csv.Error as exc:
+        raise WorkloadError(f"{path}:1: malformed CSV: {exc}") from exc
+    col = {name.strip(): i for i, name in enumerate(header)}
+    missing = [c for c in _REQUIRED if c not in col]
+    if missing:
+        raise WorkloadError(f"{path}:1: not a BurstGPT header, missing column(s) {', '.join(missing)} "
+                            f"(found: {', '.join(col) or 'nothing'})")
+    i_ts, i_req, i_resp = col["Timestamp"], col["Request tokens"], col["Response tokens"]
+    i_sess, i_model, i_log = col.get("Session ID"), col.get("Model"), col.get("Log Type")
+    width = len(header)
+    line = 1
+    try:
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not f.strip() for f in row):
+                continue
+            if len(row) != width:
+                raise WorkloadError(f"{path}:{line}: expected {width} fields, found {len(row)}")
+            where = f"{path}:{line}"
+            ts = parse_number(row[i_ts], where, "Timestamp")
+            req = parse_count(row[i_req], where, "Request tokens")
+            resp = parse_count(row[i_resp], where, "Response tokens")
+            if models is not None and i_model is not None and row[i_model].strip() not in models:
+                report.skip("filtered_model")
+                continue
+            if log_types is not None and i_log is not None and row[i_log].strip() not in log_types:
+                report.skip("filtered_log_type")
+                continue
+            if resp == 0:
+                report.skip("failed_request")
+                continue
+            if req == 0:
+                report.skip("empty_request")
+                continue
+            session = None
+            if i_sess is not None:
+                s = row[i_sess].strip()
+                session = s if s and s.lower() not in ("nan", "none", "-1") else None
+            yield ts, session, req, resp
+    except csv.Error as exc:
+        raise WorkloadError(f"{path}:{line}: malformed CSV: {exc}") from exc

