@@ -3,6 +3,10 @@
 Every source yields `Session`s (a conversation plus who runs it: profile, QoS class, system prompt). Closed-loop
 sources (synthetic, ShareGPT, BurstGPT with --trace-speedup 0) hand the next session to whichever user asks;
 the timed source (BurstGPT with a speed-up) releases sessions at their trace timestamps.
+
+Every request's size is bounded: datasets are cut to the model's context length as they load (counted in the load
+report), and `entry_tokens` bounds each entry the driver writes by the context length and by what the largest tier
+can hold, counting each cut by reason (`truncated_requests`), so no input row can make an unbounded request.
 """
 
 from __future__ import annotations
@@ -47,21 +51,25 @@ class User:
 
 
 class Workload:
-    def __init__(self, cfg: BenchConfig, seed: int) -> None:
+    def __init__(self, cfg: BenchConfig, seed: int, max_context_tokens: int | None = None) -> None:
         self.cfg = cfg
         self.seed = seed
         self._rng = random.Random(seed ^ 0x5EED)
         self._lock = threading.Lock()
         self.report: LoadReport | None = None
         self.conversations: list[Conversation] = []
+        self.max_context_tokens = max_context_tokens
+        # Bound on one entry's tokens and the limit that sets it; see set_entry_limit.
+        self._entry_limit, self._entry_reason = max_context_tokens, "over_max_context_tokens"
+        self.truncated_requests: dict[str, int] = {}
         if cfg.dataset_path:
             self.kind = "sharegpt"
             self.conversations, self.report = load_sharegpt(
                 cfg.dataset_path, cfg.max_conversations, min_turns=cfg.sharegpt.min_turns,
-                max_turn_tokens=cfg.sharegpt.max_turn_tokens)
+                max_turn_tokens=cfg.sharegpt.max_turn_tokens, max_context_tokens=max_context_tokens)
         elif cfg.use_burst_trace:
             self.kind = "burstgpt"
-            self.conversations, self.report = load_burstgpt(cfg.burst_trace_path)
+            self.conversations, self.report = load_burstgpt(cfg.burst_trace_path, max_context_tokens=max_context_tokens)
         else:
             self.kind = "synthetic"
         self.timed = self.kind == "burstgpt" and cfg.trace_speedup > 0
@@ -73,6 +81,18 @@ class Workload:
         self._template_weights = [cfg.user_templates[n].weight for n in self._templates]
         if self.kind == "burstgpt" and cfg.enable_autoscaling and self.timed:
             raise WorkloadError("--enable-autoscaling needs closed-loop users: use --trace-speedup 0 with a trace")
+
+    def set_entry_limit(self, tier_tokens: int) -> None:
+        """Entries are also bounded by what the largest tier takes (`tier_tokens`): the tighter bound wins."""
+        if self._entry_limit is None or tier_tokens < self._entry_limit:
+            self._entry_limit, self._entry_reason = tier_tokens, "over_tier_capacity"
+
+    def entry_tokens(self, tokens: int) -> int:
+        """`tokens` cut to the entry bound; each cut counted by the limit that made it."""
+        if self._entry_limit is None or tokens <= self._entry_limit:
+            return tokens
+        self.truncated_requests[self._entry_reason] = self.truncated_requests.get(self._entry_reason, 0) + 1
+        return self._entry_limit
 
     @property
     def span_s(self) -> float:

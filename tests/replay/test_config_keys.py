@@ -213,6 +213,13 @@ def p_trace_speedup(tmp):
     assert not prepared(tmp, use_burst_trace=True, burst_trace_path=trace, trace_speedup=0).workload.timed
 
 
+@probe("max_context_tokens")
+def p_max_context_tokens(tmp):
+    tpl = {"t": {"context_tokens": [500, 500], "generate_tokens": [1, 1], "think_time_s": [0, 0]}}
+    s = run(tmp, max_context_tokens=100, user_templates=tpl, duration=1, disable_prefix_caching=True)["summary"]
+    assert s["prompt_tokens"] == 100 * s["total_requests"] > 0
+
+
 @probe("random_buffer_mb")
 def p_random_buffer_mb(tmp):
     assert prepared(tmp, random_buffer_mb=32).payload.size == 32 << 20
