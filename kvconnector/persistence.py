@@ -34,13 +34,14 @@ def claim_dir(directory: str) -> None:
     """Make `directory` a kvtier tier (an empty one gets the marker) or check that it is one. Raises ConfigError for
     a non-empty directory without the marker, or a marker that is not ours or names another entry format."""
     marker = os.path.join(directory, MARKER_NAME)
-    if os.path.lexists(marker):
-        _check_marker(marker, directory)
-        return
     with os.scandir(directory) as it:
-        if next(it, None) is not None:
-            raise ConfigError(f"cache dir {directory} is not empty and is not a kvtier tier (no {MARKER_NAME}): "
-                              f"give a new or empty directory (kvtier never writes among files it did not make)")
+        empty = next(it, None) is None
+    if not empty:
+        if os.path.lexists(marker):  # ours (claimed earlier, or by another instance of a shared dir just now)
+            _check_marker(marker, directory)
+            return
+        raise ConfigError(f"cache dir {directory} is not empty and is not a kvtier tier (no {MARKER_NAME}): "
+                          f"give a new or empty directory (kvtier never writes among files it did not make)")
     try:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except FileExistsError:  # another instance of a shared directory claimed it at the same moment
