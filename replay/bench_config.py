@@ -54,12 +54,13 @@ class QoSProfile(_Section):
     target_p95_ms: float = Field(gt=0)
     target_p99_ms: float = Field(gt=0)
     # Share of the I/O workers under saturation, relative to the other classes (qos_scheduler fair); default
-    # priority + 1, so a priority-0 class still gets a share.
+    # 2 ** priority (8, 4, 2 for interactive, responsive, batch).
     weight: float | None = Field(None, gt=0)
 
     @property
     def share(self) -> float:
-        return self.weight if self.weight is not None else self.priority + 1.0
+        # Each priority level doubles the share (levels past 64 add nothing: the float would overflow).
+        return self.weight if self.weight is not None else 2.0 ** min(self.priority, 64)
 
 
 # MLPerf KV Cache spec section 3.9. Higher priority goes first.

@@ -156,7 +156,11 @@ class SyntheticDriver:
     # ---- run loop --------------------------------------------------------------------------------------------------
     async def _run(self) -> RunOutcome:
         loop = asyncio.get_running_loop()
-        self._pool = PriorityExecutor(self.cfg.io_workers, self.cfg.qos_aging_ms)
+        # A class's key names its queue (fair) or is its priority (strict: the smaller key first).
+        fair = self.cfg.qos_scheduler == "fair"
+        self._qos_key = {n: (-p.priority, n) if fair else -p.priority for n, p in self.cfg.qos_profiles.items()}
+        weights = {self._qos_key[n]: p.share for n, p in self.cfg.qos_profiles.items()} if fair else None
+        self._pool = PriorityExecutor(self.cfg.io_workers, weights)
         self._alloc = asyncio.Semaphore(self.cfg.max_concurrent_allocs) if self.cfg.max_concurrent_allocs else None
         self._done = asyncio.Event()
         self._sessions_open: set[asyncio.Task] = set()
@@ -433,7 +437,7 @@ class SyntheticDriver:
                        rng: random.Random, first_turn: bool) -> None:
         cfg = self.cfg
         t_submit = time.perf_counter_ns()
-        prio = (-cfg.qos_profiles[session.qos].priority, t_submit)
+        prio = (self._qos_key[session.qos], t_submit)
         await self._rate_limit()
         storage_ns = 0
         multi_turn_hit = None
