@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import random
@@ -20,7 +19,13 @@ from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.report import build_summary, parse_slo, summary_table, write_csv, write_detail_jsonl, write_plots
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
+from kvconnector.errors import ConfigError
 from replay.sources.base import WorkloadError
+
+from ..cli_common import Interrupted, OneLineParser, fail, exit_code, signal_name, stop_signals_raise
+from ..outputs.paths import atomic_path, check_outputs, write_results
+
+PROG = "kvtier replay"
 
 EXAMPLES = """examples:
   # ShareGPT multi-turn sessions (server answers appended), Poisson arrivals of sessions at 2/s
@@ -40,8 +45,10 @@ The API key, if the server needs one, comes from $OPENAI_API_KEY (or the variabl
 
 exit status: 0 when at least one request completed and no more requests failed than completed (requests the run
 cancelled itself, at the end of --duration or on Ctrl-C, are not failures); 1 when no request completed or more
-failed than completed (the summary's errors_by_kind and run_failed say why); 2 for a usage error; 3 when the run
-stopped early (server unreachable, SIGTERM); 130 on Ctrl-C. Results are written in every case but 2.
+failed than completed (the summary's errors_by_kind and run_failed say why); 2 for a usage error (one line, nothing
+written; every output path is checked before the run); 3 when the run stopped early because the server went away;
+128 + signal when stopped by SIGINT (130, Ctrl-C) or SIGTERM (143). Results are written in every case but 2; if
+--output cannot be written at the end, they go to results/ (or the temp directory) and a line says where.
 """
 
 
@@ -143,14 +150,8 @@ class ReplayConfig(BaseModel):
         return p
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not the whole usage block
-        print(f"kvtier replay: {message} (see kvtier replay --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="kvtier replay", formatter_class=argparse.RawDescriptionHelpFormatter,
+    ap = OneLineParser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description=__doc__, epilog=EXAMPLES)
     g = ap.add_argument_group("server")
     g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
@@ -339,11 +340,16 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
     rng = random.Random(cfg.seed)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    try:
-        loop.add_signal_handler(signal.SIGINT, lambda: drv.abort("interrupted (Ctrl-C): partial results"))
-        loop.add_signal_handler(signal.SIGTERM, lambda: drv.abort("terminated: partial results"))
-    except (NotImplementedError, RuntimeError):
-        pass
+
+    def on_signal(signum: int) -> None:
+        state.stop_signal = state.stop_signal or signum
+        drv.abort(f"interrupted ({signal_name(signum)}): partial results")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+        except (NotImplementedError, RuntimeError):
+            pass
     meta: dict = {}
     async with drv.open_session():
         pacing, plans, offsets, traced, meta = await _prepare(cfg, drv, rng, state)
@@ -381,10 +387,12 @@ def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
     summary = build_summary(state, meta, percentiles=cfg.percentile_tuple(), slo=parse_slo(cfg.slo),
                             block_size=cfg.block_size, kv_bytes_per_token=cfg.kv_bytes_per_token,
                             kv_bytes_metric=cfg.kv_bytes_metric)
-    Path(cfg.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(cfg.output).write_text(json.dumps(summary, indent=2, default=str))
+    summary["results_path"], moved = write_results(cfg.output, summary)
+    if moved:
+        print(f"{PROG}: {moved}; results written to {summary['results_path']} instead", file=sys.stderr)
     if cfg.detail:
-        write_detail_jsonl(state, cfg.detail)
+        with atomic_path(cfg.detail, suffix=".jsonl.tmp") as tmp:
+            write_detail_jsonl(state, tmp)
     if cfg.csv:
         write_csv(state, cfg.csv, summary.get("rounds"))
     if cfg.plots:
@@ -396,32 +404,32 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = _config(argv)
+        check_outputs({"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv}, {"--plots": cfg.plots})
     except ValidationError as exc:
-        print(f"kvtier replay: {_first_error(exc)}", file=sys.stderr)
-        return 2
-    except WorkloadError as exc:
-        print(f"kvtier replay: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, _first_error(exc))
+    except (WorkloadError, ConfigError) as exc:
+        return fail(PROG, str(exc))
     state = RunState()
     meta: dict = {}
     code = 0
     try:
-        meta = asyncio.run(_run(cfg, state))
+        with stop_signals_raise():  # a signal before the event loop listens stops the run the same way
+            meta = asyncio.run(_run(cfg, state))
     except (WorkloadError, ValueError) as exc:
-        print(f"kvtier replay: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        state.aborted = state.aborted or "interrupted (Ctrl-C): partial results"
+        return fail(PROG, str(exc))
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        state.stop_signal = state.stop_signal or signum
+        state.aborted = state.aborted or f"interrupted ({signal_name(signum)}): partial results"
     if state.aborted:
-        code = 130 if "interrupted" in state.aborted else 3
-        print(f"kvtier replay: run ended early: {state.aborted}", file=sys.stderr)
+        code = exit_code(state.stop_signal) if state.stop_signal else 3
+        print(f"{PROG}: run ended early: {state.aborted}", file=sys.stderr)
     try:
         summary = _write_outputs(cfg, state, meta)
     except OSError as exc:
-        print(f"kvtier replay: cannot write results: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, f"cannot write results: {exc}", 1)
     if code == 0 and summary["run_failed"]:
-        print(f"kvtier replay: run failed: {summary['run_failed']}", file=sys.stderr)
+        print(f"{PROG}: run failed: {summary['run_failed']}", file=sys.stderr)
         code = 1
     if not cfg.quiet:
         from rich.console import Console  # noqa: PLC0415
@@ -429,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         console = Console(stderr=False)
         for t in summary_table(summary):
             console.print(t)
-        console.print(f"results: {cfg.output}" + (f", {cfg.detail}" if cfg.detail else ""))
+        console.print(f"results: {summary['results_path']}" + (f", {cfg.detail}" if cfg.detail else ""))
     return code
 
 

@@ -68,6 +68,7 @@ class RunState:
     errors: int = 0
     scheduled_total: int = 0
     aborted: str | None = None
+    stop_signal: int | None = None  # SIGINT or SIGTERM, when one stopped the run
     window_closed: bool = False
     sessions_cut_by_error: int = 0
     turns_held_by_previous_answer: int = 0

@@ -1,6 +1,5 @@
-"""Pieces the output writers share: atomic file replacement and the tables every format shows (per-tier rows, QoS
-rows, autoscaling rows, flattened key/value pairs), read from a results document with older files in mind (any
-section may be missing)."""
+"""Pieces the output writers share: the tables every format shows (per-tier rows, QoS rows, autoscaling rows,
+flattened key/value pairs), read from a results document with older files in mind (any section may be missing)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from .paths import atomic_path  # the one atomic writer, re-exported for the format writers
 
 GB = 1e9
 OPS = ("read", "write")
@@ -53,6 +51,17 @@ def tier_rows(doc: dict) -> list[dict[str, Any]]:
     return rows
 
 
+def sla_verdict_text(c: dict) -> str:
+    """A QoS class's SLA verdict, "met", "missed" or "no data" (no request completed): from `sla.verdict`, or
+    derived for results written before it existed, which said met=false for a class with 0 requests."""
+    sla = c.get("sla") or {}
+    if sla.get("verdict"):
+        return sla["verdict"]
+    if not c.get("requests") or sla.get("met") is None:
+        return "no data"
+    return "met" if sla["met"] else "missed"
+
+
 def qos_rows(doc: dict) -> list[dict[str, Any]]:
     """One row per QoS class, highest priority first."""
     classes = (doc.get("summary") or {}).get("qos_metrics") or {}
@@ -66,7 +75,8 @@ def qos_rows(doc: dict) -> list[dict[str, Any]]:
             "e2e_p50_ms": e2e.get("p50"), "e2e_p95_ms": e2e.get("p95"), "e2e_p99_ms": e2e.get("p99"),
             "service_p50_ms": svc.get("p50"), "service_p95_ms": svc.get("p95"), "service_p99_ms": svc.get("p99"),
             "target_p95_ms": sla.get("target_p95_ms"), "target_p99_ms": sla.get("target_p99_ms"),
-            "met": sla.get("met"),
+            "met": sla.get("met") if c.get("requests") else None,
+            "verdict": sla_verdict_text(c),
         })
     rows.sort(key=lambda r: -(r["priority"] or 0))
     return rows

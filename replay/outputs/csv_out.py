@@ -14,7 +14,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._common import GB, OPS, atomic_path, elapsed_s, flatten, scalar_text
+from ._common import GB, OPS, elapsed_s, flatten, scalar_text
+from .paths import atomic_path
 
 __all__ = ["write_csv", "csv_rows", "COLUMNS"]
 

@@ -72,6 +72,8 @@ def os_reason(exc: OSError) -> str:
     """An OSError's reason in a user's words; ENOENT on a directory that exists means it takes no new files."""
     if exc.errno == errno.ENOENT and exc.filename and os.path.isdir(os.path.dirname(exc.filename) or "."):
         return "the filesystem there does not accept new files"
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # from makedirs: a part of the path is a file
+        return "a part of the path is not a directory"
     return exc.strerror or str(exc)
 
 
@@ -181,9 +183,12 @@ def write_results(path: str, doc: dict, *, is_default: bool = False,
             try:
                 write(name, doc, exclusive)
                 return name, first_error
-            except FileExistsError:
-                continue
+            except FileExistsError as exc:
+                if exclusive and os.path.lexists(name):  # the name is taken: try the next one
+                    continue
+                first_error = first_error or f"cannot write {path}: {os_reason(exc)}"
+                break
             except OSError as exc:
-                first_error = first_error or f"cannot write {path}: {exc.strerror or exc}"
+                first_error = first_error or f"cannot write {path}: {os_reason(exc)}"
                 break
     raise OSError(first_error or f"cannot write {path}")

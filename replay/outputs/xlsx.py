@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._common import (GB, LATENCY_KEYS, atomic_path, autoscaling_rows, flatten, qos_rows, scalar_text,
+from ._common import (GB, LATENCY_KEYS, autoscaling_rows, flatten, qos_rows, scalar_text,
                       tier_event_names, tier_rows, timeline_series)
+from .paths import atomic_path
 
 __all__ = ["write_xlsx", "SHEETS"]
 
@@ -211,12 +212,13 @@ def _tiers(ws, doc: dict) -> None:
 
 def _qos(ws, doc: dict) -> None:
     names = ["class", "priority", "requests", "e2e p50 ms", "e2e p95 ms", "e2e p99 ms", "service p50 ms",
-             "service p95 ms", "service p99 ms", "target p95 ms", "target p99 ms", "SLA met"]
+             "service p95 ms", "service p99 ms", "target p95 ms", "target p99 ms", "SLA"]
     notes = {"service p95 ms": "service latency = end to end minus simulated generation; the SLA is judged on it",
-             "SLA met": "TRUE when the class's service latency met its p95 and p99 targets"}
+             "SLA": "met when the class's service latency met its p95 and p99 targets, missed when not, "
+                    "no data when it completed no request"}
     rows = [[q["class"], q["priority"], q["requests"], q["e2e_p50_ms"], q["e2e_p95_ms"], q["e2e_p99_ms"],
              q["service_p50_ms"], q["service_p95_ms"], q["service_p99_ms"], q["target_p95_ms"], q["target_p99_ms"],
-             q["met"]] for q in qos_rows(doc)]
+             q["verdict"]] for q in qos_rows(doc)]
     _table(ws, names, rows, notes, empty="no QoS classes in this run")
 
 

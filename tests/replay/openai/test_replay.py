@@ -275,7 +275,9 @@ def test_help_has_examples(capsys):
     assert "examples:" in out and "--rounds" in out and "--trace-speedup" in out
 
 
-def test_ctrl_c_writes_partial_results(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_writes_partial_results(tmp_path, sig):
+    """SIGINT and SIGTERM stop a replay alike: partial results, exit 128 + signal."""
     # Requests take 4 s each, so at Ctrl-C many are in flight: they get the 2 s grace, then are cancelled.
     with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=200, default_max_tokens=20), process=True) as srv:
         out = tmp_path / "p.json"
@@ -288,15 +290,62 @@ def test_ctrl_c_writes_partial_results(tmp_path):
         while srv_requests(srv.base_url) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
         t_int = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
         took = time.monotonic() - t_int
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err
     assert took < 8, took  # grace (2 s) plus writing results, not the 4 s requests' remaining time
     s = json.loads(out.read_text())
-    assert s["aborted"].startswith("interrupted") and s["errors_by_kind"]["cancelled"] >= 10
+    assert s["aborted"].startswith(f"interrupted ({sig.name})") and s["errors_by_kind"]["cancelled"] >= 10
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # results are 0644 under the usual umask
     assert s["completed"] == 0 and s["not_sent"] == 0
     assert b"Traceback" not in err
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@pytest.mark.parametrize("flag", ["--output", "--detail", "--csv"])
+def test_unwritable_output_is_refused_before_any_request(flag, tmp_path, capsys):
+    """An output that cannot be written is a usage error before the run, not a lost run afterwards."""
+    with FakeServer(FakeServerConfig()) as srv:
+        args = ["--base-url", srv.base_url, "--model", "f", "--source", "synthetic", "--num-requests", "3",
+                "--input-len", "4", "--output-len", "4", "--quiet", "--output", str(tmp_path / "o.json")]
+        rc = main(args + [flag, str(tmp_path)])  # a directory where a file is wanted
+        assert rc == 2 and srv_requests(srv.base_url) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kvtier replay: {flag} ") and "is a directory" in err and "\n" not in err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_results_go_to_the_fallback_when_the_output_dir_vanishes(tmp_path, monkeypatch, capsys):
+    """The run finished but --output's directory was removed meanwhile: the results land under results/ instead."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    with FakeServer(FakeServerConfig()) as srv:
+        import replay.openai.cli as cli_mod
+
+        real = cli_mod._write_outputs
+
+        def remove_then_write(cfg, state, meta):
+            shutil.rmtree(gone)
+            (tmp_path / "gone").write_text("now a file")  # the directory is now a file: nothing can go under it
+            return real(cfg, state, meta)
+
+        monkeypatch.setattr(cli_mod, "_write_outputs", remove_then_write)
+        rc = main(["--base-url", srv.base_url, "--model", "f", "--source", "synthetic", "--num-requests", "2",
+                   "--input-len", "4", "--output-len", "4", "--quiet", "--output", str(gone / "r.json")])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    saved = tmp_path / "results" / "r.json"
+    assert f"results written to results/r.json instead" in err
+    assert json.loads(saved.read_text())["completed"] == 2
 
 
 def srv_requests(base_url: str) -> int:
