@@ -10,6 +10,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .outputs._common import sla_verdict_text
+
+_VERDICT = {"met": "met", "missed": "MISSED", "no data": "no data"}
+
 GB = 1e9
 
 
@@ -166,7 +170,7 @@ def summary_tables(doc: dict) -> list[Table]:
         for name, c in sorted(qos.items(), key=lambda kv: -kv[1]["priority"]):
             sv = c["service_latency_ms"]
             q.add_row(name, f"{c['requests']:,}", _ms(sv, "p95"), f"{c['sla']['target_p95_ms']:g}", _ms(sv, "p99"),
-                      f"{c['sla']['target_p99_ms']:g}", "met" if c["sla"]["met"] else "MISSED")
+                      f"{c['sla']['target_p99_ms']:g}", _VERDICT[sla_verdict_text(c)])
         tables.append(q)
     steps = doc.get("autoscaling_stats") or []
     if steps:

@@ -12,6 +12,7 @@ from typing import Any
 from kvconnector.errors import ConfigError
 
 from .cli_common import OneLineParser
+from .outputs._common import sla_verdict_text
 from .outputs.paths import atomic_path, check_outputs
 
 GB = 1e9
@@ -25,7 +26,8 @@ examples:
 Ratios are each run's value divided by the first run's: 2.00x is twice the first run's figure. Coloured green when
 it is better (more throughput, less latency), red when worse, for differences over 5%.
 
-exit status: 0 done, 2 bad arguments or a file that is not a kvtier bench result.
+exit status: 0 done; 2 bad arguments, a file that is not a kvtier bench result, or a --json path that cannot be
+written (checked before anything is read; one line on stderr, nothing written); 130/143 on SIGINT/SIGTERM.
 """
 
 
@@ -45,6 +47,14 @@ def _get(*path: str) -> Callable[[dict], Any]:
                 return None
             v = v[p]
         return v
+
+    return get
+
+
+def _verdict(cls: str) -> Callable[[dict], Any]:
+    def get(doc: dict) -> Any:
+        c = _get("summary", "qos_metrics", cls)(doc)
+        return sla_verdict_text(c) if isinstance(c, dict) else None
 
     return get
 
@@ -92,7 +102,7 @@ def rows_for(docs: list[dict]) -> list[Row]:
         classes += [c for c in (_get("summary", "qos_metrics")(d) or {}) if c not in classes]
     for c in classes:
         rows.append((f"QoS {c} service p99", "ms", _get("summary", "qos_metrics", c, "service_latency_ms", "p99"), "lower"))
-        rows.append((f"QoS {c} SLA met", "", _get("summary", "qos_metrics", c, "sla", "met"), None))
+        rows.append((f"QoS {c} SLA", "", _verdict(c), None))
     return rows
 
 

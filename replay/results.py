@@ -72,3 +72,12 @@ def merge_tier_details(parts: list[dict]) -> dict:
     for m in out.values():
         m.update(m.pop("_stats").to_dict())
     return out
+
+
+def sla_verdict(service, target_p95_ms: float, target_p99_ms: float) -> dict:
+    """A QoS class's SLA judged on its service-latency histogram: met True/False, or None with verdict "no data"
+    when the class completed no request (nothing was measured, so nothing was missed either)."""
+    if not service.count:
+        return {"met": None, "verdict": "no data"}
+    met = service.percentile_ms(95) <= target_p95_ms and service.percentile_ms(99) <= target_p99_ms
+    return {"met": met, "verdict": "met" if met else "missed"}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvconnector.histogram import LatencyHistogram
 
-from ._common import GB, OPS, timeline_series
+from ._common import GB, OPS, sla_verdict_text, timeline_series
 
 __all__ = ["write_plots", "cdf_points", "FIGURES"]
 
@@ -373,9 +373,9 @@ def _qos(plt, doc: dict):
 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
     ax.set_xticks(x, [_qos_label(c, classes[c]) for c in names])
+    colors = {"met": "tab:green", "missed": "tab:red"}
     for tick, c in zip(ax.get_xticklabels(), names):
-        met = (classes[c].get("sla") or {}).get("met")
-        tick.set_color("black" if met is None else "tab:green" if met else "tab:red")
+        tick.set_color(colors.get(sla_verdict_text(classes[c]), "black"))
     ax.set_ylabel("latency (ms, log scale)" if log_scale else "latency (ms)")
     ax.set_title("QoS classes: latency against SLA targets (SLA judged on service latency)")
     ax.grid(alpha=0.3, axis="y", which="both")
@@ -385,6 +385,5 @@ def _qos(plt, doc: dict):
 
 
 def _qos_label(name: str, c: dict) -> str:
-    met = (c.get("sla") or {}).get("met")
-    verdict = "SLA met" if met else "SLA missed" if met is not None else "no SLA"
+    verdict = {"met": "SLA met", "missed": "SLA missed"}.get(sla_verdict_text(c), "no data")
     return f"{name}\npriority {c.get('priority', '?')}, {c.get('requests', 0):,} req\n{verdict}"

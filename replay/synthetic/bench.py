@@ -19,7 +19,7 @@ from .. import sysinfo
 from ..cli_common import human_bytes
 from ..outputs.paths import os_reason
 from ..bench_config import BenchConfig
-from ..results import cache_stats, tier_details
+from ..results import cache_stats, sla_verdict, tier_details
 from ..sources.base import WorkloadError
 from .driver import ClassStats, RunOutcome, SyntheticDriver, rag_key
 from .payload import RandomPayload
@@ -220,8 +220,8 @@ class Bench:
             }
         rate = lambda hits, total: round(hits / total, 4) if total else 0.0  # noqa: E731
         qos = {}
-        # Every class of the distribution is listed: one that completed nothing (starved by higher classes, or given
-        # no users) shows 0 requests and SLA not met.
+        # Every class of the distribution is listed: one that completed nothing (given no users, or a window too short)
+        # shows 0 requests and SLA "no data".
         classes = {c for c, share in cfg.qos_distribution.items() if share > 0} | set(req.by_class)
         for name in sorted(classes):
             cs = req.by_class.get(name) or ClassStats()
@@ -233,8 +233,7 @@ class Bench:
                 "end_to_end_latency_ms": cs.end_to_end.summary_ms(),
                 "service_latency_ms": svc.summary_ms(),
                 "sla": {"target_p95_ms": prof.target_p95_ms, "target_p99_ms": prof.target_p99_ms,
-                        "met": bool(svc.count) and svc.percentile_ms(95) <= prof.target_p95_ms
-                        and svc.percentile_ms(99) <= prof.target_p99_ms},
+                        **sla_verdict(svc, prof.target_p95_ms, prof.target_p99_ms)},
                 "histograms": {"end_to_end": cs.end_to_end.encode(), "service": svc.encode()},
             }
         summary = {

@@ -26,7 +26,7 @@ from .. import sysinfo
 from ..bench_config import BenchConfig
 from ..bench_view import LiveView
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
-from ..results import GB, cache_stats, merge_tier_details
+from ..results import GB, cache_stats, merge_tier_details, sla_verdict
 
 STATUS_ENV = "KVTIER_CLIENT_STATUS"
 ORDER = {"completed": 0, "interrupted": 1, "failed": 2}
@@ -198,7 +198,7 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         e2e = _merged_hist([p["histograms"]["end_to_end"] for p in parts])
         svc = _merged_hist([p["histograms"]["service"] for p in parts])
         sla = dict(parts[0]["sla"])
-        sla["met"] = bool(svc.count) and svc.percentile_ms(95) <= sla["target_p95_ms"] and svc.percentile_ms(99) <= sla["target_p99_ms"]
+        sla.update(sla_verdict(svc, sla["target_p95_ms"], sla["target_p99_ms"]))
         qos[name] = {"requests": sum(p["requests"] for p in parts), "priority": parts[0]["priority"],
                      "end_to_end_latency_ms": e2e.summary_ms(), "service_latency_ms": svc.summary_ms(), "sla": sla,
                      "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()}}

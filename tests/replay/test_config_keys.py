@@ -431,6 +431,16 @@ def p_qos_profiles(tmp):
     assert q["interactive"]["priority"] == 9 and q["interactive"]["sla"]["target_p95_ms"] == 1
 
 
+@probe("qos_scheduler")
+def p_qos_scheduler(tmp):
+    from test_qos import saturated_run
+
+    def batch_requests(sched):
+        return saturated_run(tmp, qos_scheduler=sched, duration=2)["summary"]["qos_metrics"]["batch"]["requests"]
+
+    assert batch_requests("strict") == 0 < batch_requests("fair")  # strict priority starves it; fair shares
+
+
 @probe("max_concurrent_allocs")
 def p_max_concurrent_allocs(tmp):
     free = run(tmp, num_users=6, duration=1.5, performance_profile="throughput")

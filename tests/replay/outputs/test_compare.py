@@ -67,7 +67,7 @@ def test_labels_three_runs_and_qos_rows(tmp_path, two_runs, full_doc, capsys):
     assert "QoS standard service p99" in text
     table = build_table([json.loads(p.read_text()) for p in (a, b, c)], ["a", "b", "c"], ["a", "b", "c"])
     rows = _rows(table)
-    assert rows["QoS interactive SLA met"]["values"] == [None, None, True]
+    assert rows["QoS interactive SLA"]["values"] == [None, None, "met"]
     assert rows["prefix cache hit rate"]["values"] == [None, None, 0.8]
 
 
