@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .cli_common import Interrupted, stop_signals_raise
+
 SUBCOMMANDS = {
     "bench": ("replay.bench_cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
     "replay": ("replay.openai.cli", "replay ShareGPT / BurstGPT / synthetic load against an OpenAI-compatible server"),
@@ -30,8 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvtier: unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')",
               file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    # Any subcommand stopped by SIGINT or SIGTERM where it does not handle them itself: one line, 128 + signal.
+    with stop_signals_raise():
+        try:
+            module = importlib.import_module(SUBCOMMANDS[name][0])
+            return int(module.main(rest) or 0)
+        except Interrupted as exc:
+            print(f"kvtier {name}: interrupted ({exc})", file=sys.stderr)
+            return exc.exit_code
 
 
 if __name__ == "__main__":
