@@ -12,7 +12,8 @@ FIFOs, symlinks, even under one of our names) is left alone and counted (`left_a
 file length; the name must be the hash of the key it holds; with `verify_payload` the payload checksum too). Valid
 entries are adopted by the store oldest first (so the LRU order survives the restart); corrupt, truncated or misnamed
 entry files are removed and counted, and so are temp files a crash left behind (in a shared directory only those
-older than `stale_tmp_s`, because younger ones may be another instance's write in flight).
+older than `stale_tmp_s`, because younger ones may be another instance's write in flight). A copy of an entry that
+a lower tier (rescanned first) already holds, which a crash in the middle of a demotion leaves behind, is removed.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class RescanReport:
     corrupt_removed: int = 0
     stale_tmp_removed: int = 0
     no_room_removed: int = 0
+    duplicate_removed: int = 0
     left_alone: int = 0  # names that are not kvtier's (or not regular files): never touched
     duration_ms: float = 0.0
 
@@ -150,12 +152,20 @@ def rescan_dir(store, t: int, *, verify_payload: bool = False, stale_tmp_s: floa
         if store.adopt(t, hdr.key, hdr.payload_nbytes, hdr.shape, hdr.dtype):
             report.adopted += 1
             report.adopted_bytes += hdr.payload_nbytes
-        elif not shared and store.contains(hdr.key) is None:
+        elif shared:
+            continue
+        elif (where := store.contains(hdr.key)) is None:
             # No room (the tier shrank since the last run): the oldest entries were adopted first and may have
             # been demoted to make room; what is left over is removed so the directory stays within capacity.
             tier.delete(hdr.key)
             report.no_room_removed += 1
-    for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed", "left_alone"):
+        elif where != tier.name:
+            # A second copy of an entry adopted from a lower tier (scanned first): a move between tiers that a crash
+            # cut short after the write and before the removal. Served from there; kept, this copy would be a file that
+            # no tier accounts for (also when another instance put the same key into a shared tier below: same bytes).
+            _unlink(tier.path_for(hdr.key))
+            report.duplicate_removed += 1
+    for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed", "duplicate_removed", "left_alone"):
         if getattr(report, event):
             store.stats[t].count("rescan_" + event, getattr(report, event))
     report.duration_ms = (time.perf_counter_ns() - t0) / 1e6
