@@ -247,8 +247,8 @@ def main(argv=None) -> int:
         return 0
     if a.kills < 1 or a.corrupt_every < 0:
         ap.error("--kills must be >= 1 and --corrupt-every >= 0")
-    if a.dir and os.path.isdir(a.dir) and os.listdir(a.dir):
-        print(f"crash_loop: --dir {a.dir} is not empty; give a new or empty directory", file=sys.stderr)
+    if a.dir and os.path.exists(a.dir) and not (os.path.isdir(a.dir) and not os.listdir(a.dir)):
+        print(f"crash_loop: --dir {a.dir} is not an empty directory; give a new or empty one", file=sys.stderr)
         return 2
     d = a.dir or tempfile.mkdtemp(prefix="kvtier-crash-", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
     try:
