@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     w("--enable-autoscaling", action="store_true", help="start and stop users as the autoscaler decides")
     w("--autoscaler-mode", choices=["qos", "capacity"], help="qos: hold saturation and SLAs; capacity: find peak throughput")
     w("--target-saturation", type=float, help="qos autoscaler's target I/O saturation (default 0.8)")
+    w("--qos-scheduler", choices=["fair", "strict"],
+      help="I/O queue between QoS classes: fair = weighted shares (no class starves), strict = priority (default fair)")
     s = p.add_argument_group("workload sources").add_argument
     s("--dataset-path", help="ShareGPT JSON: replay real conversations (multi-turn)")
     s("--max-conversations", type=int, help="ShareGPT conversations to load (default 500)")
