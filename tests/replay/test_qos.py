@@ -58,8 +58,10 @@ def test_strict_executor_starves_lower_classes_under_saturation():
     """The comparison the fair default is measured against (qos_scheduler: strict)."""
     key = {c: -p for p, c in enumerate(reversed(list(CLASSES)), 1)}
     served = saturate(PriorityExecutor(2), key)
-    # Batch is served only once interactive's users stop at the end: each of its first operations waited the run.
-    assert served["interactive"] and min(served["batch"], default=1.0) > 0.4, sorted(served["batch"])[:5]
+    # Batch is served only in the gaps higher classes leave (at the end, or when a loaded machine delays their
+    # threads): a few operations at most, against the fair executor's weighted share (about 1/7 of all).
+    count = {c: len(v) for c, v in served.items()}
+    assert count["interactive"] > 0 and count["batch"] * 10 < count["interactive"], count
 
 
 def test_fair_executor_idle_class_banks_no_credit():
