@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvconnector.errors import ConfigError
 
+from .sources.base import open_regular
+
 
 class _Section(BaseModel):
     # inf and nan are never a sensible size, rate or time: reject them everywhere.
@@ -288,7 +290,7 @@ def load_config(yaml_path: str | None, cli: dict) -> BenchConfig:
     data: dict = {}
     if yaml_path:
         try:
-            with open(yaml_path, encoding="utf-8") as f:
+            with open_regular(yaml_path) as f:
                 loaded = yaml.safe_load(f) or {}
         except OSError as exc:
             raise ConfigError(f"--config {yaml_path}: {exc.strerror}") from exc

@@ -14,6 +14,7 @@ from kvconnector.errors import ConfigError
 from .cli_common import OneLineParser
 from .outputs._common import sla_verdict_text
 from .outputs.paths import atomic_path, check_outputs
+from .sources.base import open_regular
 
 GB = 1e9
 
@@ -177,14 +178,14 @@ def render(table: dict):
 
 def load_result(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_regular(path) as fh:
             doc = json.load(fh)
     except FileNotFoundError:
         raise CompareError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise CompareError(f"{path}: is a directory, not a results file") from None
-    except PermissionError:
-        raise CompareError(f"{path}: permission denied") from None
+    except OSError as exc:  # permission, a FIFO or device, ...
+        raise CompareError(f"{path}: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CompareError(f"{path}: not a kvtier result (not JSON: {exc})") from None
     if not isinstance(doc, dict):

@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import sys
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -20,7 +19,7 @@ from replay.openai.report import build_summary, parse_slo, summary_table, write_
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
 from kvconnector.errors import ConfigError
-from replay.sources.base import WorkloadError
+from replay.sources.base import WorkloadError, open_regular
 
 from ..cli_common import Interrupted, OneLineParser, fail, exit_code, signal_name, stop_signals_raise
 from ..outputs.paths import atomic_path, check_outputs, write_results
@@ -216,8 +215,9 @@ def _config(argv: list[str]) -> ReplayConfig:
         import yaml  # noqa: PLC0415
 
         try:
-            loaded = yaml.safe_load(Path(cfg_path).read_text())
-        except (OSError, yaml.YAMLError) as exc:
+            with open_regular(cfg_path) as fh:
+                loaded = yaml.safe_load(fh)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise WorkloadError(f"--config {cfg_path}: {exc}") from exc
         if not isinstance(loaded, dict):
             raise WorkloadError(f"--config {cfg_path}: expected a mapping of option names")

@@ -8,10 +8,13 @@ about either driver.
 from __future__ import annotations
 
 import codecs
+import errno
 import math
+import os
+import stat
 from collections.abc import Iterator
+from typing import BinaryIO
 from dataclasses import dataclass, field
-from pathlib import Path
 
 
 class WorkloadError(ValueError):
@@ -87,11 +90,25 @@ def _utf8_error(path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1)
     return WorkloadError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); is this the right file?")
 
 
+def open_regular(path) -> BinaryIO:
+    """Open a file the user named, for reading. A FIFO, device or directory is refused with an OSError whose strerror
+    says so: reading one would block forever or read something that is not a file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO must not wait
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", os.fspath(path))
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    return os.fdopen(fd, "rb")
+
+
 def read_text(path, what: str) -> str:
     """The whole file as text: UTF-8 with or without a BOM. A multi-byte character cut by the end of a truncated file
     is dropped (the loaders keep what precedes damage); any other undecodable byte is a WorkloadError naming the line."""
     try:
-        data = Path(path).read_bytes()
+        with open_regular(path) as fh:
+            data = fh.read()
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
     data = data.removeprefix(codecs.BOM_UTF8)  # by hand: utf-8-sig's error offsets would not count it
@@ -107,7 +124,7 @@ def read_lines(path, what: str) -> Iterator[str]:
     """The file's lines as text (line endings kept, for csv), decoded one by one so an undecodable byte is reported
     with its line; a BOM on the first line is dropped (Excel writes one)."""
     try:
-        fh = open(path, "rb")
+        fh = open_regular(path)
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot open {what}: {exc.strerror or exc}") from exc
     with fh:

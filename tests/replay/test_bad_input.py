@@ -30,6 +30,7 @@ def files(tmp_path):
     (d / "garbage.txt").write_text("this is not a trace\n" * 5)
     (d / "a_file").write_text("x")
     (d / "a_dir").mkdir()
+    os.mkfifo(d / "a_fifo")  # reading it would block forever
     return d
 
 
@@ -58,6 +59,9 @@ def _cases(f) -> list[tuple[str, list[str], dict]]:
         ("burst-trace-binary", ["--use-burst-trace", "--burst-trace-path", f"{f}/binary.bin"]),
         ("burst-trace-missing", ["--use-burst-trace", "--burst-trace-path", f"{f}/nothere.csv"]),
         ("dataset-missing", ["--dataset-path", f"{f}/nothere.json"]),
+        ("dataset-fifo", ["--dataset-path", f"{f}/a_fifo"]),
+        ("config-fifo", ["--config", f"{f}/a_fifo"]),
+        ("model-fifo", ["--model", f"{f}/a_fifo"]),
         ("prefill-and-decode", ["--prefill-only", "--decode-only"]),
     ]
     out = [(f"bench-{name}", ["bench", "--duration", "1", *argv], {}) for name, argv in bench]
@@ -69,6 +73,7 @@ def _cases(f) -> list[tuple[str, list[str], dict]]:
         ("compare-bogus-flag", ["compare", "--bogus", f"{f}/a_file"], {}),
         ("compare-missing-file", ["compare", f"{f}/nothere.json"], {}),
         ("compare-garbage", ["compare", f"{f}/garbage.txt"], {}),
+        ("compare-fifo", ["compare", f"{f}/a_fifo"], {}),
         ("compare-json-out-is-dir", ["compare", f"{f}/garbage.txt", "--json", f"{f}/a_dir"], {}),
         ("replay-bogus-flag", ["replay", "--bogus"], {}),
         ("replay-missing-required", ["replay", "--model", "m"], {}),
@@ -77,6 +82,7 @@ def _cases(f) -> list[tuple[str, list[str], dict]]:
         ("distill-empty", ["distill", f"{f}/empty.txt"], {}),
         ("distill-garbage", ["distill", f"{f}/garbage.txt"], {}),
         ("distill-binary", ["distill", f"{f}/binary.bin"], {}),
+        ("distill-fifo", ["distill", f"{f}/a_fifo"], {}),
     ]
     return out
 
