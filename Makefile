@@ -27,22 +27,22 @@ bench: $(BASE_STAMP)
 
 # Benchmarks against a reference measured in the same run (see README "Measured figures"). Some need root.
 bench-disk: $(BASE_STAMP) system-deps
-	$(BIN)/python bench/disk_vs_fio.py
+	$(BIN)/python benchmarks/disk_vs_fio.py
 
 bench-scaling: $(BASE_STAMP)
-	$(BIN)/python bench/bench_scaling.py
+	$(BIN)/python benchmarks/bench_scaling.py
 
 bench-lmcache: $(TEST_STAMP)
-	$(BIN)/python bench/lmcache_vs_kvtier.py --total-gb 2
+	$(BIN)/python benchmarks/lmcache_vs_kvtier.py --total-gb 2
 
 bench-ttft: $(TEST_STAMP)
-	$(BIN)/python bench/ttft_kvtier_vs_lmcache.py
+	$(BIN)/python benchmarks/ttft_kvtier_vs_lmcache.py
 
 bench-tracer: $(BASE_STAMP) system-deps
-	$(BIN)/python bench/tracer_overhead.py --runtime-s 5 --rounds 3
+	$(BIN)/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3
 
 bench-replayer: $(TEST_STAMP)
-	$(BIN)/python bench/replayer_overhead.py
+	$(BIN)/python benchmarks/replayer_overhead.py
 
 system-deps:
 	bash deploy/install-system-deps.sh

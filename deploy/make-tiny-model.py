@@ -59,27 +59,56 @@ def build(out_dir: str, vocab_size: int, seed: int) -> dict:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train(_training_files(), trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                       special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                   pad_token="<pad>", model_max_length=4096)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=4096,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-                      bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-                      tie_word_embeddings=False, torch_dtype="bfloat16")
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out_dir, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
     size = sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))
-    info = {"vocab_size": len(fast), "layers": 2, "parameters": params, "bytes": size, "seed": seed,
-            "requested_vocab_size": vocab_size, "build_s": round(time.perf_counter() - t0, 2)}
+    info = {
+        "vocab_size": len(fast),
+        "layers": 2,
+        "parameters": params,
+        "bytes": size,
+        "seed": seed,
+        "requested_vocab_size": vocab_size,
+        "build_s": round(time.perf_counter() - t0, 2),
+    }
     with open(os.path.join(out_dir, STAMP), "w") as fh:
         json.dump(info, fh)
     return info
@@ -97,8 +126,11 @@ def ensure(out_dir: str, vocab_size: int = 4096, seed: int = 0, force: bool = Fa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[1:]),
+    )
     ap.add_argument("out_dir")
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=0)
@@ -112,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"make-tiny-model: {args.out_dir}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(f"tiny model in {args.out_dir}: vocab {info['vocab_size']}, {info['layers']} layers, "
-          f"{info['parameters'] / 1e6:.1f}M parameters, {info['bytes'] / 1e6:.1f} MB, {info['build_s']} s")
+    print(
+        f"tiny model in {args.out_dir}: vocab {info['vocab_size']}, {info['layers']} layers, "
+        f"{info['parameters'] / 1e6:.1f}M parameters, {info['bytes'] / 1e6:.1f} MB, {info['build_s']} s"
+    )
     return 0
 
 

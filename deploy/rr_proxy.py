@@ -10,7 +10,6 @@ that served a request is named in the `x-kvtier-backend` response header, so tes
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 
 import aiohttp
@@ -24,8 +23,9 @@ def make_app(backends: list[str]) -> web.Application:
     state: dict = {}
 
     async def on_start(app):
-        state["s"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-                                           auto_decompress=False)
+        state["s"] = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5), auto_decompress=False
+        )
 
     async def on_stop(app):
         await state["s"].close()

@@ -60,7 +60,9 @@ class KvtierBackend:
                 self.exporter = MetricsExporter(self, cfg.metrics_host, cfg.metrics_port)
             except OSError as exc:
                 self.store.close()
-                raise KvtierError(f"kvtier: cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}") from exc
+                raise KvtierError(
+                    f"kvtier: cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {exc}"
+                ) from exc
         self._closed = False
 
     # ---- start-up ------------------------------------------------------------------------------------------------
@@ -70,8 +72,13 @@ class KvtierBackend:
             tier = self.store.tiers[t]
             if isinstance(tier, DiskTier):
                 shared = isinstance(tier, SharedDirTier)
-                rep = rescan_dir(self.store, t, verify_payload=self.cfg.rescan_verify_payload,
-                                 stale_tmp_s=self.cfg.shared_stale_tmp_s if shared else None, shared=shared)
+                rep = rescan_dir(
+                    self.store,
+                    t,
+                    verify_payload=self.cfg.rescan_verify_payload,
+                    stale_tmp_s=self.cfg.shared_stale_tmp_s if shared else None,
+                    shared=shared,
+                )
                 self.rescan_reports.append(rep.to_dict())
             elif isinstance(tier, RedisTier):
                 n = 0

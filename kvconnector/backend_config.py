@@ -65,7 +65,7 @@ class BackendConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _tiers(self) -> "BackendConfig":
+    def _tiers(self) -> BackendConfig:
         if not self.has_disk and not (self.shared_dir or self.redis_url):
             raise ValueError("no tier configured: set disk_dir (with disk_capacity_gb > 0), shared_dir or redis_url")
         if self.disk_dir and self.shared_dir and _same_dir(self.disk_dir, self.shared_dir):
@@ -88,7 +88,7 @@ class BackendConfig(BaseModel):
 
     # ---- constructors from what LMCache hands us -----------------------------------------------------------------
     @classmethod
-    def from_params(cls, params: dict[str, Any] | None) -> "BackendConfig":
+    def from_params(cls, params: dict[str, Any] | None) -> BackendConfig:
         """From an L2 adapter's adapter_params (bare or `kvtier.`-prefixed keys)."""
         if params is None:
             params = {}
@@ -96,20 +96,20 @@ class BackendConfig(BaseModel):
             raise ConfigError(f"kvtier: adapter_params must be an object, got {type(params).__name__}")
         clean = {}
         for k, v in params.items():
-            name = k[len(PREFIX):] if isinstance(k, str) and k.startswith(PREFIX) else k
+            name = k[len(PREFIX) :] if isinstance(k, str) and k.startswith(PREFIX) else k
             if name in clean:
                 raise ConfigError(f"kvtier: key {name!r} given twice (bare and with the kvtier. prefix)")
             clean[name] = v
         return cls.validated(clean)
 
     @classmethod
-    def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendConfig":
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> BackendConfig:
         """From LMCache's extra_config: only `kvtier.*` keys are ours."""
-        clean = {k[len(PREFIX):]: v for k, v in (extra or {}).items() if isinstance(k, str) and k.startswith(PREFIX)}
+        clean = {k[len(PREFIX) :]: v for k, v in (extra or {}).items() if isinstance(k, str) and k.startswith(PREFIX)}
         return cls.validated(clean)
 
     @classmethod
-    def validated(cls, d: dict[str, Any]) -> "BackendConfig":
+    def validated(cls, d: dict[str, Any]) -> BackendConfig:
         try:
             return cls.model_validate(d)
         except ValidationError as exc:

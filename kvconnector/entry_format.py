@@ -67,7 +67,16 @@ def pack_header(into: memoryview, hdr: EntryHeader) -> None:
     shape = tuple(hdr.shape) + (0,) * (MAX_DIMS - len(hdr.shape))
     into[:PAGE] = bytes(PAGE)
     _FIXED.pack_into(
-        into, 0, MAGIC, VERSION, len(key), hdr.payload_nbytes, hdr.checksum, hdr.dtype.encode()[:8], len(hdr.shape), *shape
+        into,
+        0,
+        MAGIC,
+        VERSION,
+        len(key),
+        hdr.payload_nbytes,
+        hdr.checksum,
+        hdr.dtype.encode()[:8],
+        len(hdr.shape),
+        *shape,
     )
     into[_FIXED.size : _FIXED.size + len(key)] = key
     end = _FIXED.size + len(key)

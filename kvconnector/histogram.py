@@ -49,7 +49,7 @@ class LatencyHistogram:
     def count(self) -> int:
         return self._h.get_total_count()
 
-    def merge(self, other: "LatencyHistogram") -> None:
+    def merge(self, other: LatencyHistogram) -> None:
         with self._lock:
             self._h.add(other._h)
 
@@ -97,7 +97,7 @@ class LatencyHistogram:
             return self._h.encode().decode("ascii")
 
     @classmethod
-    def decode(cls, text: str) -> "LatencyHistogram":
+    def decode(cls, text: str) -> LatencyHistogram:
         hist = cls()
         if text:
             hist._h.add(HdrHistogram.decode(text.encode("ascii")))

@@ -20,8 +20,26 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 log = logging.getLogger(__name__)
 
-BUCKETS_S = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
-             1.0, 2.5, 5.0, 10.0)
+BUCKETS_S = (
+    25e-6,
+    50e-6,
+    100e-6,
+    250e-6,
+    500e-6,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    10e-3,
+    25e-3,
+    50e-3,
+    100e-3,
+    250e-3,
+    500e-3,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 def _buckets(hist) -> tuple[list[tuple[str, float]], float]:
@@ -38,8 +56,9 @@ class BackendCollector:
 
     def collect(self):
         b = self.backend
-        dur = HistogramMetricFamily("kvtier_op_duration_seconds", "Time per tier operation, total/host/device",
-                                    labels=["tier", "op", "part"])
+        dur = HistogramMetricFamily(
+            "kvtier_op_duration_seconds", "Time per tier operation, total/host/device", labels=["tier", "op", "part"]
+        )
         ops = CounterMetricFamily("kvtier_ops", "Tier operations", labels=["tier", "op"])
         nbytes = CounterMetricFamily("kvtier_bytes", "Bytes moved by tier operations", labels=["tier", "op"])
         events = CounterMetricFamily("kvtier_tier_events", "Per-tier events", labels=["tier", "event"])

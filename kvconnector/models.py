@@ -81,7 +81,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise ConfigError(f"unknown model '{name_or_path}': choose from {', '.join(CATALOG)} or give a config.json path")
+        raise ConfigError(
+            f"unknown model '{name_or_path}': choose from {', '.join(CATALOG)} or give a config.json path"
+        )
     try:
         cfg = json.loads(path.read_bytes())
     except OSError as exc:
@@ -124,24 +126,35 @@ def spec_from_hf_config(cfg, name: str, source: str | None = None) -> ModelSpec:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         if err["type"] == "missing":
-            raise ConfigError(f"{where}: lacks '{field}' (need num_hidden_layers, num_attention_heads, hidden_size)") from None
+            raise ConfigError(
+                f"{where}: lacks '{field}' (need num_hidden_layers, num_attention_heads, hidden_size)"
+            ) from None
         raise ConfigError(f"{where}: {field} = {err.get('input')!r}: {err['msg'].lower()}") from None
     context = hf.max_position_embeddings or 0
     if hf.kv_lora_rank:
         if not hf.qk_rope_head_dim:
             raise ConfigError(f"{where}: an MLA config (kv_lora_rank) needs a positive qk_rope_head_dim")
-        return ModelSpec(name, hf.num_hidden_layers, kv_lora_rank=hf.kv_lora_rank, qk_rope_head_dim=hf.qk_rope_head_dim,
-                         max_context_tokens=context)
+        return ModelSpec(
+            name,
+            hf.num_hidden_layers,
+            kv_lora_rank=hf.kv_lora_rank,
+            qk_rope_head_dim=hf.qk_rope_head_dim,
+            max_context_tokens=context,
+        )
     if hf.num_attention_heads is None:
-        raise ConfigError(f"{where}: lacks 'num_attention_heads' (need num_hidden_layers, num_attention_heads, hidden_size)")
+        raise ConfigError(
+            f"{where}: lacks 'num_attention_heads' (need num_hidden_layers, num_attention_heads, hidden_size)"
+        )
     kv_heads = hf.num_key_value_heads or hf.num_attention_heads
     if hf.head_dim:
         head_dim = hf.head_dim
     elif hf.hidden_size is None:
         raise ConfigError(f"{where}: lacks 'hidden_size' (or head_dim)")
     elif hf.hidden_size % hf.num_attention_heads:
-        raise ConfigError(f"{where}: hidden_size {hf.hidden_size} is not a multiple of num_attention_heads "
-                          f"{hf.num_attention_heads}; give head_dim")
+        raise ConfigError(
+            f"{where}: hidden_size {hf.hidden_size} is not a multiple of num_attention_heads "
+            f"{hf.num_attention_heads}; give head_dim"
+        )
     else:
         head_dim = hf.hidden_size // hf.num_attention_heads
     return ModelSpec(name, hf.num_hidden_layers, kv_heads, head_dim, max_context_tokens=context)

@@ -41,8 +41,10 @@ def claim_dir(directory: str) -> None:
         if os.path.lexists(marker):  # ours (claimed earlier, or by another instance of a shared dir just now)
             _check_marker(marker, directory)
             return
-        raise ConfigError(f"cache dir {directory} is not empty and is not a kvtier tier (no {MARKER_NAME}): "
-                          f"give a new or empty directory (kvtier never writes among files it did not make)")
+        raise ConfigError(
+            f"cache dir {directory} is not empty and is not a kvtier tier (no {MARKER_NAME}): "
+            f"give a new or empty directory (kvtier never writes among files it did not make)"
+        )
     try:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except FileExistsError:  # another instance of a shared directory claimed it at the same moment
@@ -84,8 +86,10 @@ def _check_marker(marker: str, directory: str) -> None:
         time.sleep(0.05)  # being written by the instance that created it
     got, want = text.splitlines(), MARKER_TEXT.splitlines()
     if got[:1] == want[:1]:
-        raise ConfigError(f"cache dir {directory} holds a kvtier tier of another format ({' '.join(got[1:2])!r}; "
-                          f"this kvtier writes {want[1]!r}): give another directory")
+        raise ConfigError(
+            f"cache dir {directory} holds a kvtier tier of another format ({' '.join(got[1:2])!r}; "
+            f"this kvtier writes {want[1]!r}): give another directory"
+        )
     raise ConfigError(f"cache dir {directory}: {MARKER_NAME} is not a kvtier marker; not a kvtier tier")
 
 
@@ -105,8 +109,9 @@ class RescanReport:
         return asdict(self)
 
 
-def rescan_dir(store, t: int, *, verify_payload: bool = False, stale_tmp_s: float | None = None,
-               shared: bool = False) -> RescanReport:
+def rescan_dir(
+    store, t: int, *, verify_payload: bool = False, stale_tmp_s: float | None = None, shared: bool = False
+) -> RescanReport:
     """Adopt the valid entries of store.tiers[t] (a DiskTier) into the store; remove the rest (see module doc).
     In a shared directory (`shared`) entries that do not fit are left for the other instances."""
     t0 = time.perf_counter_ns()

@@ -11,7 +11,7 @@ from time import perf_counter_ns
 
 import xxhash
 
-from .entry_format import PAGE, EntryHeader, pack_header, unpack_header, file_name_for
+from .entry_format import PAGE, EntryHeader, file_name_for, pack_header, unpack_header
 from .errors import ConfigError, CorruptEntryError, EntryNotFound
 from .tiers import Tier
 from .timed_io import OpTiming
@@ -20,8 +20,14 @@ from .timed_io import OpTiming
 class RedisTier(Tier):
     kind = "redis"
 
-    def __init__(self, url: str, capacity_bytes: int, namespace: str = "kvtier", name: str = "redis",
-                 socket_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        capacity_bytes: int,
+        namespace: str = "kvtier",
+        name: str = "redis",
+        socket_timeout_s: float = 10.0,
+    ) -> None:
         super().__init__(name, capacity_bytes)
         import redis  # a declared dependency; imported here so the core does not pay for it
 

@@ -24,8 +24,9 @@ from .timed_io import IOMode, read_header
 class SharedDirTier(DiskTier):
     kind = "shared_dir"
 
-    def __init__(self, directory: str, capacity_bytes: int, io_mode: IOMode | str = IOMode.BUFFERED,
-                 name: str = "shared") -> None:
+    def __init__(
+        self, directory: str, capacity_bytes: int, io_mode: IOMode | str = IOMode.BUFFERED, name: str = "shared"
+    ) -> None:
         # No spares: another instance may still be reading a file this one deletes, so it must not be overwritten.
         super().__init__(directory, capacity_bytes, io_mode, name=name, spare_ratio=0.0)
 

@@ -54,8 +54,14 @@ class GetResult:
 
 
 class TieredStore:
-    def __init__(self, tiers: list[Tier], *, target_usage_ratio: float = 0.8, large_entry_limit_ratio: float = 0.95,
-                 promote_on_hit: bool = False) -> None:
+    def __init__(
+        self,
+        tiers: list[Tier],
+        *,
+        target_usage_ratio: float = 0.8,
+        large_entry_limit_ratio: float = 0.95,
+        promote_on_hit: bool = False,
+    ) -> None:
         if not tiers:
             raise ConfigError("the store needs at least one tier with capacity > 0")
         if not 0 < target_usage_ratio <= 1 or not 0 < large_entry_limit_ratio <= 1:
@@ -86,7 +92,12 @@ class TieredStore:
     def usage(self) -> list[dict]:
         with self._lock:
             return [
-                {"tier": t.name, "entries": len(self._lru[i]), "used_bytes": self._used[i], "capacity_bytes": t.capacity_bytes}
+                {
+                    "tier": t.name,
+                    "entries": len(self._lru[i]),
+                    "used_bytes": self._used[i],
+                    "capacity_bytes": t.capacity_bytes,
+                }
                 for i, t in enumerate(self.tiers)
             ]
 
@@ -307,7 +318,10 @@ class TieredStore:
 
     def _promote(self, e: _Entry, src: int, data: memoryview, timing: OpTiming) -> None:
         """Write an entry just read from tier src into the top tier (making room there by waterfall)."""
-        if not (e.nbytes <= self.large_entry_limit_ratio * self.tiers[0].capacity_bytes and self._reserve(0, e.nbytes, timing)):
+        if not (
+            e.nbytes <= self.large_entry_limit_ratio * self.tiers[0].capacity_bytes
+            and self._reserve(0, e.nbytes, timing)
+        ):
             with self._lock:
                 e.moving = False
                 self._lru[src][e.key] = e

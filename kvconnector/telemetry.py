@@ -12,7 +12,7 @@ from .timed_io import OpTiming
 class OpStats:
     """One operation (read or write) on one tier."""
 
-    __slots__ = ("total", "host", "device", "ops", "nbytes", "_lock")
+    __slots__ = ("_lock", "device", "host", "nbytes", "ops", "total")
 
     def __init__(self) -> None:
         self.total = LatencyHistogram()
@@ -30,7 +30,7 @@ class OpStats:
             self.ops += 1
             self.nbytes += t.nbytes
 
-    def merge(self, other: "OpStats") -> None:
+    def merge(self, other: OpStats) -> None:
         self.total.merge(other.total)
         self.host.merge(other.host)
         self.device.merge(other.device)
@@ -48,7 +48,7 @@ class OpStats:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "OpStats":
+    def from_dict(cls, d: dict) -> OpStats:
         s = cls()
         s.ops, s.nbytes = d["ops"], d["bytes"]
         s.total = LatencyHistogram.decode(d["histograms"]["total"])
@@ -60,7 +60,7 @@ class OpStats:
 class TierStats:
     """Reads, writes and events (hits, demotions, evictions, errors) of one tier."""
 
-    __slots__ = ("name", "read", "write", "events", "_lock")
+    __slots__ = ("_lock", "events", "name", "read", "write")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -73,7 +73,7 @@ class TierStats:
         with self._lock:
             self.events[event] += n
 
-    def merge(self, other: "TierStats") -> None:
+    def merge(self, other: TierStats) -> None:
         self.read.merge(other.read)
         self.write.merge(other.write)
         self.events.update(other.events)
@@ -82,7 +82,7 @@ class TierStats:
         return {"read": self.read.to_dict(), "write": self.write.to_dict(), "events": dict(sorted(self.events.items()))}
 
     @classmethod
-    def from_dict(cls, name: str, d: dict) -> "TierStats":
+    def from_dict(cls, name: str, d: dict) -> TierStats:
         s = cls(name)
         s.read, s.write = OpStats.from_dict(d["read"]), OpStats.from_dict(d["write"])
         s.events.update(d["events"])

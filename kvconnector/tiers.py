@@ -30,6 +30,7 @@ def _copy(dst: memoryview, src: memoryview) -> None:
     """memcpy through numpy: 2-3x faster than memoryview slice assignment here, and it releases the GIL."""
     np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
 
+
 GB = 1_000_000_000
 
 
@@ -47,7 +48,9 @@ class Tier(ABC):
         self.counters: Counter[str] = Counter()
 
     @abstractmethod
-    def write(self, key: str, chunks: list[memoryview], nbytes: int, shape: tuple = (), dtype: str = "uint8") -> OpTiming: ...
+    def write(
+        self, key: str, chunks: list[memoryview], nbytes: int, shape: tuple = (), dtype: str = "uint8"
+    ) -> OpTiming: ...
 
     @abstractmethod
     def read(self, key: str, nbytes: int, dest: memoryview | None = None) -> OpTiming: ...
@@ -131,8 +134,14 @@ class DiskTier(Tier):
 
     kind = "disk"
 
-    def __init__(self, directory: str, capacity_bytes: int = 0, io_mode: IOMode | str = IOMode.DIRECT,
-                 name: str = "disk", spare_ratio: float = 0.05) -> None:
+    def __init__(
+        self,
+        directory: str,
+        capacity_bytes: int = 0,
+        io_mode: IOMode | str = IOMode.DIRECT,
+        name: str = "disk",
+        spare_ratio: float = 0.05,
+    ) -> None:
         directory = os.path.abspath(directory)
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -151,7 +160,9 @@ class DiskTier(Tier):
         self.io_mode = IOMode(io_mode)
         if self.io_mode is IOMode.DIRECT and not probe_direct(directory):
             self.fallbacks["o_direct_unavailable"] += 1
-            log.warning("%s: filesystem under %s refuses O_DIRECT; using buffered I/O + fdatasync + fadvise", name, directory)
+            log.warning(
+                "%s: filesystem under %s refuses O_DIRECT; using buffered I/O + fdatasync + fadvise", name, directory
+            )
             self.io_mode = IOMode.BUFFERED
         self._spare_limit = int(spare_ratio * self.capacity_bytes)
         self._spares: dict[int, list[str]] = {}  # file size -> spare paths
@@ -208,8 +219,13 @@ class DiskTier(Tier):
         return True
 
     def describe(self):
-        return {**super().describe(), "directory": self.directory, "io_mode": self.io_mode.value,
-                "spare_writes": self.counters["spare_writes"], "spare_bytes": self._spare_bytes}
+        return {
+            **super().describe(),
+            "directory": self.directory,
+            "io_mode": self.io_mode.value,
+            "spare_writes": self.counters["spare_writes"],
+            "spare_bytes": self._spare_bytes,
+        }
 
     def close(self):
         with self._spare_lock:

@@ -53,7 +53,7 @@ class OpTiming:
     def total_ns(self) -> int:
         return self.host_ns + self.device_ns
 
-    def add(self, other: "OpTiming") -> None:
+    def add(self, other: OpTiming) -> None:
         self.host_ns += other.host_ns
         self.device_ns += other.device_ns
         self.nbytes += other.nbytes
@@ -113,8 +113,15 @@ def probe_direct(directory: str) -> bool:
             pass
 
 
-def write_entry(path: str, key: str, chunks: list[memoryview], mode: IOMode,
-                shape: tuple[int, ...] = (), dtype: str = "uint8", spare: str | None = None) -> OpTiming:
+def write_entry(
+    path: str,
+    key: str,
+    chunks: list[memoryview],
+    mode: IOMode,
+    shape: tuple[int, ...] = (),
+    dtype: str = "uint8",
+    spare: str | None = None,
+) -> OpTiming:
     """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT.
     `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
     it is consumed (renamed into place, or removed on failure)."""
@@ -303,7 +310,9 @@ def read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: mem
 
 
 def _preadv_all(fd: int, iov: list[memoryview], path: str, offset: int = 0) -> int:
-    return _vectored_all(os.preadv, fd, iov, offset, lambda: CorruptEntryError(f"{path}: file shorter than its header says"))
+    return _vectored_all(
+        os.preadv, fd, iov, offset, lambda: CorruptEntryError(f"{path}: file shorter than its header says")
+    )
 
 
 def _check_header(page: memoryview, key: str, payload_nbytes: int, path: str) -> EntryHeader:

@@ -11,14 +11,17 @@ import sys
 from .cli_common import Interrupted, stop_signals_raise
 
 SUBCOMMANDS = {
-    "bench": ("replay.bench_cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
+    "bench": ("replay.synthetic.cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
     "replay": ("replay.openai.cli", "replay ShareGPT / BurstGPT / synthetic load against an OpenAI-compatible server"),
-    "compare": ("replay.compare", "side-by-side table of result JSON files, with ratios"),
+    "compare": ("replay.synthetic.compare", "side-by-side table of result JSON files, with ratios"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
 }
 
-USAGE = "usage: kvtier {" + ",".join(SUBCOMMANDS) + "} [options]   (kvtier SUBCOMMAND --help for each)\n\n" + "\n".join(
-    f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items()
+USAGE = (
+    "usage: kvtier {"
+    + ",".join(SUBCOMMANDS)
+    + "} [options]   (kvtier SUBCOMMAND --help for each)\n\n"
+    + "\n".join(f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items())
 )
 
 
@@ -29,8 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"kvtier: unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')",
-              file=sys.stderr)
+        print(
+            f"kvtier: unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')",
+            file=sys.stderr,
+        )
         return 2
     # Any subcommand stopped by SIGINT or SIGTERM where it does not handle them itself: one line, 128 + signal.
     with stop_signals_raise():

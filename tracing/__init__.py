@@ -9,11 +9,20 @@ first use, so ``python -m tracing.distill`` does not import itself twice.
 from importlib import import_module
 
 _EXPORTS = {
-    "Bucket": "histparse", "Hist": "histparse", "Stats": "histparse", "Trace": "histparse",
-    "TraceParseError": "histparse", "parse_trace": "histparse",
-    "DistillError": "distill", "Distilled": "distill", "distill": "distill", "render_job": "distill",
+    "Bucket": "histparse",
+    "Hist": "histparse",
+    "Stats": "histparse",
+    "Trace": "histparse",
+    "TraceParseError": "histparse",
+    "parse_trace": "histparse",
+    "DistillError": "distill",
+    "Distilled": "distill",
+    "distill": "distill",
+    "render_job": "distill",
     "validate_job": "distill",
-    "TraceSession": "session", "TracingUnavailable": "session", "TraceSessionError": "session",
+    "TraceSession": "session",
+    "TracingUnavailable": "session",
+    "TraceSessionError": "session",
 }
 __all__ = sorted(_EXPORTS)
 

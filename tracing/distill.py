@@ -50,16 +50,16 @@ from pathlib import Path
 
 from .histparse import Hist, Stats, Trace, TraceParseError, parse_trace, read_trace
 
-__all__ = ["DistillError", "Distilled", "distill", "render_job", "validate_job", "parse_fio_size", "main"]
+__all__ = ["DistillError", "Distilled", "distill", "main", "parse_fio_size", "render_job", "validate_job"]
 
-SEQ_THRESHOLD = 0.8      # this share of sequential requests makes a direction sequential
-MIN_SPLIT_PCT = 1        # bssplit entries rounding below this are dropped (and said so)
-IDLE_MIN_SHARE = 0.05    # thinktime only when idle gaps cover this share of the window
+SEQ_THRESHOLD = 0.8  # this share of sequential requests makes a direction sequential
+MIN_SPLIT_PCT = 1  # bssplit entries rounding below this are dropped (and said so)
+IDLE_MIN_SHARE = 0.05  # thinktime only when idle gaps cover this share of the window
 # Bounds of a real capture; a trace beyond them is not one (or was edited),
 # and its numbers must not reach the job.
-MAX_WINDOW_S = 366 * 86400        # a capture (and a replay) of at most a year
-MAX_REQUEST_BYTES = 1 << 32       # a block request's length is a 32-bit field
-MAX_IODEPTH = 65536               # far above any device queue (nr_requests)
+MAX_WINDOW_S = 366 * 86400  # a capture (and a replay) of at most a year
+MAX_REQUEST_BYTES = 1 << 32  # a block request's length is a 32-bit field
+MAX_IODEPTH = 65536  # far above any device queue (nr_requests)
 MAX_JOB_NAME = 64
 
 
@@ -87,6 +87,7 @@ class Distilled:
 
 # --- helpers -------------------------------------------------------------------
 
+
 def _op_hist(tr: Trace, base: str, op: str, unit: str) -> Hist | None:
     """``@base_op_unit`` (ours) or ``@base_unit[op]`` (keyed form)."""
     return tr.hist(f"{base}_{op}_{unit}") or tr.hist(f"{base}_{unit}", op)
@@ -96,8 +97,9 @@ def _num(tr: Trace, name: str, key: str = "") -> int:
     """A count from the trace; a negative one is not bpftrace's (counts only grow)."""
     v = tr.number(name, key)
     if not 0 <= v < 1 << 64:
-        raise DistillError(f"@{name}{f'[{key}]' if key else ''} is {v}: not a count "
-                           "(bpftrace counts are 64-bit, never negative)")
+        raise DistillError(
+            f"@{name}{f'[{key}]' if key else ''} is {v}: not a count (bpftrace counts are 64-bit, never negative)"
+        )
     return v
 
 
@@ -124,15 +126,16 @@ def parse_fio_size(text: str) -> str:
     "1g 2", and a newline would add any option to the job."""
     m = _FIO_SIZE_RE.fullmatch(text)
     if not m:
-        raise ValueError(f"{text!r} is not a fio size: a number with an optional k/m/g/t/p suffix "
-                         "(64m, 1.5g) or a percentage (50%)")
+        raise ValueError(
+            f"{text!r} is not a fio size: a number with an optional k/m/g/t/p suffix (64m, 1.5g) or a percentage (50%)"
+        )
     if m.group("pct") is not None:
         if not 0 < float(m.group("pct")) <= 100:
             raise ValueError(f"{text!r}: a percentage of the target must be over 0 and at most 100")
         return text
     unit = m.group("unit").lower()
     nbytes = float(m.group("n")) * (1024 ** ("kmgtp".index(unit) + 1) if unit else 1)
-    if not 1 <= nbytes < 2 ** 63:
+    if not 1 <= nbytes < 2**63:
         raise ValueError(f"{text!r}: a size must be at least 1 byte and under 8 EiB")
     return text
 
@@ -195,8 +198,10 @@ def size_split(tr: Trace, op: str) -> tuple[list[tuple[int, int]], list[str]]:
         source = f"@bs_{op}_bytes (log2 buckets, lower bounds)"
     too_big = [s for s in weights if s > MAX_REQUEST_BYTES]
     if too_big:
-        raise DistillError(f"{op} request size {max(too_big)} bytes in {source.split()[0]}: over 4 GiB, "
-                           "more than a block request can hold")
+        raise DistillError(
+            f"{op} request size {max(too_big)} bytes in {source.split()[0]}: over 4 GiB, "
+            "more than a block request can hold"
+        )
     # sector multiples only: fio with direct=1 needs them
     fixed: dict[int, float] = {}
     for size, w in weights.items():
@@ -236,14 +241,24 @@ def _pct_split(split: list[tuple[int, int]]) -> str:
 
 # --- the distiller -------------------------------------------------------------
 
-def distill(tr: Trace, *, process: str | None = None, window_s: float | None = None,
-            runtime_s: int | None = None, size: str | None = None, allow_truncated: bool = False) -> Distilled:
+
+def distill(
+    tr: Trace,
+    *,
+    process: str | None = None,
+    window_s: float | None = None,
+    runtime_s: int | None = None,
+    size: str | None = None,
+    allow_truncated: bool = False,
+) -> Distilled:
     """The job for a parsed trace. DistillError when the trace is truncated
     (unless allow_truncated), holds no block I/O or numbers no capture has."""
     notes: list[str] = []
     if tr.truncated and not allow_truncated:
-        raise DistillError("the trace is truncated (" + "; ".join(tr.cuts[:3] or ["no END"]) + "): its job would "
-                           "silently lack what was cut; --allow-truncated distils what is there")
+        raise DistillError(
+            "the trace is truncated (" + "; ".join(tr.cuts[:3] or ["no END"]) + "): its job would "
+            "silently lack what was cut; --allow-truncated distils what is there"
+        )
     if window_s is not None:
         if not 0 < window_s <= MAX_WINDOW_S:  # NaN fails this too
             raise DistillError(f"--window-s must be over 0 and at most {MAX_WINDOW_S} (a year), not {window_s}")
@@ -252,8 +267,9 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
     elif tr.window_ns is None:
         raise DistillError("the trace has no capture window (cut before END); give --window-s")
     elif not 0 < tr.window_ns <= MAX_WINDOW_S * 1e9:
-        raise DistillError(f"capture_window_ns is {tr.window_ns}: not a capture's length "
-                           f"(over 0 and at most a year); give --window-s")
+        raise DistillError(
+            f"capture_window_ns is {tr.window_ns}: not a capture's length (over 0 and at most a year); give --window-s"
+        )
     else:
         window = tr.window_ns / 1e9
     if runtime_s is not None and not 0 < runtime_s <= MAX_WINDOW_S:
@@ -265,8 +281,10 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
             raise DistillError(f"--size: {exc}") from None
     missed = tr.meta.get("missed_events", "")
     if missed.isdigit() and int(missed) > 0:
-        notes.append(f"the kernel skipped {missed} probe runs (BPF recursion guard): "
-                     "counts are a sample and the sampled depth may drift; mix and sizes are still fair")
+        notes.append(
+            f"the kernel skipped {missed} probe runs (BPF recursion guard): "
+            "counts are a sample and the sampled depth may drift; mix and sizes are still fair"
+        )
     if tr.truncated:
         notes.append("TRUNCATED trace (--allow-truncated), what was cut is missing: " + "; ".join(tr.cuts[:3]))
 
@@ -280,8 +298,10 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
         hr, hw = _op_hist(tr, "bs", "read", "bytes"), _op_hist(tr, "bs", "write", "bytes")
         reads, writes = (hr.total if hr else 0), (hw.total if hw else 0)
     if reads + writes == 0:
-        raise DistillError("no block-layer I/O in the trace: nothing to distil "
-                           "(wrong process or device filter, or a page-cache-only workload?)")
+        raise DistillError(
+            "no block-layer I/O in the trace: nothing to distil "
+            "(wrong process or device filter, or a page-cache-only workload?)"
+        )
     figures: dict = {"window_s": round(window, 3), "reads": reads, "writes": writes}
     for key in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs", "other_reqs"):
         if _num(tr, key):
@@ -310,8 +330,11 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
     # outstanding time (insert to complete) when traced, else device time
     busy_us = 0
     for op in ("read", "write"):
-        st = (_stats(tr, f"q2c_stats_{op}_usecs") or _stats(tr, f"d2c_stats_{op}_usecs")
-              or _stats(tr, "d2c_stats_usecs", op))
+        st = (
+            _stats(tr, f"q2c_stats_{op}_usecs")
+            or _stats(tr, f"d2c_stats_{op}_usecs")
+            or _stats(tr, "d2c_stats_usecs", op)
+        )
         if st is not None:
             busy_us += st.total
     # the span with I/O in it (first outstanding request to last completion)
@@ -330,8 +353,9 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
         iodepth = max(1, edge)
         if busy_us and not (0.6 <= edge / max(little, 1e-9) <= 3.0):
             iodepth = max(1, int(round(little)))
-            notes.append(f"sampled depth (edge {edge}) and Little's law ({little:.1f}) disagree: "
-                         "iodepth from Little's law")
+            notes.append(
+                f"sampled depth (edge {edge}) and Little's law ({little:.1f}) disagree: iodepth from Little's law"
+            )
     elif busy_us:
         iodepth = max(1, int(round(little)))
         notes.append("no sampled queue depth in trace: iodepth from Little's law")
@@ -403,10 +427,21 @@ def distill(tr: Trace, *, process: str | None = None, window_s: float | None = N
             notes.append("no LBA regions in trace: size=1g assumed (--size sets it)")
     name = re.sub(r"[^A-Za-z0-9]+", "-", (process or "traced")).strip("-")[:MAX_JOB_NAME].strip("-") or "traced"
     d = Distilled(
-        job_name=f"{name}-distilled", rw=rw, rwmixread=rwmix, bssplit_read=split_r, bssplit_write=split_w,
-        iodepth=iodepth, ioengine=ioengine, runtime_s=runtime_s or max(1, int(math.ceil(window))), size=size,
-        percentage_random=percentage_random, thinktime_us=thinktime_us, thinktime_blocks=thinktime_blocks,
-        notes=notes, figures=figures)
+        job_name=f"{name}-distilled",
+        rw=rw,
+        rwmixread=rwmix,
+        bssplit_read=split_r,
+        bssplit_write=split_w,
+        iodepth=iodepth,
+        ioengine=ioengine,
+        runtime_s=runtime_s or max(1, int(math.ceil(window))),
+        size=size,
+        percentage_random=percentage_random,
+        thinktime_us=thinktime_us,
+        thinktime_blocks=thinktime_blocks,
+        notes=notes,
+        figures=figures,
+    )
     _check_plausible(d, window)
     return d
 
@@ -415,11 +450,14 @@ def _check_plausible(d: Distilled, window_s: float) -> None:
     """Numbers a real capture cannot give (a trace with huge or edited
     values) are refused here rather than written into a job that fio
     --parse-only would take: it checks syntax, not sense."""
-    bounds = [("iodepth", d.iodepth, 1, MAX_IODEPTH, "deeper than any device queue"),
-              ("runtime", d.runtime_s, 1, MAX_WINDOW_S, "longer than a year")]
+    bounds = [
+        ("iodepth", d.iodepth, 1, MAX_IODEPTH, "deeper than any device queue"),
+        ("runtime", d.runtime_s, 1, MAX_WINDOW_S, "longer than a year"),
+    ]
     if d.thinktime_us is not None:
-        bounds.append(("thinktime", d.thinktime_us, 1, max(1, int(window_s * 1e6)),
-                       "an idle gap longer than the capture window"))
+        bounds.append(
+            ("thinktime", d.thinktime_us, 1, max(1, int(window_s * 1e6)), "an idle gap longer than the capture window")
+        )
         bounds.append(("thinktime_blocks", d.thinktime_blocks, 1, (1 << 31) - 1, "more than fio can count"))
     for key, value, lo, hi, why in bounds:
         if not lo <= value <= hi:
@@ -459,20 +497,26 @@ def render_job(d: Distilled, *, source: str, tr: Trace) -> str:
             out.append(line)
         else:
             raise DistillError(f"refusing to write the job line {one_line(line)!r}: not a plain fio option")
+
     c(f"; {d.job_name}: fio job distilled from a storage_latency_stack trace.")
     c(f"; Source trace: {source}")
-    c(f"; Capture window: {d.figures['window_s']} s; block requests completed: "
-      f"{d.figures['reads']} reads, {d.figures['writes']} writes (issued {d.figures['issued']}).")
+    c(
+        f"; Capture window: {d.figures['window_s']} s; block requests completed: "
+        f"{d.figures['reads']} reads, {d.figures['writes']} writes (issued {d.figures['issued']})."
+    )
     if tr.meta:
         for k in ("layers_on", "layers_off", "filter", "filter_pid", "filter_comm", "dev", "missed_events"):
             if k in tr.meta:
                 c(f"; {k}: {tr.meta[k]}")
     fig = d.figures
-    depth = [f"sampled edge {fig['iodepth_sampled_edge']}" if "iodepth_sampled_edge" in fig else None,
-             f"median {fig['iodepth_sampled_p50']:g}" if "iodepth_sampled_p50" in fig else None,
-             f"mean {fig['iodepth_sampled_mean']}" if "iodepth_sampled_mean" in fig else None,
-             f"Little's law {fig['iodepth_little']} over {fig['little_span_s']} s of I/O"
-             if "iodepth_little" in fig else None]
+    depth = [
+        f"sampled edge {fig['iodepth_sampled_edge']}" if "iodepth_sampled_edge" in fig else None,
+        f"median {fig['iodepth_sampled_p50']:g}" if "iodepth_sampled_p50" in fig else None,
+        f"mean {fig['iodepth_sampled_mean']}" if "iodepth_sampled_mean" in fig else None,
+        f"Little's law {fig['iodepth_little']} over {fig['little_span_s']} s of I/O"
+        if "iodepth_little" in fig
+        else None,
+    ]
     c("; Queue depth: " + (", ".join(x for x in depth if x) or "not in trace"))
     for k in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs"):
         if k in fig:
@@ -542,11 +586,13 @@ def _seconds(kind):
         try:
             v = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number "
-                                             "of seconds") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a {'whole ' if kind is int else ''}number of seconds"
+            ) from None
         if not 0 < v <= MAX_WINDOW_S:  # NaN and inf fail this too
             raise argparse.ArgumentTypeError(f"{text!r}: seconds over 0 and at most {MAX_WINDOW_S} (a year)")
         return v
+
     return parse
 
 
@@ -571,23 +617,28 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Turn a storage_latency_stack trace (bpftrace text or JSON) into a fio job.",
         epilog="bad input: a user's mistake (bad flag or value, a file that is not a trace, an output\n"
-               "that cannot be written) is one line on stderr and exit status 2, nothing written;\n"
-               "so is a truncated trace (END line, end marker, a histogram or a line cut off),\n"
-               "unless --allow-truncated. Every value in the job is checked (fio syntax, range).\n\n"
-               "examples:\n"
-               "  %(prog)s -i out/trace.txt -o job.fio\n"
-               "  %(prog)s -i trace.json --process vllm -o vllm.fio\n"
-               "  TARGET=/mnt/nvme/fio.dat fio job.fio",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "that cannot be written) is one line on stderr and exit status 2, nothing written;\n"
+        "so is a truncated trace (END line, end marker, a histogram or a line cut off),\n"
+        "unless --allow-truncated. Every value in the job is checked (fio syntax, range).\n\n"
+        "examples:\n"
+        "  %(prog)s -i out/trace.txt -o job.fio\n"
+        "  %(prog)s -i trace.json --process vllm -o vllm.fio\n"
+        "  TARGET=/mnt/nvme/fio.dat fio job.fio",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("-i", "--input", required=True, help="trace file (text or -f json output)")
     p.add_argument("-o", "--output", help="fio job to write (default: stdout)")
     p.add_argument("--process", help="name for the fio job section (the trace is already filtered at capture)")
     p.add_argument("--window-s", type=_seconds(float), help="capture window in seconds, for traces cut before END")
     p.add_argument("--runtime-s", type=_seconds(int), help="fio runtime (default: the capture window)")
-    p.add_argument("--size", type=_fio_size_arg,
-                   help="fio size=: 64m, 1.5g, 50%% (default: the traced LBA footprint, at least 1g)")
-    p.add_argument("--allow-truncated", action="store_true",
-                   help="distil a truncated trace (cut before its end) from what it has, with a warning")
+    p.add_argument(
+        "--size", type=_fio_size_arg, help="fio size=: 64m, 1.5g, 50%% (default: the traced LBA footprint, at least 1g)"
+    )
+    p.add_argument(
+        "--allow-truncated",
+        action="store_true",
+        help="distil a truncated trace (cut before its end) from what it has, with a warning",
+    )
     p.add_argument("--dump-json", metavar="FILE", help="also write the parsed histograms as JSON")
     p.add_argument("--no-validate", action="store_true", help="skip fio --parse-only")
     return p
@@ -645,15 +696,23 @@ def main(argv: list[str] | None = None, prog: str = "kvtier distill") -> int:
             raise DistillError(f"{path}: {exc}") from exc
         cuts = "; ".join(tr.cuts[:3])
         if tr.truncated and not args.allow_truncated:
-            raise DistillError(f"{path} is truncated ({cuts}): its job would silently lack what was cut; "
-                               "--allow-truncated distils what is there")
+            raise DistillError(
+                f"{path} is truncated ({cuts}): its job would silently lack what was cut; "
+                "--allow-truncated distils what is there"
+            )
         # said once the job is made, so a failure after it stays one line
         warn = f"{prog}: warning: {path} is truncated ({cuts}): distilled what is there" if tr.truncated else ""
         job = None
         if args.output or not args.dump_json:
             try:
-                d = distill(tr, process=args.process, window_s=args.window_s, runtime_s=args.runtime_s,
-                            size=args.size, allow_truncated=args.allow_truncated)
+                d = distill(
+                    tr,
+                    process=args.process,
+                    window_s=args.window_s,
+                    runtime_s=args.runtime_s,
+                    size=args.size,
+                    allow_truncated=args.allow_truncated,
+                )
             except DistillError as exc:
                 raise DistillError(f"{path}: {exc}") from exc
             job = render_job(d, source=str(path), tr=tr)

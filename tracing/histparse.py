@@ -33,14 +33,25 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-__all__ = ["Bucket", "Hist", "Stats", "Trace", "TraceParseError", "parse_trace", "parse_text", "parse_json",
-           "parse_value", "read_trace"]
+__all__ = [
+    "Bucket",
+    "Hist",
+    "Stats",
+    "Trace",
+    "TraceParseError",
+    "parse_json",
+    "parse_text",
+    "parse_trace",
+    "parse_value",
+    "read_trace",
+]
 
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
 _NUM = r"-?\d+[KMGTPE]?"
 _BUCKET_RE = re.compile(
     rf"^\s*(?P<open>[\[(])\s*(?P<lo>{_NUM}|\.\.\.)\s*(?:,\s*(?P<hi>{_NUM}|\.\.\.)\s*)?(?P<close>[\])])"
-    r"\s+(?P<count>\d+)\s*(?:\|.*)?$")
+    r"\s+(?P<count>\d+)\s*(?:\|.*)?$"
+)
 _HEADER_RE = re.compile(r"^@(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<key>.*)\])?:\s*(?P<rest>.*)$")
 _STATS_RE = re.compile(r"^count (-?\d+), average (-?\d+), total (-?\d+)$")
 _WINDOW_RE = re.compile(r"^capture_window_ns:\s*(\d+)\s*$")
@@ -64,8 +75,9 @@ def read_trace(path) -> str:
     if not stat.S_ISREG(st.st_mode):
         raise TraceParseError("is not a regular file (a FIFO or device?): give a saved trace file")
     if st.st_size > MAX_TRACE_BYTES:
-        raise TraceParseError(f"is {st.st_size >> 20} MiB: too big for a bpftrace map dump "
-                              f"(at most {MAX_TRACE_BYTES >> 20} MiB)")
+        raise TraceParseError(
+            f"is {st.st_size >> 20} MiB: too big for a bpftrace map dump (at most {MAX_TRACE_BYTES >> 20} MiB)"
+        )
     with open(path, "rb") as f:
         data = f.read(MAX_TRACE_BYTES + 1)
     if b"\0" in data:
@@ -130,13 +142,15 @@ class Hist:
         last = self.buckets[-1]
         return float(last.lo if last.hi is None else last.hi)
 
-    def merged(self, other: "Hist") -> "Hist":
+    def merged(self, other: Hist) -> Hist:
         acc: dict[tuple, int] = {}
         for b in self.buckets + other.buckets:
             acc[(b.lo, b.hi)] = acc.get((b.lo, b.hi), 0) + b.count
+
         def key(item):
             lo, hi = item[0]
             return (-math.inf if lo is None else lo, math.inf if hi is None else hi)
+
         return Hist([Bucket(lo, hi, c) for (lo, hi), c in sorted(acc.items(), key=key)])
 
     def to_json(self) -> list[dict]:
@@ -197,9 +211,16 @@ class Trace:
             if isinstance(v, Stats):
                 return {"count": v.count, "average": v.average, "total": v.total}
             return v
-        return {"meta": self.meta, "window_ns": self.window_ns, "active_span_ns": self.active_span_ns, "truncated": self.truncated,
-                "cuts": self.cuts, "problems": self.problems,
-                "maps": {n: {k: enc(v) for k, v in d.items()} for n, d in self.maps.items()}}
+
+        return {
+            "meta": self.meta,
+            "window_ns": self.window_ns,
+            "active_span_ns": self.active_span_ns,
+            "truncated": self.truncated,
+            "cuts": self.cuts,
+            "problems": self.problems,
+            "maps": {n: {k: enc(v) for k, v in d.items()} for n, d in self.maps.items()},
+        }
 
 
 def _norm_key(key: str | None) -> str:
@@ -240,7 +261,7 @@ def parse_text(text: str) -> Trace:
         if not line.strip():
             continue
         if line.startswith("# kvtier "):
-            k, _, v = line[len("# kvtier "):].partition(":")
+            k, _, v = line[len("# kvtier ") :].partition(":")
             tr.meta[k.strip()] = v.strip()
             continue
         if line.startswith("Attaching ") and "probe" in line:
@@ -261,7 +282,7 @@ def parse_text(text: str) -> Trace:
             if not rest:
                 cur = slot[key] = Hist()
                 cur_name = f"@{name}[{key}]" if key else f"@{name}"
-            elif (sm := _STATS_RE.match(rest)):
+            elif sm := _STATS_RE.match(rest):
                 slot[key] = Stats(*(int(x) for x in sm.groups()))
             elif re.fullmatch(r"-?\d+", rest):
                 slot[key] = int(rest)

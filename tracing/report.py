@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .histparse import Hist, Trace, TraceParseError, parse_trace, read_trace
 
-__all__ = ["layer_rows", "format_table", "write_plots", "main"]
+__all__ = ["format_table", "layer_rows", "main", "write_plots"]
 
 READS = ("read", "pread64", "readv", "preadv", "preadv2")
 WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
@@ -87,8 +87,10 @@ def format_table(tr: Trace) -> str:
     lines += [head, "-" * len(head)]
     rows = layer_rows(tr)
     for layer, what, h in rows:
-        lines.append(f"{layer:<9}{what:<18}{h.total:>9}{_fmt_us(h.mean()):>9}{_fmt_us(h.quantile(.5)):>9}"
-                     f"{_fmt_us(h.quantile(.9)):>9}{_fmt_us(h.quantile(.99)):>9}")
+        lines.append(
+            f"{layer:<9}{what:<18}{h.total:>9}{_fmt_us(h.mean()):>9}{_fmt_us(h.quantile(0.5)):>9}"
+            f"{_fmt_us(h.quantile(0.9)):>9}{_fmt_us(h.quantile(0.99)):>9}"
+        )
     if not rows:
         lines.append("(no latency histograms in this trace)")
     lines.append("")
@@ -102,6 +104,7 @@ def _label(b) -> str:
             if v and abs(v) >= m and v % m == 0:
                 return f"{v // m}{s}"
         return str(v)
+
     if b.lo is None:
         return f"<{short(b.hi)}"
     if b.hi is None:
@@ -132,7 +135,7 @@ def write_plots(tr: Trace, out_dir: str | Path) -> list[Path]:
             bs = h.buckets
             first = next(i for i, b in enumerate(bs) if b.count)
             last = max(i for i, b in enumerate(bs) if b.count)
-            bs = bs[first:last + 1]
+            bs = bs[first : last + 1]
             ax.bar(range(len(bs)), [b.count for b in bs], color="#3b6ea5")
             ax.set_xticks(range(len(bs)))
             ax.set_xticklabels([_label(b) for b in bs], rotation=60, fontsize=7)
@@ -148,20 +151,37 @@ def write_plots(tr: Trace, out_dir: str | Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
-    grid("latency_by_layer", "Latency by layer (bucket lower edges, microseconds)",
-         [(f"{layer}: {what}", h) for layer, what, h in layer_rows(tr)], "usecs")
-    grid("request_sizes", "Block request sizes", [("read", tr.hist("bs_read_bytes")),
-                                                  ("write", tr.hist("bs_write_bytes"))], "bytes")
-    grid("queue_depth", "Outstanding requests at dispatch", [("read", tr.hist("qdepth_read")),
-                                                             ("write", tr.hist("qdepth_write"))], "requests")
-    grid("lba_regions", "Where requests landed (LBA region index)",
-         [("read", tr.hist("lba_region_read_gib")), ("write", tr.hist("lba_region_write_gib"))], "region")
+    grid(
+        "latency_by_layer",
+        "Latency by layer (bucket lower edges, microseconds)",
+        [(f"{layer}: {what}", h) for layer, what, h in layer_rows(tr)],
+        "usecs",
+    )
+    grid(
+        "request_sizes",
+        "Block request sizes",
+        [("read", tr.hist("bs_read_bytes")), ("write", tr.hist("bs_write_bytes"))],
+        "bytes",
+    )
+    grid(
+        "queue_depth",
+        "Outstanding requests at dispatch",
+        [("read", tr.hist("qdepth_read")), ("write", tr.hist("qdepth_write"))],
+        "requests",
+    )
+    grid(
+        "lba_regions",
+        "Where requests landed (LBA region index)",
+        [("read", tr.hist("lba_region_read_gib")), ("write", tr.hist("lba_region_write_gib"))],
+        "region",
+    )
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tracing.report",
-                                description="Per-layer latency table (and PNG histograms) of a trace.")
+    p = argparse.ArgumentParser(
+        prog="python -m tracing.report", description="Per-layer latency table (and PNG histograms) of a trace."
+    )
     p.add_argument("trace", help="storage_latency_stack output (text or JSON)")
     p.add_argument("--plots", metavar="DIR", help="write PNG histograms into DIR")
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from .distill import DistillError, distill, render_job
 from .histparse import parse_trace
 
-__all__ = ["TraceSession", "TraceSessionError", "TracingUnavailable", "SCRIPT"]
+__all__ = ["SCRIPT", "TraceSession", "TraceSessionError", "TracingUnavailable"]
 
 SCRIPT = Path(__file__).resolve().parent / "storage_latency_stack.sh"
 _READY = "Tracing storage I/O by layer"
@@ -52,8 +52,16 @@ class TraceSession:
     the device to trace (its disk, partitions resolved), None for all devices;
     out_dir: where the raw trace, layers.txt and job.fio go."""
 
-    def __init__(self, *, pid: int, path: str | os.PathLike | None, out_dir: str | os.PathLike,
-                 json_output: bool = False, attach_timeout_s: float = 60.0, job_name: str = "kvtier"):
+    def __init__(
+        self,
+        *,
+        pid: int,
+        path: str | os.PathLike | None,
+        out_dir: str | os.PathLike,
+        json_output: bool = False,
+        attach_timeout_s: float = 60.0,
+        job_name: str = "kvtier",
+    ):
         self.pid = int(pid)
         self.path = None if path is None else str(path)
         self.out_dir = Path(out_dir)
@@ -156,7 +164,7 @@ class TraceSession:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "TraceSession":
+    def __enter__(self) -> TraceSession:
         self.start()
         return self
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def object_key_str(key: "ObjectKey") -> str:
+def object_key_str(key: ObjectKey) -> str:
     """Every field of the key, '@'-separated (LMCache forbids '@' in model names and salts). Never used as a path."""
     return f"{key.model_name}@{key.kv_rank:x}@{key.object_group_id:x}@{key.chunk_hash.hex()}@{key.cache_salt}"
 
@@ -67,11 +67,15 @@ class KvtierL2Adapter(L2AdapterInterface):
             return self._next_id
 
     # ---- store ---------------------------------------------------------------------------------------------------------
-    def submit_store_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
+    def submit_store_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
         tid = self._task_id()
         keys = list(keys)
-        self._fan_out(self.backend.pool, self._store_one, list(zip(keys, objects, strict=True)),
-                      lambda sizes: self._finish_store(tid, keys, sizes))
+        self._fan_out(
+            self.backend.pool,
+            self._store_one,
+            list(zip(keys, objects, strict=True)),
+            lambda sizes: self._finish_store(tid, keys, sizes),
+        )
         return tid
 
     def _finish_store(self, tid: L2TaskId, keys, sizes: list) -> None:
@@ -118,7 +122,9 @@ class KvtierL2Adapter(L2AdapterInterface):
         return done
 
     # ---- lookup and lock -------------------------------------------------------------------------------------------
-    def submit_lookup_and_lock_task(self, keys: list["ObjectKey"], group_layout_descs: dict[int, "MemoryLayoutDesc"]) -> L2TaskId:
+    def submit_lookup_and_lock_task(
+        self, keys: list[ObjectKey], group_layout_descs: dict[int, MemoryLayoutDesc]
+    ) -> L2TaskId:
         tid = self._task_id()
         self.backend.read_pool.submit(self._run_lookup, tid, list(keys))
         return tid
@@ -139,16 +145,18 @@ class KvtierL2Adapter(L2AdapterInterface):
         with self._lock:
             return self._done_lookup.pop(task_id, None)
 
-    def submit_unlock(self, keys: list["ObjectKey"]) -> None:
+    def submit_unlock(self, keys: list[ObjectKey]) -> None:
         for key in keys:
             self.backend.unpin(object_key_str(key))
 
     # ---- load --------------------------------------------------------------------------------------------------------
-    def submit_load_task(self, keys: list["ObjectKey"], objects: list["MemoryObj"]) -> L2TaskId:
+    def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
         tid = self._task_id()
         keys = list(keys)
         items = [(object_key_str(k), byte_view(o)) for k, o in zip(keys, objects, strict=True)]
-        self._fan_out(self.backend.read_pool, self.backend.get_into, items, lambda hits: self._finish_load(tid, keys, hits))
+        self._fan_out(
+            self.backend.read_pool, self.backend.get_into, items, lambda hits: self._finish_load(tid, keys, hits)
+        )
         return tid
 
     def _finish_load(self, tid: L2TaskId, keys, hits: list) -> None:
@@ -168,7 +176,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             return self._done_load.pop(task_id, None)
 
     # ---- eviction, status, close -------------------------------------------------------------------------------------
-    def delete(self, keys: list["ObjectKey"]) -> None:
+    def delete(self, keys: list[ObjectKey]) -> None:
         deleted, sizes = [], []
         for key in keys:
             s = object_key_str(key)
@@ -180,8 +188,12 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._notify_keys_deleted(deleted, sizes)
 
     def report_status(self) -> dict:
-        return {"is_healthy": not self.backend._closed, "type": "KvtierL2Adapter",
-                "tiers": self.backend.store.usage(), "events": self.backend.events_snapshot()}
+        return {
+            "is_healthy": not self.backend._closed,
+            "type": "KvtierL2Adapter",
+            "tiers": self.backend.store.usage(),
+            "events": self.backend.events_snapshot(),
+        }
 
     def close(self) -> None:
         self.backend.close()

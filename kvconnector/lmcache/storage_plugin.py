@@ -22,8 +22,9 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 from lmcache.v1.memory_management import MemoryFormat, MemoryObj
@@ -36,8 +37,14 @@ EXIT_CONFIG = 78  # sysexits.h EX_CONFIG
 log = logging.getLogger(__name__)
 
 _DTYPES = {
-    torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32", torch.float64: "f64", torch.uint8: "u8",
-    torch.int8: "i8", torch.int32: "i32", torch.int64: "i64",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.int32: "i32",
+    torch.int64: "i64",
 }
 for _name, _code in (("float8_e4m3fn", "f8e4"), ("float8_e5m2", "f8e5")):
     if hasattr(torch, _name):
@@ -69,13 +76,16 @@ class KvtierStoragePlugin(StoragePluginInterface):
             sys.stderr.write(f"{exc} (exit status {EXIT_CONFIG})\n")
             sys.stderr.flush()
             os._exit(EXIT_CONFIG)
-        super().__init__(dst_device=dst_device, config=config, metadata=metadata,
-                         local_cpu_backend=local_cpu_backend, loop=loop)
+        super().__init__(
+            dst_device=dst_device, config=config, metadata=metadata, local_cpu_backend=local_cpu_backend, loop=loop
+        )
         self._put_lock = threading.Lock()
         self._putting: set[str] = set()
         if local_cpu_backend is None:
-            log.warning("kvtier storage plugin: LMCache gave no local CPU backend (max_local_cpu_size must be > 0); "
-                        "gets will miss")
+            log.warning(
+                "kvtier storage plugin: LMCache gave no local CPU backend (max_local_cpu_size must be > 0); "
+                "gets will miss"
+            )
             self.backend.count("no_local_cpu_backend")
 
     def __str__(self) -> str:
@@ -99,8 +109,13 @@ class KvtierStoragePlugin(StoragePluginInterface):
         return self.backend.remove(key.to_string())
 
     # ---- puts ----------------------------------------------------------------------------------------------------------
-    def batched_submit_put_task(self, keys: Sequence, objs: list[MemoryObj], transfer_spec: Any = None,
-                                on_complete_callback: Optional[Callable] = None) -> list[Future] | None:
+    def batched_submit_put_task(
+        self,
+        keys: Sequence,
+        objs: list[MemoryObj],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable | None = None,
+    ) -> list[Future] | None:
         futures = []
         for key, obj in zip(keys, objs, strict=True):
             skey = key.to_string()
@@ -131,7 +146,7 @@ class KvtierStoragePlugin(StoragePluginInterface):
         return ok
 
     # ---- gets ----------------------------------------------------------------------------------------------------------
-    def get_blocking(self, key) -> Optional[MemoryObj]:
+    def get_blocking(self, key) -> MemoryObj | None:
         skey = key.to_string()
         info = self.backend.info(skey)
         if info is None or self.local_cpu_backend is None:

@@ -13,15 +13,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from kvconnector.errors import ConfigError
 from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.report import build_summary, parse_slo, summary_table, write_csv, write_detail_jsonl, write_plots
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
-from kvconnector.errors import ConfigError
 from replay.sources.base import WorkloadError, open_regular
 
-from ..cli_common import Interrupted, OneLineParser, fail, exit_code, signal_name, stop_signals_raise
+from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
 from ..outputs.paths import atomic_path, check_outputs, write_results
 
 PROG = "kvtier replay"
@@ -101,12 +101,14 @@ class ReplayConfig(BaseModel):
     quiet: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "ReplayConfig":
+    def _check(self) -> ReplayConfig:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"--base-url must start with http:// or https://, got {self.base_url!r}")
         if self.base_url.rstrip("/").endswith("/completions"):
-            raise ValueError(f"--base-url is the server root (e.g. http://127.0.0.1:8000), not an endpoint: "
-                             f"{self.base_url!r}; --endpoint picks chat or completions")
+            raise ValueError(
+                f"--base-url is the server root (e.g. http://127.0.0.1:8000), not an endpoint: "
+                f"{self.base_url!r}; --endpoint picks chat or completions"
+            )
         self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
         if self.source == "sharegpt" and not self.dataset_path:
             raise ValueError("--source sharegpt needs --dataset-path FILE")
@@ -150,24 +152,34 @@ class ReplayConfig(BaseModel):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 description=__doc__, epilog=EXAMPLES)
+    ap = OneLineParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog=EXAMPLES
+    )
     g = ap.add_argument_group("server")
     g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
     g.add_argument("--model", help="model name the server serves")
-    g.add_argument("--endpoint", choices=["chat", "completions"], help="/v1/chat/completions (default) or /v1/completions")
+    g.add_argument(
+        "--endpoint", choices=["chat", "completions"], help="/v1/chat/completions (default) or /v1/completions"
+    )
     g.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
     g.add_argument("--request-timeout", type=float, help="seconds without data before a request fails (600)")
-    g.add_argument("--no-continuous-usage", action="store_true", default=None,
-                   help="do not ask for per-chunk usage (for servers that reject stream_options.continuous_usage_stats)")
+    g.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        default=None,
+        help="do not ask for per-chunk usage (for servers that reject stream_options.continuous_usage_stats)",
+    )
     g = ap.add_argument_group("workload")
     g.add_argument("--source", choices=["sharegpt", "burstgpt", "synthetic"])
     g.add_argument("--dataset-path", help="ShareGPT JSON file")
     g.add_argument("--trace-path", help="BurstGPT CSV file, directory or glob")
     g.add_argument("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
     g.add_argument("--num-requests", type=int, help="stop after this many requests (turns)")
-    g.add_argument("--duration", type=float,
-                   help="run window in seconds: nothing is scheduled or started after it; requests in flight get 2 s")
+    g.add_argument(
+        "--duration",
+        type=float,
+        help="run window in seconds: nothing is scheduled or started after it; requests in flight get 2 s",
+    )
     g.add_argument("--input-len", type=int, help="synthetic: input tokens per turn (256)")
     g.add_argument("--output-len", type=int, help="synthetic and long sessions: output tokens (128)")
     g.add_argument("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r) (0 = fixed)")
@@ -179,8 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", default=None, help="force the full output length (vLLM)")
     g = ap.add_argument_group("arrivals")
     g.add_argument("--request-rate", type=float, help="sessions per second (inf = all at once; the default)")
-    g.add_argument("--arrival", choices=["poisson", "gamma", "constant"],
-                   help="arrival process (poisson; gamma when --burstiness != 1)")
+    g.add_argument(
+        "--arrival",
+        choices=["poisson", "gamma", "constant"],
+        help="arrival process (poisson; gamma when --burstiness != 1)",
+    )
     g.add_argument("--burstiness", type=float, help="gamma shape: <1 burstier, >1 smoother than Poisson (1)")
     g.add_argument("--max-concurrency", type=int, help="at most this many requests in flight; the wait is queue_ms")
     g.add_argument("--users", type=int, help="closed loop: this many users, each sending its next turn after an answer")
@@ -194,7 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--metrics-interval", type=float, help="seconds between scrapes (5)")
     g.add_argument("--kv-bytes-per-token", type=float, help="turn lmcache:num_stored_tokens into bytes written")
     g.add_argument("--kv-bytes-metric", help="counter of bytes written to the KV tier (default: kvtier/LMCache names)")
-    g.add_argument("--block-size", type=int, help="server KV block size in tokens, for the ideal hit rate (default: vLLM's cache_config_info, else 16)")
+    g.add_argument(
+        "--block-size",
+        type=int,
+        help="server KV block size in tokens, for the ideal hit rate (default: vLLM's cache_config_info, else 16)",
+    )
     g.add_argument("--slo", help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (also e2el_ms, itl_ms)")
     g.add_argument("--percentiles", help="comma list (50,90,95,99)")
     g.add_argument("--output", help="JSON summary file")
@@ -212,7 +231,7 @@ def _config(argv: list[str]) -> ReplayConfig:
     data: dict = {}
     cfg_path = args.pop("config")
     if cfg_path:
-        import yaml  # noqa: PLC0415
+        import yaml
 
         try:
             with open_regular(cfg_path) as fh:
@@ -247,52 +266,94 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         budget_s = min(30.0, cfg.request_timeout, cfg.duration or math.inf)
         await maker.prepare(drv.session, cfg.base_url, cfg.model, timeout_s=budget_s)
         if maker.fallback_reason:
-            print(f"kvtier replay: server tokenizer not used ({maker.fallback_reason}); prompt lengths are estimated "
-                  "at 4 characters per token", file=sys.stderr)
+            print(
+                f"kvtier replay: server tokenizer not used ({maker.fallback_reason}); prompt lengths are estimated "
+                "at 4 characters per token",
+                file=sys.stderr,
+            )
     fixed = None if cfg.max_tokens == "dataset" else int(cfg.max_tokens)
-    meta: dict = {"source": cfg.source, "endpoint": cfg.endpoint, "model": cfg.model, "base_url": cfg.base_url,
-                  "seed": cfg.seed, "prompt_text_from": maker.mode if needs_text else "dataset text",
-                  "prompt_text_fallback_reason": maker.fallback_reason if needs_text else None}
+    meta: dict = {
+        "source": cfg.source,
+        "endpoint": cfg.endpoint,
+        "model": cfg.model,
+        "base_url": cfg.base_url,
+        "seed": cfg.seed,
+        "prompt_text_from": maker.mode if needs_text else "dataset text",
+        "prompt_text_fallback_reason": maker.fallback_reason if needs_text else None,
+    }
     convs = None
     if cfg.source == "sharegpt":
-        from replay.sources.sharegpt import load_sharegpt  # noqa: PLC0415
+        from replay.sources.sharegpt import load_sharegpt
 
         limit = cfg.concurrency * 4 if cfg.rounds else cfg.num_requests
         convs, report = load_sharegpt(cfg.dataset_path, max_conversations=limit)
-        meta["load_report"] = {"conversations": report.conversations, "turns": report.turns,
-                               "skipped": report.skipped, "tokenizer": report.tokenizer}
+        meta["load_report"] = {
+            "conversations": report.conversations,
+            "turns": report.turns,
+            "skipped": report.skipped,
+            "tokenizer": report.tokenizer,
+        }
         order = list(range(len(convs)))
         rng.shuffle(order)
         convs = [convs[i] for i in order]
     if cfg.rounds:
-        plans, cycled = await long_session_plans(convs, maker, rng, concurrency=cfg.concurrency, rounds=cfg.rounds,
-                                                 output_len=cfg.output_len, input_len=cfg.input_len,
-                                                 prefix_len=cfg.prefix_len)
-        meta["long_session"] = {"rounds": cfg.rounds, "concurrency": cfg.concurrency, "output_len": cfg.output_len,
-                                "cycled_turns": cycled}
+        plans, cycled = await long_session_plans(
+            convs,
+            maker,
+            rng,
+            concurrency=cfg.concurrency,
+            rounds=cfg.rounds,
+            output_len=cfg.output_len,
+            input_len=cfg.input_len,
+            prefix_len=cfg.prefix_len,
+        )
+        meta["long_session"] = {
+            "rounds": cfg.rounds,
+            "concurrency": cfg.concurrency,
+            "output_len": cfg.output_len,
+            "cycled_turns": cycled,
+        }
         return "rounds", plans, None, False, meta
     traced = False
     trace_offsets = None
     if cfg.source == "burstgpt":
-        from replay.sources.burstgpt import load_burstgpt  # noqa: PLC0415
+        from replay.sources.burstgpt import load_burstgpt
 
         convs, report = load_burstgpt(cfg.trace_path, max_requests=cfg.num_requests)
-        meta["load_report"] = {"conversations": report.conversations, "turns": report.turns,
-                               "skipped": report.skipped, "tokenizer": report.tokenizer}
+        meta["load_report"] = {
+            "conversations": report.conversations,
+            "turns": report.turns,
+            "skipped": report.skipped,
+            "tokenizer": report.tokenizer,
+        }
         stamps = [t.arrival_s or 0.0 for c in convs for t in c.turns]
         trace_offsets = trace_offsets_ns(stamps, cfg.trace_speedup, cfg.duration)
         traced = True
         meta["trace_speedup"] = cfg.trace_speedup
     if convs is not None:
-        plans = await plans_from_conversations(convs, maker, rng, num_requests=cfg.num_requests,
-                                               fixed_max_tokens=fixed, max_tokens_cap=cfg.max_tokens_cap,
-                                               trace_offsets_ns=trace_offsets)
+        plans = await plans_from_conversations(
+            convs,
+            maker,
+            rng,
+            num_requests=cfg.num_requests,
+            fixed_max_tokens=fixed,
+            max_tokens_cap=cfg.max_tokens_cap,
+            trace_offsets_ns=trace_offsets,
+        )
     else:
         sessions = cfg.num_requests or 100
         sessions = max(1, math.ceil(sessions / cfg.turns))
-        plans = await synthetic_plans(maker, rng, sessions=sessions, turns=cfg.turns, input_len=cfg.input_len,
-                                      output_len=fixed or cfg.output_len, range_ratio=cfg.range_ratio,
-                                      prefix_len=cfg.prefix_len, prefix_groups=cfg.prefix_groups)
+        plans = await synthetic_plans(
+            maker,
+            rng,
+            sessions=sessions,
+            turns=cfg.turns,
+            input_len=cfg.input_len,
+            output_len=fixed or cfg.output_len,
+            range_ratio=cfg.range_ratio,
+            prefix_len=cfg.prefix_len,
+            prefix_groups=cfg.prefix_groups,
+        )
     if not plans:
         raise WorkloadError("the workload is empty after --num-requests/--duration")
     if cfg.users:
@@ -302,7 +363,7 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
     else:
         kind = cfg.arrival or ("gamma" if cfg.burstiness != 1.0 else "poisson")
         offsets = arrival_offsets_ns(len(plans), cfg.request_rate, kind, cfg.burstiness, cfg.seed, cfg.duration)
-        plans = plans[:len(offsets)]
+        plans = plans[: len(offsets)]
         meta["arrival"] = kind
         meta["target_rate"] = None if math.isinf(cfg.request_rate) else cfg.request_rate
         meta["burstiness"] = cfg.burstiness
@@ -310,32 +371,42 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
 
 
 async def _progress(state: RunState, stop: asyncio.Event, target: float | None) -> None:
-    from rich.live import Live  # noqa: PLC0415
+    import time
 
-    import time  # noqa: PLC0415
+    from rich.live import Live
 
     last_t, last_sent = time.perf_counter(), 0
     with Live(refresh_per_second=4, transient=True) as live:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             now = time.perf_counter()
             rate = (state.sent - last_sent) / (now - last_t) if now > last_t else 0.0
             last_t, last_sent = now, state.sent
             tgt = f" (target {target:g})" if target else ""
-            live.update(f"sent {state.sent}/{state.scheduled_total}  in flight {state.in_flight}  done {state.done}  "
-                        f"errors {state.errors}  rate {rate:.1f}/s{tgt}")
+            live.update(
+                f"sent {state.sent}/{state.scheduled_total}  in flight {state.in_flight}  done {state.done}  "
+                f"errors {state.errors}  rate {rate:.1f}/s{tgt}"
+            )
 
 
 async def _run(cfg: ReplayConfig, state: RunState) -> dict:
-    opts = DriverOptions(base_url=cfg.base_url, model=cfg.model, endpoint=cfg.endpoint,
-                         api_key=os.environ.get(cfg.api_key_env), max_concurrency=cfg.max_concurrency,
-                         think_time_ms=cfg.think_time_ms, request_timeout_s=cfg.request_timeout,
-                         ignore_eos=bool(cfg.ignore_eos or cfg.rounds), continuous_usage=not cfg.no_continuous_usage,
-                         metrics_urls=list(cfg.metrics_url), metrics_interval_s=cfg.metrics_interval,
-                         warmup_requests=cfg.warmup)
+    opts = DriverOptions(
+        base_url=cfg.base_url,
+        model=cfg.model,
+        endpoint=cfg.endpoint,
+        api_key=os.environ.get(cfg.api_key_env),
+        max_concurrency=cfg.max_concurrency,
+        think_time_ms=cfg.think_time_ms,
+        request_timeout_s=cfg.request_timeout,
+        ignore_eos=bool(cfg.ignore_eos or cfg.rounds),
+        continuous_usage=not cfg.no_continuous_usage,
+        metrics_urls=list(cfg.metrics_url),
+        metrics_interval_s=cfg.metrics_interval,
+        warmup_requests=cfg.warmup,
+    )
     drv = Driver(opts, state)
     rng = random.Random(cfg.seed)
     loop = asyncio.get_running_loop()
@@ -384,9 +455,15 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
 
 
 def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
-    summary = build_summary(state, meta, percentiles=cfg.percentile_tuple(), slo=parse_slo(cfg.slo),
-                            block_size=cfg.block_size, kv_bytes_per_token=cfg.kv_bytes_per_token,
-                            kv_bytes_metric=cfg.kv_bytes_metric)
+    summary = build_summary(
+        state,
+        meta,
+        percentiles=cfg.percentile_tuple(),
+        slo=parse_slo(cfg.slo),
+        block_size=cfg.block_size,
+        kv_bytes_per_token=cfg.kv_bytes_per_token,
+        kv_bytes_metric=cfg.kv_bytes_metric,
+    )
     summary["results_path"], moved = write_results(cfg.output, summary)
     if moved:
         print(f"{PROG}: {moved}; results written to {summary['results_path']} instead", file=sys.stderr)
@@ -432,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: run failed: {summary['run_failed']}", file=sys.stderr)
         code = 1
     if not cfg.quiet:
-        from rich.console import Console  # noqa: PLC0415
+        from rich.console import Console
 
         console = Console(stderr=False)
         for t in summary_table(summary):

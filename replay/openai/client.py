@@ -19,11 +19,20 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["RequestSpec", "RequestRecord", "send_streaming", "api_root", "ERROR_KINDS"]
+__all__ = ["ERROR_KINDS", "RequestRecord", "RequestSpec", "api_root", "send_streaming"]
 
 # Besides these, a non-200 answer is "http_<status>" (http_404, http_500, ...).
-ERROR_KINDS = ("timeout", "connection", "disconnected", "malformed_sse", "stream_error", "incomplete_stream",
-               "no_content", "cancelled", "other")
+ERROR_KINDS = (
+    "timeout",
+    "connection",
+    "disconnected",
+    "malformed_sse",
+    "stream_error",
+    "incomplete_stream",
+    "no_content",
+    "cancelled",
+    "other",
+)
 
 # One SSE event larger than this (no blank line to end it) is a broken stream, not something to buffer forever.
 MAX_EVENT_BYTES = 16 << 20
@@ -119,18 +128,34 @@ class RequestRecord:
         """Detail row: timestamps relative to the run start (ns) plus the derived figures."""
         rel = lambda v: v - t0_ns if v else None  # noqa: E731
         return {
-            "request_id": self.request_id, "session_id": self.session_id, "turn": self.turn_index,
-            "round": self.round_index, "warmup": self.warmup, "success": self.success,
-            "error_kind": self.error_kind, "error": self.error, "http_status": self.http_status,
-            "target_prompt_tokens": self.target_prompt_tokens, "max_tokens": self.max_tokens,
-            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+            "request_id": self.request_id,
+            "session_id": self.session_id,
+            "turn": self.turn_index,
+            "round": self.round_index,
+            "warmup": self.warmup,
+            "success": self.success,
+            "error_kind": self.error_kind,
+            "error": self.error,
+            "http_status": self.http_status,
+            "target_prompt_tokens": self.target_prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
-            "scheduled_ns": rel(self.scheduled_ns), "dispatched_ns": rel(self.dispatched_ns), "slot_ns": rel(self.slot_ns),
-            "sent_ns": rel(self.sent_ns), "first_byte_ns": rel(self.first_byte_ns),
-            "first_token_ns": rel(self.first_token_ns), "last_chunk_ns": rel(self.last_chunk_ns),
-            "chunk_ns": [t - t0_ns for t in self.chunk_ns], "chunk_tokens": self.chunk_tokens,
-            "ttft_ms": _r(self.ttft_ms()), "tpot_ms": _r(self.tpot_ms()), "e2el_ms": _r(self.e2el_ms()),
-            "send_lag_ms": _r(self.send_lag_ms()), "queue_ms": _r(self.queue_ms()),
+            "scheduled_ns": rel(self.scheduled_ns),
+            "dispatched_ns": rel(self.dispatched_ns),
+            "slot_ns": rel(self.slot_ns),
+            "sent_ns": rel(self.sent_ns),
+            "first_byte_ns": rel(self.first_byte_ns),
+            "first_token_ns": rel(self.first_token_ns),
+            "last_chunk_ns": rel(self.last_chunk_ns),
+            "chunk_ns": [t - t0_ns for t in self.chunk_ns],
+            "chunk_tokens": self.chunk_tokens,
+            "ttft_ms": _r(self.ttft_ms()),
+            "tpot_ms": _r(self.tpot_ms()),
+            "e2el_ms": _r(self.e2el_ms()),
+            "send_lag_ms": _r(self.send_lag_ms()),
+            "queue_ms": _r(self.queue_ms()),
         }
 
 
@@ -145,8 +170,9 @@ def _fail(rec: RequestRecord, kind: str, msg: str) -> RequestRecord:
     return rec
 
 
-async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec: RequestRecord,
-                         timeout: aiohttp.ClientTimeout | None = None) -> RequestRecord:
+async def send_streaming(
+    session: aiohttp.ClientSession, spec: RequestSpec, rec: RequestRecord, timeout: aiohttp.ClientTimeout | None = None
+) -> RequestRecord:
     """POST `spec.payload` with streaming on and fill `rec`. Never raises (except `CancelledError`, re-raised after
     marking the record, so Ctrl-C and an aborted run still see what was in flight)."""
     clock = time.perf_counter_ns
@@ -217,17 +243,24 @@ async def send_streaming(session: aiohttp.ClientSession, spec: RequestSpec, rec:
             if not done:
                 left = reader.unterminated_bytes()
                 if left:
-                    return _fail(rec, "malformed_sse", f"stream ended inside an SSE event: {left} bytes with no blank "
-                                                       "line after them (events must be separated by a blank line)")
+                    return _fail(
+                        rec,
+                        "malformed_sse",
+                        f"stream ended inside an SSE event: {left} bytes with no blank "
+                        "line after them (events must be separated by a blank line)",
+                    )
                 ctype = resp.headers.get("Content-Type", "")
                 if not rec.chunk_ns and "text/event-stream" not in ctype:
-                    return _fail(rec, "malformed_sse", f"the answer is not an event stream (Content-Type: "
-                                                       f"{ctype or 'none'}): does the server stream?")
+                    return _fail(
+                        rec,
+                        "malformed_sse",
+                        f"the answer is not an event stream (Content-Type: {ctype or 'none'}): does the server stream?",
+                    )
                 return _fail(rec, "incomplete_stream", "stream ended without [DONE]")
     except asyncio.CancelledError:
         _fail(rec, "cancelled", "cancelled (run interrupted or aborted)")
         raise
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return _fail(rec, "timeout", "no data within the request timeout")
     except aiohttp.ClientConnectorError as exc:
         return _fail(rec, "connection", f"cannot connect: {exc}")
@@ -254,7 +287,7 @@ class _SSEReader:
     read made a stream without blank lines quadratic). Lines end with LF or CRLF; a blank line ends an event;
     ``:`` comments and fields other than ``data`` are skipped; an event's data lines are joined with LF."""
 
-    __slots__ = ("_line", "_data", "_pending")
+    __slots__ = ("_data", "_line", "_pending")
 
     def __init__(self) -> None:
         self._line = bytearray()  # an unfinished line from earlier reads

@@ -15,7 +15,6 @@ Every multi-turn request sends the whole history with the server's own earlier a
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.server_metrics import Snapshot, scrape
 from replay.openai.workload import SessionPlan, TurnPlan
 
-__all__ = ["DriverOptions", "RunState", "Driver"]
+__all__ = ["Driver", "DriverOptions", "RunState"]
 
 _CONNECTION_KINDS = ("connection",)
 
@@ -104,8 +103,9 @@ class Driver:
         headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
         # One pool for the whole run; keep-alive connections are reused across requests and sessions.
         connector = aiohttp.TCPConnector(limit=self.o.max_concurrency or 0, keepalive_timeout=60, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(connector=connector, headers=headers, timeout=self._timeout,
-                                             auto_decompress=False)
+        self.session = aiohttp.ClientSession(
+            connector=connector, headers=headers, timeout=self._timeout, auto_decompress=False
+        )
         return self.session
 
     def abort(self, reason: str) -> None:
@@ -137,8 +137,9 @@ class Driver:
             p = {"model": o.model, "prompt": _render_completion_prompt(plan.system_prompt, history, turn.user_text)}
         p["max_tokens"] = turn.max_tokens
         p["stream"] = True
-        p["stream_options"] = {"include_usage": True, "continuous_usage_stats": True} if o.continuous_usage \
-            else {"include_usage": True}
+        p["stream_options"] = (
+            {"include_usage": True, "continuous_usage_stats": True} if o.continuous_usage else {"include_usage": True}
+        )
         if o.temperature is not None:
             p["temperature"] = o.temperature
         if o.ignore_eos:
@@ -153,16 +154,41 @@ class Driver:
                 return
             await asyncio.sleep(min(delay / 1e9, 0.2))
 
-    async def _send_turn(self, plan: SessionPlan, history: list[tuple[str, str]], turn: TurnPlan, turn_index: int,
-                         scheduled_ns: int, round_index: int | None = None, warmup: bool = False) -> RequestRecord:
+    async def _send_turn(
+        self,
+        plan: SessionPlan,
+        history: list[tuple[str, str]],
+        turn: TurnPlan,
+        turn_index: int,
+        scheduled_ns: int,
+        round_index: int | None = None,
+        warmup: bool = False,
+    ) -> RequestRecord:
         rid = self._next_id
         self._next_id += 1
-        rec = RequestRecord(rid, plan.session_id, turn_index, round_index, warmup, turn.target_input_tokens,
-                            turn.max_tokens, scheduled_ns=scheduled_ns)
+        rec = RequestRecord(
+            rid,
+            plan.session_id,
+            turn_index,
+            round_index,
+            warmup,
+            turn.target_input_tokens,
+            turn.max_tokens,
+            scheduled_ns=scheduled_ns,
+        )
         rec.dispatched_ns = time.perf_counter_ns()
         headers = {self.o.session_header: plan.session_id} if self.o.session_header else None
-        spec = RequestSpec(rid, plan.session_id, turn_index, self._url, self._payload(plan, history, turn), headers,
-                           round_index, warmup, turn.target_input_tokens)
+        spec = RequestSpec(
+            rid,
+            plan.session_id,
+            turn_index,
+            self._url,
+            self._payload(plan, history, turn),
+            headers,
+            round_index,
+            warmup,
+            turn.target_input_tokens,
+        )
         (self.s.warmup_records if warmup else self.s.records).append(rec)
         if self._sem is not None:
             try:
@@ -190,8 +216,10 @@ class Driver:
             if rec.error_kind in _CONNECTION_KINDS or (rec.error_kind == "disconnected" and not rec.first_byte_ns):
                 self._consecutive_conn_errors += 1
                 if self._consecutive_conn_errors >= self.o.max_consecutive_connection_errors:
-                    self.abort(f"server unreachable: {self._consecutive_conn_errors} connection failures in a row "
-                               f"({rec.error})")
+                    self.abort(
+                        f"server unreachable: {self._consecutive_conn_errors} connection failures in a row "
+                        f"({rec.error})"
+                    )
         else:
             self._consecutive_conn_errors = 0
         return rec
@@ -240,7 +268,7 @@ class Driver:
         while not self._abort.is_set():
             try:
                 await asyncio.wait_for(self._abort.wait(), self.o.metrics_interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             snap = await scrape(self.session, self.o.metrics_urls)
             if not snap.errors or snap.values:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-__all__ = ["FakeServerConfig", "FakeServer", "make_app"]
+__all__ = ["FakeServer", "FakeServerConfig", "make_app"]
 
 STATE_KEY: web.AppKey[_State] = web.AppKey("fake_state")  # set below, after _State
 # "http_<status>" answers that status (http_500, http_404, http_429, ...); the others are named here.
@@ -100,7 +100,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         hits, h, missed = 0, b"", False
         bs = cfg.block_size
         for i in range(0, len(tokens) - len(tokens) % bs, bs):
-            h = hashlib.blake2b(h + " ".join(tokens[i:i + bs]).encode(), digest_size=8).digest()
+            h = hashlib.blake2b(h + " ".join(tokens[i : i + bs]).encode(), digest_size=8).digest()
             if not missed and h in state.cached_blocks and i + bs < len(tokens):
                 hits += bs
             else:
@@ -149,11 +149,18 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
                 choice = {"index": 0, "delta": delta, "finish_reason": finish}
                 obj = {"id": rid, "object": "chat.completion.chunk", "model": model, "choices": [choice]}
             else:
-                obj = {"id": rid, "object": "text_completion", "model": model,
-                       "choices": [{"index": 0, "text": text or "", "finish_reason": finish}]}
+                obj = {
+                    "id": rid,
+                    "object": "text_completion",
+                    "model": model,
+                    "choices": [{"index": 0, "text": text or "", "finish_reason": finish}],
+                }
             if continuous:
-                obj["usage"] = {"prompt_tokens": len(tokens), "completion_tokens": done_tokens,
-                                "total_tokens": len(tokens) + done_tokens}
+                obj["usage"] = {
+                    "prompt_tokens": len(tokens),
+                    "completion_tokens": done_tokens,
+                    "total_tokens": len(tokens) + done_tokens,
+                }
             return b"data: " + json.dumps(obj).encode() + sep
 
         if chat and cfg.role_chunk:
@@ -180,8 +187,12 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
             first = False
         state.generation_tokens += sent
         if include_usage:
-            u = {"prompt_tokens": len(tokens), "completion_tokens": sent, "total_tokens": len(tokens) + sent,
-                 "prompt_tokens_details": {"cached_tokens": hits}}
+            u = {
+                "prompt_tokens": len(tokens),
+                "completion_tokens": sent,
+                "total_tokens": len(tokens) + sent,
+                "prompt_tokens_details": {"cached_tokens": hits},
+            }
             await resp.write(b"data: " + json.dumps({"id": rid, "choices": [], "usage": u}).encode() + sep)
         if fault != "no_done":
             await resp.write(b"data: [DONE]" + sep)
@@ -212,10 +223,10 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
             f'vllm:prompt_tokens_by_source_total{{model_name="fake",source="local_compute"}} '
             f"{state.queries - state.hits}",
             f'vllm:prompt_tokens_by_source_total{{model_name="fake",source="local_cache_hit"}} {state.hits}',
-            f'vllm:prompt_tokens_by_source_total{{model_name="fake",source="external_kv_transfer"}} 0',
-            f'vllm:num_preemptions_total{{model_name="fake"}} 0',
+            'vllm:prompt_tokens_by_source_total{model_name="fake",source="external_kv_transfer"} 0',
+            'vllm:num_preemptions_total{model_name="fake"} 0',
             f'vllm:request_success_total{{model_name="fake",finished_reason="length"}} {state.requests}',
-            f'vllm:num_requests_running{{model_name="fake"}} 0',
+            'vllm:num_requests_running{model_name="fake"} 0',
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
@@ -261,7 +272,7 @@ class FakeServer:
         """Request bodies the server received (in-process mode only), oldest first."""
         return list(self.app[STATE_KEY].recent_bodies) if self.app else []
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         if self.process:
             return self._start_process()
         self._thread = threading.Thread(target=self._run, name="fake-openai", daemon=True)
@@ -284,14 +295,31 @@ class FakeServer:
         self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
 
-    def _start_process(self) -> "FakeServer":
+    def _start_process(self) -> FakeServer:
         if self.cfg.fault_plan is not None:
             raise ValueError("fault_plan (a callable) cannot cross processes: use fault_every")
         c = self.cfg
-        cmd = [sys.executable, "-m", "replay.openai.fake_server", "--port", str(self.port), "--ttft-ms", str(c.ttft_ms),
-               "--itl-ms", str(c.itl_ms), "--tokens-per-chunk", str(c.tokens_per_chunk),
-               "--default-max-tokens", str(c.default_max_tokens), "--fault-every", json.dumps(c.fault_every),
-               "--hang-s", str(c.hang_s), "--tokenize-delay-s", str(c.tokenize_delay_s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "replay.openai.fake_server",
+            "--port",
+            str(self.port),
+            "--ttft-ms",
+            str(c.ttft_ms),
+            "--itl-ms",
+            str(c.itl_ms),
+            "--tokens-per-chunk",
+            str(c.tokens_per_chunk),
+            "--default-max-tokens",
+            str(c.default_max_tokens),
+            "--fault-every",
+            json.dumps(c.fault_every),
+            "--hang-s",
+            str(c.hang_s),
+            "--tokenize-delay-s",
+            str(c.tokenize_delay_s),
+        ]
         if not c.role_chunk:
             cmd.append("--no-role-chunk")
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -336,12 +364,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hang-s", type=float, default=30.0)
     ap.add_argument("--tokenize-delay-s", type=float, default=0.0)
     args = ap.parse_args(argv)
-    cfg = FakeServerConfig(ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, tokens_per_chunk=args.tokens_per_chunk,
-                           default_max_tokens=args.default_max_tokens, role_chunk=not args.no_role_chunk,
-                           fault_every=json.loads(args.fault_every), hang_s=args.hang_s,
-                           tokenize_delay_s=args.tokenize_delay_s)
-    web.run_app(make_app(cfg), host="127.0.0.1", port=args.port, access_log=None, print=None, shutdown_timeout=1.0,
-                handler_cancellation=True)
+    cfg = FakeServerConfig(
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        tokens_per_chunk=args.tokens_per_chunk,
+        default_max_tokens=args.default_max_tokens,
+        role_chunk=not args.no_role_chunk,
+        fault_every=json.loads(args.fault_every),
+        hang_s=args.hang_s,
+        tokenize_delay_s=args.tokenize_delay_s,
+    )
+    web.run_app(
+        make_app(cfg),
+        host="127.0.0.1",
+        port=args.port,
+        access_log=None,
+        print=None,
+        shutdown_timeout=1.0,
+        handler_cancellation=True,
+    )
     return 0
 
 

@@ -18,8 +18,15 @@ from replay.openai.client import RequestRecord
 from replay.openai.driver import RunState
 from replay.openai.server_metrics import derive
 
-__all__ = ["build_summary", "write_detail_jsonl", "write_csv", "write_plots", "summary_table", "parse_slo",
-           "run_failure"]
+__all__ = [
+    "build_summary",
+    "parse_slo",
+    "run_failure",
+    "summary_table",
+    "write_csv",
+    "write_detail_jsonl",
+    "write_plots",
+]
 
 _SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
 
@@ -102,8 +109,12 @@ def _goodput(recs: list[RequestRecord], slo: dict[str, float], duration_s: float
                 ok = False
                 break
         good += ok
-    return {"slo": slo, "good_requests": good, "request_goodput": round(good / duration_s, 4) if duration_s else 0.0,
-            "good_fraction": round(good / len(recs), 4) if recs else 0.0}
+    return {
+        "slo": slo,
+        "good_requests": good,
+        "request_goodput": round(good / duration_s, 4) if duration_s else 0.0,
+        "good_fraction": round(good / len(recs), 4) if recs else 0.0,
+    }
 
 
 def _ideal_hit_rate(recs: list[RequestRecord], block_size: int, prev: dict[str, int]) -> float | None:
@@ -121,16 +132,22 @@ def _ideal_hit_rate(recs: list[RequestRecord], block_size: int, prev: dict[str, 
     return round(reusable / total, 6) if total else None
 
 
-def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[float, ...], slo: dict[str, float],
-                  block_size: int | None = None, kv_bytes_per_token: float | None = None,
-                  kv_bytes_metric: str | None = None) -> dict[str, Any]:
+def build_summary(
+    state: RunState,
+    meta: dict[str, Any],
+    *,
+    percentiles: tuple[float, ...],
+    slo: dict[str, float],
+    block_size: int | None = None,
+    kv_bytes_per_token: float | None = None,
+    kv_bytes_metric: str | None = None,
+) -> dict[str, Any]:
     recs = state.records
     ok = [r for r in recs if r.success]
     sent = [r for r in recs if r.sent_ns]
     # The run's wall time, start of the schedule to the end of its last request (failed ones included); the records'
     # own timestamps only when the driver did not say (a request that timed out has none past its send).
-    end_ns = state.end_ns or max((r.last_chunk_ns or r.first_byte_ns or r.sent_ns for r in sent),
-                                 default=state.t0_ns)
+    end_ns = state.end_ns or max((r.last_chunk_ns or r.first_byte_ns or r.sent_ns for r in sent), default=state.t0_ns)
     duration_s = max((end_ns - state.t0_ns) / 1e9, 1e-9) if sent else 0.0
     hs = _record_hists(recs)
     out_tokens = sum(r.n_output_tokens() for r in ok)
@@ -145,19 +162,27 @@ def build_summary(state: RunState, meta: dict[str, Any], *, percentiles: tuple[f
     sched = sorted(r.scheduled_ns for r in sent)
     sched_rate = (len(sched) - 1) / ((sched[-1] - sched[0]) / 1e9) if len(sched) > 1 and sched[-1] > sched[0] else None
     s: dict[str, Any] = dict(meta)
-    s.update({
-        "completed": len(ok), "failed": len(recs) - len(ok), "not_sent": len(recs) - len(sent),
-        "scheduled": state.scheduled_total, "warmup_requests": len(state.warmup_records),
-        "errors_by_kind": errors, "aborted": state.aborted, "window_closed": state.window_closed,
-        "sessions_cut_by_error": state.sessions_cut_by_error,
-        "duration_s": round(duration_s, 4),
-        "request_throughput": round(len(ok) / duration_s, 4) if duration_s else 0.0,
-        "output_throughput": round(out_tokens / duration_s, 4) if duration_s else 0.0,
-        "total_token_throughput": round((in_tokens + out_tokens) / duration_s, 4) if duration_s else 0.0,
-        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
-        "achieved_rate": round(achieved, 4) if achieved else None,
-        "schedule_rate": round(sched_rate, 4) if sched_rate else None,
-    })
+    s.update(
+        {
+            "completed": len(ok),
+            "failed": len(recs) - len(ok),
+            "not_sent": len(recs) - len(sent),
+            "scheduled": state.scheduled_total,
+            "warmup_requests": len(state.warmup_records),
+            "errors_by_kind": errors,
+            "aborted": state.aborted,
+            "window_closed": state.window_closed,
+            "sessions_cut_by_error": state.sessions_cut_by_error,
+            "duration_s": round(duration_s, 4),
+            "request_throughput": round(len(ok) / duration_s, 4) if duration_s else 0.0,
+            "output_throughput": round(out_tokens / duration_s, 4) if duration_s else 0.0,
+            "total_token_throughput": round((in_tokens + out_tokens) / duration_s, 4) if duration_s else 0.0,
+            "total_input_tokens": in_tokens,
+            "total_output_tokens": out_tokens,
+            "achieved_rate": round(achieved, 4) if achieved else None,
+            "schedule_rate": round(sched_rate, 4) if sched_rate else None,
+        }
+    )
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms"):
         s[key] = hs[key].summary(percentiles)
     s["send_lag_note"] = "dispatch time minus the absolute schedule deadline; queue_ms is the wait for a slot after it"
@@ -216,21 +241,31 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
             if src and src.get("local_compute") is not None:
                 recomputed = src["local_compute"]
             elif m.get("prefix_cache_queries") is not None:
-                recomputed = m["prefix_cache_queries"] - (m.get("prefix_cache_hits") or 0) - \
-                    (m.get("external_prefix_cache_hits") or 0)
-        rows.append({
-            "round": idx + 1, "requests": len(recs), "completed": len(ok),
-            "hit_rate": m["hit_rate"] if m else None,
-            "ideal_hit_rate": _ideal_hit_rate(ok, block_size, prev),
-            "prefix_cache_hit_rate": m["prefix_cache_hit_rate"] if m else None,
-            "external_hit_rate": m["external_prefix_cache_hit_rate"] if m else None,
-            "ttft_p50_ms": round(ttft.percentile_ms(50), 3), "ttft_p95_ms": round(ttft.percentile_ms(95), 3),
-            "prompt_tokens_per_request": round(prompt / len(ok), 1) if ok else None,
-            "recomputed_tokens_per_request": round(recomputed / len(ok), 1) if recomputed is not None and ok else None,
-            "kv_written_bytes": m["kv_written_bytes"] if m else None,
-            "preemptions": m["preemptions"] if m else None,
-            "wall_s": round((end - start) / 1e9, 4),
-        })
+                recomputed = (
+                    m["prefix_cache_queries"]
+                    - (m.get("prefix_cache_hits") or 0)
+                    - (m.get("external_prefix_cache_hits") or 0)
+                )
+        rows.append(
+            {
+                "round": idx + 1,
+                "requests": len(recs),
+                "completed": len(ok),
+                "hit_rate": m["hit_rate"] if m else None,
+                "ideal_hit_rate": _ideal_hit_rate(ok, block_size, prev),
+                "prefix_cache_hit_rate": m["prefix_cache_hit_rate"] if m else None,
+                "external_hit_rate": m["external_prefix_cache_hit_rate"] if m else None,
+                "ttft_p50_ms": round(ttft.percentile_ms(50), 3),
+                "ttft_p95_ms": round(ttft.percentile_ms(95), 3),
+                "prompt_tokens_per_request": round(prompt / len(ok), 1) if ok else None,
+                "recomputed_tokens_per_request": round(recomputed / len(ok), 1)
+                if recomputed is not None and ok
+                else None,
+                "kv_written_bytes": m["kv_written_bytes"] if m else None,
+                "preemptions": m["preemptions"] if m else None,
+                "wall_s": round((end - start) / 1e9, 4),
+            }
+        )
     return rows
 
 
@@ -240,9 +275,28 @@ def write_detail_jsonl(state: RunState, path: str | os.PathLike) -> None:
             fh.write(json.dumps(r.to_json(state.t0_ns)) + "\n")
 
 
-_CSV_COLS = ("request_id", "session_id", "turn", "round", "success", "error_kind", "http_status", "prompt_tokens",
-             "output_tokens", "max_tokens", "target_prompt_tokens", "ttft_ms", "tpot_ms", "e2el_ms", "send_lag_ms",
-             "queue_ms", "scheduled_ns", "sent_ns", "first_token_ns", "last_chunk_ns")
+_CSV_COLS = (
+    "request_id",
+    "session_id",
+    "turn",
+    "round",
+    "success",
+    "error_kind",
+    "http_status",
+    "prompt_tokens",
+    "output_tokens",
+    "max_tokens",
+    "target_prompt_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2el_ms",
+    "send_lag_ms",
+    "queue_ms",
+    "scheduled_ns",
+    "sent_ns",
+    "first_token_ns",
+    "last_chunk_ns",
+)
 
 
 def write_csv(state: RunState, path: str | os.PathLike, rounds: list[dict] | None = None) -> None:
@@ -261,10 +315,10 @@ def write_csv(state: RunState, path: str | os.PathLike, rounds: list[dict] | Non
 
 
 def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
-    import matplotlib  # noqa: PLC0415 (only when plots are asked for)
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -306,10 +360,18 @@ def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.Path
     if rounds:
         xs = [r["round"] for r in rounds]
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        axes[0].plot(xs, [r["hit_rate"] if r["hit_rate"] is not None else float("nan") for r in rounds], "o-",
-                     label="measured (server /metrics)")
-        axes[0].plot(xs, [r["ideal_hit_rate"] if r["ideal_hit_rate"] is not None else float("nan") for r in rounds],
-                     "s--", label="ideal (reusable prefix)")
+        axes[0].plot(
+            xs,
+            [r["hit_rate"] if r["hit_rate"] is not None else float("nan") for r in rounds],
+            "o-",
+            label="measured (server /metrics)",
+        )
+        axes[0].plot(
+            xs,
+            [r["ideal_hit_rate"] if r["ideal_hit_rate"] is not None else float("nan") for r in rounds],
+            "s--",
+            label="ideal (reusable prefix)",
+        )
         axes[0].set_ylim(0, 1.05)
         axes[0].set_xlabel("round")
         axes[0].set_ylabel("prefix hit rate")
@@ -321,7 +383,7 @@ def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.Path
         axes[1].set_ylabel("TTFT (ms)")
         axes[1].legend()
         axes[1].grid(alpha=0.3)
-        from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+        from matplotlib.ticker import MaxNLocator
 
         for ax in axes:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -334,7 +396,7 @@ def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.Path
 
 
 def summary_table(summary: dict[str, Any]):
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     t = Table(title="kvtier replay", show_header=True)
     t.add_column("metric")
@@ -343,9 +405,11 @@ def summary_table(summary: dict[str, Any]):
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms"):
         v = summary[key]
         t.add_row(key, *(f"{v.get(c, 0):.2f}" for c in ("mean", "p50", "p90", "p99")))
-    t.caption = (f"completed {summary['completed']}  failed {summary['failed']}  "
-                 f"req/s {summary['request_throughput']:.2f}  out tok/s {summary['output_throughput']:.1f}  "
-                 f"achieved rate {summary['achieved_rate'] or 0:.2f}")
+    t.caption = (
+        f"completed {summary['completed']}  failed {summary['failed']}  "
+        f"req/s {summary['request_throughput']:.2f}  out tok/s {summary['output_throughput']:.1f}  "
+        f"achieved rate {summary['achieved_rate'] or 0:.2f}"
+    )
     if summary.get("errors_by_kind"):
         errs = sorted(summary["errors_by_kind"].items(), key=lambda kv: -kv[1])
         t.caption += "\nerrors: " + ", ".join(f"{k} {n}" for k, n in errs)
@@ -354,13 +418,22 @@ def summary_table(summary: dict[str, Any]):
     tables = [t]
     if summary.get("rounds"):
         rt = Table(title="per round", show_header=True)
-        cols = ("round", "hit_rate", "ideal_hit_rate", "ttft_p50_ms", "ttft_p95_ms", "recomputed_tokens_per_request",
-                "kv_written_bytes", "wall_s")
+        cols = (
+            "round",
+            "hit_rate",
+            "ideal_hit_rate",
+            "ttft_p50_ms",
+            "ttft_p95_ms",
+            "recomputed_tokens_per_request",
+            "kv_written_bytes",
+            "wall_s",
+        )
         heads = ("round", "hit", "ideal", "TTFT p50 ms", "TTFT p95 ms", "recomputed/req", "KV written B", "wall s")
         for h in heads:
             rt.add_column(h, justify="right")
         for r in summary["rounds"]:
-            rt.add_row(*("-" if r[c] is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]))
-                         for c in cols))
+            rt.add_row(
+                *("-" if r[c] is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in cols)
+            )
         tables.append(rt)
     return tables

@@ -17,8 +17,9 @@ import numpy as np
 __all__ = ["arrival_offsets_ns", "trace_offsets_ns"]
 
 
-def arrival_offsets_ns(n: int, rate: float, kind: str = "poisson", burstiness: float = 1.0,
-                       seed: int = 0, duration_s: float | None = None) -> list[int]:
+def arrival_offsets_ns(
+    n: int, rate: float, kind: str = "poisson", burstiness: float = 1.0, seed: int = 0, duration_s: float | None = None
+) -> list[int]:
     """Offsets of n arrivals at `rate` per second; with duration_s, only those before it."""
     if n <= 0:
         return []

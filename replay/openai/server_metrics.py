@@ -7,20 +7,19 @@ are summed across labels and across scraped URLs (two vLLM instances behind one 
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 
-__all__ = ["Snapshot", "parse_prometheus", "scrape", "derive", "KV_WRITTEN_BYTES_METRICS"]
+__all__ = ["KV_WRITTEN_BYTES_METRICS", "Snapshot", "derive", "parse_prometheus", "scrape"]
 
 # Bytes written to the KV tier, first one found wins (kvtier's exporter, then LMCache's).
 # kvtier's exporter (kvconnector/metrics.py) has kvtier_bytes_total{tier,op}: the op="write" series, all tiers summed.
 KV_WRITTEN_BYTES_METRICS = ("kvtier_bytes_total|write", "lmcache:stored_bytes_total", "lmcache:num_stored_bytes_total")
 
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _BLOCK = re.compile(r'[{,]block_size="(\d+)"')
 _OP = re.compile(r'[{,]op="([^"]*)"')
 _SOURCE = re.compile(r'source="([^"]*)"')
@@ -81,7 +80,7 @@ async def scrape(session: aiohttp.ClientSession, urls: list[str], timeout_s: flo
                     snap.errors.append(f"{url}: HTTP {r.status}")
                     continue
                 parse_prometheus(await r.text(), snap.values)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             snap.errors.append(f"{url}: {type(exc).__name__}")
     return snap
 
@@ -100,14 +99,17 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return round(num / den, 6)
 
 
-def derive(a: Snapshot, b: Snapshot, kv_bytes_per_token: float | None = None,
-           kv_bytes_metric: str | None = None) -> dict:
+def derive(
+    a: Snapshot, b: Snapshot, kv_bytes_per_token: float | None = None, kv_bytes_metric: str | None = None
+) -> dict:
     """Cache and scheduler figures over the interval between two snapshots."""
     d = lambda *n: _delta(a, b, *n)  # noqa: E731
     hits, queries = d("vllm:prefix_cache_hits"), d("vllm:prefix_cache_queries")
     ext_hits, ext_queries = d("vllm:external_prefix_cache_hits"), d("vllm:external_prefix_cache_queries")
-    src = {s: d(f"vllm:prompt_tokens_by_source_total|{s}") or d(f"vllm:prompt_tokens_by_source|{s}")
-           for s in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    src = {
+        s: d(f"vllm:prompt_tokens_by_source_total|{s}") or d(f"vllm:prompt_tokens_by_source|{s}")
+        for s in ("local_compute", "local_cache_hit", "external_kv_transfer")
+    }
     have_src = any(v is not None for v in src.values())
     total_src = sum(v or 0 for v in src.values()) if have_src else None
     if have_src and total_src:
@@ -116,7 +118,7 @@ def derive(a: Snapshot, b: Snapshot, kv_bytes_per_token: float | None = None,
         hit_rate = _ratio((hits or 0) + (ext_hits or 0), queries) if queries else None
     q_sum, q_cnt = d("vllm:request_queue_time_seconds_sum"), d("vllm:request_queue_time_seconds_count")
     written = None
-    for name in ((kv_bytes_metric,) if kv_bytes_metric else KV_WRITTEN_BYTES_METRICS):
+    for name in (kv_bytes_metric,) if kv_bytes_metric else KV_WRITTEN_BYTES_METRICS:
         written = d(name)
         if written is not None:
             break
@@ -131,13 +133,17 @@ def derive(a: Snapshot, b: Snapshot, kv_bytes_per_token: float | None = None,
         "interval_s": round((b.t_ns - a.t_ns) / 1e9, 3),
         "hit_rate": hit_rate,
         "prefix_cache_hit_rate": _ratio(hits, queries),
-        "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "prefix_cache_queries": queries,
         "external_prefix_cache_hit_rate": _ratio(ext_hits, ext_queries),
-        "external_prefix_cache_hits": ext_hits, "external_prefix_cache_queries": ext_queries,
+        "external_prefix_cache_hits": ext_hits,
+        "external_prefix_cache_queries": ext_queries,
         "prompt_tokens_by_source": src if have_src else None,
         "preemptions": d("vllm:num_preemptions"),
         "server_queue_time_mean_ms": round(q_sum / q_cnt * 1e3, 3) if q_sum is not None and q_cnt else None,
-        "kv_written_bytes": written, "kv_written_bytes_source": written_source,
-        "lmcache_hit_tokens": d("lmcache:num_hit_tokens"), "lmcache_stored_tokens": d("lmcache:num_stored_tokens"),
+        "kv_written_bytes": written,
+        "kv_written_bytes_source": written_source,
+        "lmcache_hit_tokens": d("lmcache:num_hit_tokens"),
+        "lmcache_stored_tokens": d("lmcache:num_stored_tokens"),
         "scrape_errors": b.errors or None,
     }

@@ -16,13 +16,15 @@ import aiohttp
 
 from replay.sources.base import Conversation
 
-__all__ = ["TurnPlan", "SessionPlan", "TextMaker", "plans_from_conversations", "synthetic_plans", "long_session_plans"]
+__all__ = ["SessionPlan", "TextMaker", "TurnPlan", "long_session_plans", "plans_from_conversations", "synthetic_plans"]
 
-_WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point number "
-          "group problem fact cache memory tier block token prefix server request model layer store disk page flash "
-          "read write latency round session reuse queue batch stream vector matrix kernel device network packet route "
-          "table index value count limit range order shape weight scale level state event signal field record entry "
-          "river mountain garden window letter market winter summer music paper story bridge forest silver planet").split()
+_WORDS = (
+    "time person year way day thing man world life hand part child eye woman place work week case point number "
+    "group problem fact cache memory tier block token prefix server request model layer store disk page flash "
+    "read write latency round session reuse queue batch stream vector matrix kernel device network packet route "
+    "table index value count limit range order shape weight scale level state event signal field record entry "
+    "river mountain garden window letter market winter summer music paper story bridge forest silver planet"
+).split()
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +78,13 @@ class TextMaker:
         try:
             # One deadline for the whole calibration, so a server whose /tokenize hangs delays the start by no more.
             empty, counts = await asyncio.wait_for(calibrate(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.fallback_reason = f"/tokenize did not answer within {timeout_s:g} s"
             return
         except LookupError as exc:
             self.fallback_reason = str(exc)
             return
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError, TypeError, OSError) as exc:
             self.fallback_reason = f"/tokenize unavailable ({type(exc).__name__})"
             return
         self._cost = {w: max(1, c - empty) for w, c in zip(self._words, counts)}
@@ -114,9 +116,16 @@ def _max_tokens(turn_out: int, fixed: int | None, cap: int | None) -> int:
     return max(1, n)
 
 
-async def plans_from_conversations(convs: list[Conversation], maker: TextMaker, rng: random.Random, *,
-                                   num_requests: int | None, fixed_max_tokens: int | None, max_tokens_cap: int | None,
-                                   trace_offsets_ns: list[int] | None = None) -> list[SessionPlan]:
+async def plans_from_conversations(
+    convs: list[Conversation],
+    maker: TextMaker,
+    rng: random.Random,
+    *,
+    num_requests: int | None,
+    fixed_max_tokens: int | None,
+    max_tokens_cap: int | None,
+    trace_offsets_ns: list[int] | None = None,
+) -> list[SessionPlan]:
     """ShareGPT (text) or BurstGPT (token counts, texts made to length) conversations -> plans, capped at N requests.
 
     trace_offsets_ns: the per-turn schedule for traced sources, in the same flattened turn order (-1 = beyond duration).
@@ -138,8 +147,9 @@ async def plans_from_conversations(convs: list[Conversation], maker: TextMaker, 
             if off is not None and off < 0:
                 continue
             text = t.text if t.text is not None else await maker.make(t.input_tokens, rng)
-            turns.append(TurnPlan(text, _max_tokens(t.output_tokens, fixed_max_tokens, max_tokens_cap),
-                                  t.input_tokens, off))
+            turns.append(
+                TurnPlan(text, _max_tokens(t.output_tokens, fixed_max_tokens, max_tokens_cap), t.input_tokens, off)
+            )
             total += 1
         if turns:
             plans.append(SessionPlan(conv.conversation_id, tuple(turns), conv.system_prompt))
@@ -153,9 +163,18 @@ def _length(mean: int, range_ratio: float, rng: random.Random) -> int:
     return rng.randint(lo, hi)
 
 
-async def synthetic_plans(maker: TextMaker, rng: random.Random, *, sessions: int, turns: int, input_len: int,
-                          output_len: int, range_ratio: float = 0.0, prefix_len: int = 0,
-                          prefix_groups: int = 1) -> list[SessionPlan]:
+async def synthetic_plans(
+    maker: TextMaker,
+    rng: random.Random,
+    *,
+    sessions: int,
+    turns: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float = 0.0,
+    prefix_len: int = 0,
+    prefix_groups: int = 1,
+) -> list[SessionPlan]:
     """Synthetic sessions: a shared prefix per group (round-robin), then unique inputs; lengths fixed or uniform
     in [L*(1-r), L*(1+r)]."""
     prefixes = [await maker.make(prefix_len, rng) for _ in range(max(1, prefix_groups))] if prefix_len > 0 else []
@@ -173,9 +192,17 @@ async def synthetic_plans(maker: TextMaker, rng: random.Random, *, sessions: int
     return plans
 
 
-async def long_session_plans(convs: list[Conversation] | None, maker: TextMaker, rng: random.Random, *,
-                             concurrency: int, rounds: int, output_len: int, input_len: int,
-                             prefix_len: int) -> tuple[list[SessionPlan], int]:
+async def long_session_plans(
+    convs: list[Conversation] | None,
+    maker: TextMaker,
+    rng: random.Random,
+    *,
+    concurrency: int,
+    rounds: int,
+    output_len: int,
+    input_len: int,
+    prefix_len: int,
+) -> tuple[list[SessionPlan], int]:
     """C sessions of N rounds each, output forced to `output_len`. ShareGPT sessions reuse a conversation's questions
     in order and cycle them when it has fewer than N; returns (plans, cycled_turns)."""
     plans, cycled = [], 0
@@ -191,6 +218,14 @@ async def long_session_plans(convs: list[Conversation] | None, maker: TextMaker,
                 tp.append(TurnPlan(t.text or "", output_len, t.input_tokens))
             plans.append(SessionPlan(c.conversation_id, tuple(tp), c.system_prompt))
         return plans, cycled
-    syn = await synthetic_plans(maker, rng, sessions=concurrency, turns=rounds, input_len=input_len,
-                                output_len=output_len, prefix_len=prefix_len, prefix_groups=concurrency)
+    syn = await synthetic_plans(
+        maker,
+        rng,
+        sessions=concurrency,
+        turns=rounds,
+        input_len=input_len,
+        output_len=output_len,
+        prefix_len=prefix_len,
+        prefix_groups=concurrency,
+    )
     return syn, 0

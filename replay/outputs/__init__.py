@@ -8,12 +8,12 @@ from .plots import write_plots
 from .xlsx import write_xlsx
 
 __all__ = [
-    "write_xlsx",
+    "IOTraceLog",
+    "get_request_phase",
+    "read_trace",
+    "request_phase",
+    "set_request_phase",
     "write_csv",
     "write_plots",
-    "IOTraceLog",
-    "set_request_phase",
-    "get_request_phase",
-    "request_phase",
-    "read_trace",
+    "write_xlsx",
 ]

@@ -7,7 +7,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-
 GB = 1e9
 OPS = ("read", "write")
 LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
@@ -37,17 +36,24 @@ def tier_rows(doc: dict) -> list[dict[str, Any]]:
                 continue
             lat, host, dev = o.get("latency_ms") or {}, o.get("host_ms") or {}, o.get("device_ms") or {}
             nbytes = o.get("bytes", 0)
-            rows.append({
-                "tier": name,
-                "op": op,
-                "ops": o.get("ops", 0),
-                "gb": nbytes / GB,
-                "gbps": nbytes / GB / elapsed if elapsed else 0.0,
-                "p50_ms": lat.get("p50"), "p95_ms": lat.get("p95"), "p99_ms": lat.get("p99"), "p999_ms": lat.get("p999"),
-                "host_p50_ms": host.get("p50"), "host_p99_ms": host.get("p99"),
-                "device_p50_ms": dev.get("p50"), "device_p99_ms": dev.get("p99"),
-                "events": dict(t.get("events") or {}),
-            })
+            rows.append(
+                {
+                    "tier": name,
+                    "op": op,
+                    "ops": o.get("ops", 0),
+                    "gb": nbytes / GB,
+                    "gbps": nbytes / GB / elapsed if elapsed else 0.0,
+                    "p50_ms": lat.get("p50"),
+                    "p95_ms": lat.get("p95"),
+                    "p99_ms": lat.get("p99"),
+                    "p999_ms": lat.get("p999"),
+                    "host_p50_ms": host.get("p50"),
+                    "host_p99_ms": host.get("p99"),
+                    "device_p50_ms": dev.get("p50"),
+                    "device_p99_ms": dev.get("p99"),
+                    "events": dict(t.get("events") or {}),
+                }
+            )
     return rows
 
 
@@ -68,16 +74,23 @@ def qos_rows(doc: dict) -> list[dict[str, Any]]:
     rows = []
     for name, c in classes.items():
         e2e, svc, sla = c.get("end_to_end_latency_ms") or {}, c.get("service_latency_ms") or {}, c.get("sla") or {}
-        rows.append({
-            "class": name,
-            "priority": c.get("priority"),
-            "requests": c.get("requests"),
-            "e2e_p50_ms": e2e.get("p50"), "e2e_p95_ms": e2e.get("p95"), "e2e_p99_ms": e2e.get("p99"),
-            "service_p50_ms": svc.get("p50"), "service_p95_ms": svc.get("p95"), "service_p99_ms": svc.get("p99"),
-            "target_p95_ms": sla.get("target_p95_ms"), "target_p99_ms": sla.get("target_p99_ms"),
-            "met": sla.get("met") if c.get("requests") else None,
-            "verdict": sla_verdict_text(c),
-        })
+        rows.append(
+            {
+                "class": name,
+                "priority": c.get("priority"),
+                "requests": c.get("requests"),
+                "e2e_p50_ms": e2e.get("p50"),
+                "e2e_p95_ms": e2e.get("p95"),
+                "e2e_p99_ms": e2e.get("p99"),
+                "service_p50_ms": svc.get("p50"),
+                "service_p95_ms": svc.get("p95"),
+                "service_p99_ms": svc.get("p99"),
+                "target_p95_ms": sla.get("target_p95_ms"),
+                "target_p99_ms": sla.get("target_p99_ms"),
+                "met": sla.get("met") if c.get("requests") else None,
+                "verdict": sla_verdict_text(c),
+            }
+        )
     rows.sort(key=lambda r: -(r["priority"] or 0))
     return rows
 
@@ -118,8 +131,16 @@ def timeline_series(doc: dict) -> dict[str, Any] | None:
     tiers: list[str] = []
     for s in samples:
         tiers += [n for n in s.get("tiers") or {} if n not in tiers]
-    out: dict[str, Any] = {"t_s": [], "requests": [], "requests_per_s": [], "read_gbps": [], "write_gbps": [],
-                           "users": [], "used_gb": {n: [] for n in tiers}, "entries": {n: [] for n in tiers}}
+    out: dict[str, Any] = {
+        "t_s": [],
+        "requests": [],
+        "requests_per_s": [],
+        "read_gbps": [],
+        "write_gbps": [],
+        "users": [],
+        "used_gb": {n: [] for n in tiers},
+        "entries": {n: [] for n in tiers},
+    }
     prev = {"t_s": 0.0, "requests": 0, "read_bytes": 0, "written_bytes": 0}
     for s in samples:
         dt = s["t_s"] - prev["t_s"]

@@ -17,7 +17,7 @@ from typing import Any
 from ._common import GB, OPS, elapsed_s, flatten, scalar_text
 from .paths import atomic_path
 
-__all__ = ["write_csv", "csv_rows", "COLUMNS"]
+__all__ = ["COLUMNS", "csv_rows", "write_csv"]
 
 COLUMNS = ("section", "metric", "value")
 _SKIP = ("histograms", "request_histograms", "timeline")

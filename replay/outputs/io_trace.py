@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["IOTraceLog", "COLUMNS", "set_request_phase", "get_request_phase", "request_phase", "read_trace"]
+__all__ = ["COLUMNS", "IOTraceLog", "get_request_phase", "read_trace", "request_phase", "set_request_phase"]
 
 COLUMNS = ("t_s", "op", "bytes", "tier", "key", "phase", "request_phase", "host_ms", "device_ms")
 
@@ -64,8 +64,14 @@ def request_phase(name: str | None) -> Iterator[None]:
 class IOTraceLog:
     """A `TieredStore.op_listener` that writes one CSV row per storage operation (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, start_ns: int | None = None, flush_interval_s: float = 1.0,
-                 wake_rows: int = 65_536, zstd_level: int = 3) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        start_ns: int | None = None,
+        flush_interval_s: float = 1.0,
+        wake_rows: int = 65_536,
+        zstd_level: int = 3,
+    ) -> None:
         self.path = os.fspath(path)
         # Public so a driver that starts its clock later can set it before the first operation.
         self.start_ns = time.perf_counter_ns() if start_ns is None else int(start_ns)
@@ -83,7 +89,7 @@ class IOTraceLog:
         self._raw = open(self.path, "wb")
         self._zst = None
         if self.path.endswith(".zst"):
-            import zstandard  # noqa: PLC0415 (only for compressed logs)
+            import zstandard
 
             self._zstd_flush = zstandard.FLUSH_BLOCK
             self._zst = zstandard.ZstdCompressor(level=zstd_level).stream_writer(self._raw, closefd=False)
@@ -105,8 +111,9 @@ class IOTraceLog:
         if timing is None:
             q.append((now, op, nbytes, tier, key, phase, getattr(_local, "phase", None), -1, -1))
         else:
-            q.append((now, op, nbytes, tier, key, phase, getattr(_local, "phase", None), timing.host_ns,
-                      timing.device_ns))
+            q.append(
+                (now, op, nbytes, tier, key, phase, getattr(_local, "phase", None), timing.host_ns, timing.device_ns)
+            )
         if len(q) >= self._wake_rows:
             self._wake.set()
 
@@ -126,8 +133,19 @@ class IOTraceLog:
             n = len(q)
             for _ in range(n):
                 t, op, nbytes, tier, key, phase, rphase, host, dev = q.popleft()
-                w.writerow((f"{(t - start) / 1e9:.6f}", op, nbytes, tier, key, phase, rphase or "",
-                            "" if host < 0 else f"{host / 1e6:.4f}", "" if dev < 0 else f"{dev / 1e6:.4f}"))
+                w.writerow(
+                    (
+                        f"{(t - start) / 1e9:.6f}",
+                        op,
+                        nbytes,
+                        tier,
+                        key,
+                        phase,
+                        rphase or "",
+                        "" if host < 0 else f"{host / 1e6:.4f}",
+                        "" if dev < 0 else f"{dev / 1e6:.4f}",
+                    )
+                )
             self.rows_written += n
             self._write_out()
 
@@ -160,7 +178,7 @@ class IOTraceLog:
                 self._zst.close()
             self._raw.close()
 
-    def __enter__(self) -> "IOTraceLog":
+    def __enter__(self) -> IOTraceLog:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -174,7 +192,7 @@ def read_trace(path: str | os.PathLike) -> list[dict[str, str]]:
     with open(path, "rb") as fh:
         data = fh.read()
     if path.endswith(".zst"):
-        import zstandard  # noqa: PLC0415
+        import zstandard
 
         dobj = zstandard.ZstdDecompressor().decompressobj()
         data = dobj.decompress(data)

@@ -168,18 +168,21 @@ def _write_json_to(path: str, doc: dict, exclusive: bool) -> None:
         f.write("\n")
 
 
-def write_results(path: str, doc: dict, *, is_default: bool = False,
-                  write: Callable[[str, dict, bool], None] = _write_json_to) -> tuple[str, str | None]:
+def write_results(
+    path: str, doc: dict, *, is_default: bool = False, write: Callable[[str, dict, bool], None] = _write_json_to
+) -> tuple[str, str | None]:
     """Write the results document; return (path written, error with the requested path or None).
 
     A default path never replaces a file (a run of the same second gets the next free name). When the requested
     path fails, the document goes to a fresh default name under results/, then under the temp directory."""
-    fallbacks = [os.path.join(RESULTS_DIR, os.path.basename(path)),
-                 os.path.join(tempfile.gettempdir(), "kvtier-results", os.path.basename(path))]
+    fallbacks = [
+        os.path.join(RESULTS_DIR, os.path.basename(path)),
+        os.path.join(tempfile.gettempdir(), "kvtier-results", os.path.basename(path)),
+    ]
     first_error = None
     for i, candidate in enumerate([path, *fallbacks]):
         exclusive = is_default or i > 0
-        for name in (_candidates(candidate) if exclusive else [candidate]):
+        for name in _candidates(candidate) if exclusive else [candidate]:
             try:
                 write(name, doc, exclusive)
                 return name, first_error

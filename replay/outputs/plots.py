@@ -21,17 +21,27 @@ from kvconnector.histogram import LatencyHistogram
 
 from ._common import GB, OPS, sla_verdict_text, timeline_series
 
-__all__ = ["write_plots", "cdf_points", "FIGURES"]
+__all__ = ["FIGURES", "cdf_points", "write_plots"]
 
 log = logging.getLogger("kvtier.outputs")
 
-FIGURES = ("latency_cdf.png", "request_latency_cdf.png", "throughput.png", "tier_occupancy.png", "autoscaling.png",
-           "qos_latency.png")
+FIGURES = (
+    "latency_cdf.png",
+    "request_latency_cdf.png",
+    "throughput.png",
+    "tier_occupancy.png",
+    "autoscaling.png",
+    "qos_latency.png",
+)
 
 _DPI = 110
 _OP_STYLE = {"read": "-", "write": "--"}
-_REQUEST_HISTS = (("end_to_end", "end to end"), ("storage_io", "storage I/O"), ("queue_wait", "queue wait"),
-                  ("generation", "generation (simulated)"))
+_REQUEST_HISTS = (
+    ("end_to_end", "end to end"),
+    ("storage_io", "storage I/O"),
+    ("queue_wait", "queue wait"),
+    ("generation", "generation (simulated)"),
+)
 # A histogram whose largest value is at most this (ns) recorded only zeros (clamped to 1 ns): nothing to draw.
 _ZERO_NS = 1
 
@@ -47,7 +57,7 @@ def cdf_points(encoded: str) -> tuple[list[float], list[float], int]:
         return [], [], total
     # The same points as hdrh's get_recorded_iterator(), which walks every bucket in Python (~0.1 s a histogram):
     # only the non-empty buckets, found with numpy.
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     hh = h._h
     counts = np.ctypeslib.as_array(hh.counts)[: hh.counts_len]
@@ -63,18 +73,23 @@ def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...
     unknown = set(figures or ()) - set(FIGURES)
     if unknown:
         raise ValueError(f"unknown figures {sorted(unknown)}; known: {', '.join(FIGURES)}")
-    import matplotlib  # noqa: PLC0415 (only when plots are asked for)
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     title = _run_title(doc)
-    for name, draw in (("latency_cdf.png", _tier_cdf), ("request_latency_cdf.png", _request_cdf),
-                       ("throughput.png", _throughput), ("tier_occupancy.png", _occupancy),
-                       ("autoscaling.png", _autoscaling), ("qos_latency.png", _qos)):
+    for name, draw in (
+        ("latency_cdf.png", _tier_cdf),
+        ("request_latency_cdf.png", _request_cdf),
+        ("throughput.png", _throughput),
+        ("tier_occupancy.png", _occupancy),
+        ("autoscaling.png", _autoscaling),
+        ("qos_latency.png", _qos),
+    ):
         if figures is not None and name not in figures:
             continue
         with plt.style.context("default"):
@@ -105,7 +120,7 @@ def _fmt_ms(ms: float) -> str:
 
 def _ms_axis(ax) -> None:
     """Log x axis in ms with readable tick labels (0.001 ms ... 10,000 ms) instead of powers of ten."""
-    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter
 
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
@@ -152,8 +167,12 @@ def _tier_cdf(plt, doc: dict):
     for name, op, xs, ys, n, p99 in curves:
         p99_text = f", p99 {_fmt_ms(p99)}" if p99 is not None else ""
         _draw_cdf(ax, xs, ys, color=colors[name], ls=_OP_STYLE[op], lw=1.8, label=f"{name} {op}  ({n:,} ops{p99_text})")
-    _cdf_frame(ax, "latency of one tier operation (ms, log scale)", "fraction of operations done within x",
-               "Tier operation latency CDF (solid: read, dashed: write)")
+    _cdf_frame(
+        ax,
+        "latency of one tier operation (ms, log scale)",
+        "fraction of operations done within x",
+        "Tier operation latency CDF (solid: read, dashed: write)",
+    )
     ax.legend(loc="best", fontsize=9)
     fig.tight_layout()
     return fig
@@ -210,10 +229,22 @@ def _throughput(plt, doc: dict):
     ax1.set_ylim(0, max(max(ts["requests_per_s"]), mean_rps, 1e-9) * 1.35)
     ax1.set_title("Throughput over time (each step: the rate since the previous sample)")
     ax1.grid(alpha=0.3)
-    ax2.step(t, steps(ts["read_gbps"]), where="pre", color="tab:green", lw=1.6,
-             label=f"read, all tiers (mean {mean_rd:.2f} GB/s)")
-    ax2.step(t, steps(ts["write_gbps"]), where="pre", color="tab:red", lw=1.6,
-             label=f"write, all tiers (mean {mean_wr:.2f} GB/s)")
+    ax2.step(
+        t,
+        steps(ts["read_gbps"]),
+        where="pre",
+        color="tab:green",
+        lw=1.6,
+        label=f"read, all tiers (mean {mean_rd:.2f} GB/s)",
+    )
+    ax2.step(
+        t,
+        steps(ts["write_gbps"]),
+        where="pre",
+        color="tab:red",
+        lw=1.6,
+        label=f"write, all tiers (mean {mean_wr:.2f} GB/s)",
+    )
     ax2.set_ylabel("bandwidth (GB/s)")
     ax2.set_xlabel("time since the run started (s)")
     ax2.set_ylim(0, max(*ts["read_gbps"], *ts["write_gbps"], 1e-9) * 1.3)
@@ -268,8 +299,12 @@ def _occupancy(plt, doc: dict):
     return fig
 
 
-_ACTION_STYLE = {"scale_up": ("^", "tab:green"), "scale_down": ("v", "tab:red"), "hold": ("o", "0.5"),
-                 "peak_found": ("*", "tab:purple")}
+_ACTION_STYLE = {
+    "scale_up": ("^", "tab:green"),
+    "scale_down": ("v", "tab:red"),
+    "hold": ("o", "0.5"),
+    "peak_found": ("*", "tab:purple"),
+}
 
 
 def _autoscaling(plt, doc: dict):
@@ -323,13 +358,13 @@ def _autoscaling(plt, doc: dict):
 
 
 def _thousands():
-    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter
 
     return FuncFormatter(lambda v, _: f"{v:,.0f}")
 
 
 def _percent():
-    from matplotlib.ticker import PercentFormatter  # noqa: PLC0415
+    from matplotlib.ticker import PercentFormatter
 
     return PercentFormatter(1.0)
 
@@ -338,16 +373,18 @@ def _qos(plt, doc: dict):
     classes = (doc.get("summary") or {}).get("qos_metrics") or {}
     if not classes:
         return "no qos_metrics in the results"
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
     names = sorted(classes, key=lambda c: -(classes[c].get("priority") or 0))
     x = np.arange(len(names))
     width = 0.2
     fig, ax = plt.subplots(figsize=(max(7, 2.2 * len(names) + 3), 5.2))
-    series = (("service_latency_ms", "p95", "service p95", "tab:blue", -1.5),
-              ("service_latency_ms", "p99", "service p99", "tab:cyan", -0.5),
-              ("end_to_end_latency_ms", "p95", "end-to-end p95", "tab:orange", 0.5),
-              ("end_to_end_latency_ms", "p99", "end-to-end p99", "navajowhite", 1.5))
+    series = (
+        ("service_latency_ms", "p95", "service p95", "tab:blue", -1.5),
+        ("service_latency_ms", "p99", "service p99", "tab:cyan", -0.5),
+        ("end_to_end_latency_ms", "p95", "end-to-end p95", "tab:orange", 0.5),
+        ("end_to_end_latency_ms", "p99", "end-to-end p99", "navajowhite", 1.5),
+    )
     for key, pct, label, color, off in series:
         vals = [((classes[c].get(key) or {}).get(pct)) or 0.0 for c in names]
         ax.bar(x + off * width, vals, width, label=label, color=color, edgecolor="0.3", lw=0.5)
@@ -357,19 +394,37 @@ def _qos(plt, doc: dict):
         sla = classes[c].get("sla") or {}
         for pct, off in (("target_p95_ms", -1.5), ("target_p99_ms", -0.5)):
             if sla.get(pct):
-                ax.hlines(sla[pct], x[i] + off * width - width * 0.6, x[i] + off * width + width * 0.6, color="black",
-                          lw=2.2, label=None if drew_target else "SLA target (p95, p99)")
+                ax.hlines(
+                    sla[pct],
+                    x[i] + off * width - width * 0.6,
+                    x[i] + off * width + width * 0.6,
+                    color="black",
+                    lw=2.2,
+                    label=None if drew_target else "SLA target (p95, p99)",
+                )
                 drew_target = True
     # Bars on a log axis have no honest baseline: linear unless the classes span more than 50x.
-    shown = [v for c in names for key in ("service_latency_ms", "end_to_end_latency_ms")
-             for v in ((classes[c].get(key) or {}).get("p95"), (classes[c].get(key) or {}).get("p99")) if v]
-    shown += [v for c in names for v in ((classes[c].get("sla") or {}).get("target_p95_ms"),
-                                          (classes[c].get("sla") or {}).get("target_p99_ms")) if v]
+    shown = [
+        v
+        for c in names
+        for key in ("service_latency_ms", "end_to_end_latency_ms")
+        for v in ((classes[c].get(key) or {}).get("p95"), (classes[c].get(key) or {}).get("p99"))
+        if v
+    ]
+    shown += [
+        v
+        for c in names
+        for v in (
+            (classes[c].get("sla") or {}).get("target_p95_ms"),
+            (classes[c].get("sla") or {}).get("target_p99_ms"),
+        )
+        if v
+    ]
     log_scale = bool(shown) and max(shown) / max(min(shown), 1e-9) > 50
     if log_scale:
         ax.set_yscale("log")
         ax.set_ylim(min(shown) / 2, max(shown) * 2)
-    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter
 
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
     ax.set_xticks(x, [_qos_label(c, classes[c]) for c in names])

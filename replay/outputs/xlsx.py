@@ -7,14 +7,32 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._common import (GB, LATENCY_KEYS, autoscaling_rows, flatten, qos_rows, scalar_text,
-                      tier_event_names, tier_rows, timeline_series)
+from ._common import (
+    GB,
+    LATENCY_KEYS,
+    autoscaling_rows,
+    flatten,
+    qos_rows,
+    scalar_text,
+    tier_event_names,
+    tier_rows,
+    timeline_series,
+)
 from .paths import atomic_path
 
-__all__ = ["write_xlsx", "SHEETS"]
+__all__ = ["SHEETS", "write_xlsx"]
 
-SHEETS = ("summary", "run parameters", "per-tier performance", "QoS", "autoscaling", "timeline", "clients",
-          "environment", "latency tracing")
+SHEETS = (
+    "summary",
+    "run parameters",
+    "per-tier performance",
+    "QoS",
+    "autoscaling",
+    "timeline",
+    "clients",
+    "environment",
+    "latency tracing",
+)
 
 _REQUEST_LATENCIES = (
     ("end to end", "end_to_end_latency_ms"),
@@ -38,7 +56,7 @@ _SUMMARY_ELSEWHERE = {"qos_metrics", "status"} | {k for _, k in _REQUEST_LATENCI
 
 def write_xlsx(doc: dict, path: str | os.PathLike) -> None:
     """Write the workbook to `path` atomically (a temporary file in the same directory, then a rename)."""
-    from openpyxl import Workbook  # noqa: PLC0415 (only when a workbook is asked for)
+    from openpyxl import Workbook
 
     wb = Workbook()
     wb.remove(wb.active)
@@ -67,7 +85,7 @@ def _fmt(value: Any) -> str | None:
 
 
 def _put(ws, row: int, col: int, value: Any, bold: bool = False):
-    from openpyxl.styles import Font  # noqa: PLC0415
+    from openpyxl.styles import Font
 
     cell = ws.cell(row=row, column=col, value=scalar_text(value))
     fmt = _fmt(value)
@@ -79,8 +97,8 @@ def _put(ws, row: int, col: int, value: Any, bold: bool = False):
 
 
 def _header(ws, row: int, names: list[str], notes: dict[str, str] | None = None) -> None:
-    from openpyxl.comments import Comment  # noqa: PLC0415
-    from openpyxl.styles import PatternFill  # noqa: PLC0415
+    from openpyxl.comments import Comment
+    from openpyxl.styles import PatternFill
 
     fill = PatternFill("solid", fgColor="DDE4EE")
     for i, name in enumerate(names, start=1):
@@ -103,7 +121,7 @@ def _table(ws, names: list[str], rows: list[list[Any]], notes: dict[str, str] | 
 
 
 def _widths(ws, cap: int = 60) -> None:
-    from openpyxl.utils import get_column_letter  # noqa: PLC0415
+    from openpyxl.utils import get_column_letter
 
     widths: dict[int, int] = {}
     for row in ws.iter_rows():
@@ -199,26 +217,84 @@ _TIER_NOTES = {
 
 def _tiers(ws, doc: dict) -> None:
     events = tier_event_names(doc)
-    names = ["tier", "op", "ops", "GB", "GB/s", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "host p50 ms", "host p99 ms",
-             "device p50 ms", "device p99 ms", *(f"{e} (tier)" for e in events)]
+    names = [
+        "tier",
+        "op",
+        "ops",
+        "GB",
+        "GB/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "host p50 ms",
+        "host p99 ms",
+        "device p50 ms",
+        "device p99 ms",
+        *(f"{e} (tier)" for e in events),
+    ]
     notes = dict(_TIER_NOTES)
     for e in events:
         notes[f"{e} (tier)"] = "an event count of the whole tier, repeated on its read and write rows"
-    rows = [[t["tier"], t["op"], t["ops"], t["gb"], t["gbps"], t["p50_ms"], t["p95_ms"], t["p99_ms"], t["p999_ms"],
-             t["host_p50_ms"], t["host_p99_ms"], t["device_p50_ms"], t["device_p99_ms"],
-             *(t["events"].get(e, 0) for e in events)] for t in tier_rows(doc)]
+    rows = [
+        [
+            t["tier"],
+            t["op"],
+            t["ops"],
+            t["gb"],
+            t["gbps"],
+            t["p50_ms"],
+            t["p95_ms"],
+            t["p99_ms"],
+            t["p999_ms"],
+            t["host_p50_ms"],
+            t["host_p99_ms"],
+            t["device_p50_ms"],
+            t["device_p99_ms"],
+            *(t["events"].get(e, 0) for e in events),
+        ]
+        for t in tier_rows(doc)
+    ]
     _table(ws, names, rows, notes, empty="no tiers in this results file")
 
 
 def _qos(ws, doc: dict) -> None:
-    names = ["class", "priority", "requests", "e2e p50 ms", "e2e p95 ms", "e2e p99 ms", "service p50 ms",
-             "service p95 ms", "service p99 ms", "target p95 ms", "target p99 ms", "SLA"]
-    notes = {"service p95 ms": "service latency = end to end minus simulated generation; the SLA is judged on it",
-             "SLA": "met when the class's service latency met its p95 and p99 targets, missed when not, "
-                    "no data when it completed no request"}
-    rows = [[q["class"], q["priority"], q["requests"], q["e2e_p50_ms"], q["e2e_p95_ms"], q["e2e_p99_ms"],
-             q["service_p50_ms"], q["service_p95_ms"], q["service_p99_ms"], q["target_p95_ms"], q["target_p99_ms"],
-             q["verdict"]] for q in qos_rows(doc)]
+    names = [
+        "class",
+        "priority",
+        "requests",
+        "e2e p50 ms",
+        "e2e p95 ms",
+        "e2e p99 ms",
+        "service p50 ms",
+        "service p95 ms",
+        "service p99 ms",
+        "target p95 ms",
+        "target p99 ms",
+        "SLA",
+    ]
+    notes = {
+        "service p95 ms": "service latency = end to end minus simulated generation; the SLA is judged on it",
+        "SLA": "met when the class's service latency met its p95 and p99 targets, missed when not, "
+        "no data when it completed no request",
+    }
+    rows = [
+        [
+            q["class"],
+            q["priority"],
+            q["requests"],
+            q["e2e_p50_ms"],
+            q["e2e_p95_ms"],
+            q["e2e_p99_ms"],
+            q["service_p50_ms"],
+            q["service_p95_ms"],
+            q["service_p99_ms"],
+            q["target_p95_ms"],
+            q["target_p99_ms"],
+            q["verdict"],
+        ]
+        for q in qos_rows(doc)
+    ]
     _table(ws, names, rows, notes, empty="no QoS classes in this run")
 
 
@@ -238,28 +314,66 @@ def _timeline(ws, doc: dict) -> None:
     ts = timeline_series(doc)
     tiers = list(ts["used_gb"]) if ts else []
     users = bool(ts and ts["users"])
-    names = ["t_s", "requests", "requests/s", "read GB/s", "write GB/s", *(["users"] if users else []),
-             *(f"{t} used GB" for t in tiers), *(f"{t} entries" for t in tiers)]
+    names = [
+        "t_s",
+        "requests",
+        "requests/s",
+        "read GB/s",
+        "write GB/s",
+        *(["users"] if users else []),
+        *(f"{t} used GB" for t in tiers),
+        *(f"{t} entries" for t in tiers),
+    ]
     notes = {"requests/s": "rates over the interval since the previous sample (cumulative counters differenced)"}
     rows = []
     if ts:
         for i, t in enumerate(ts["t_s"]):
-            rows.append([t, ts["requests"][i], ts["requests_per_s"][i], ts["read_gbps"][i], ts["write_gbps"][i],
-                         *([ts["users"][i]] if users else []), *(ts["used_gb"][n][i] for n in tiers),
-                         *(ts["entries"][n][i] for n in tiers)])
+            rows.append(
+                [
+                    t,
+                    ts["requests"][i],
+                    ts["requests_per_s"][i],
+                    ts["read_gbps"][i],
+                    ts["write_gbps"][i],
+                    *([ts["users"][i]] if users else []),
+                    *(ts["used_gb"][n][i] for n in tiers),
+                    *(ts["entries"][n][i] for n in tiers),
+                ]
+            )
     _table(ws, names, rows, notes, empty="no timeline in this results file")
 
 
 def _clients(ws, doc: dict) -> None:
-    names = ["client", "status", "requests", "requests/s", "tokens/s", "e2e p50 ms", "e2e p95 ms", "e2e p99 ms",
-             "storage I/O p95 ms", "elapsed s"]
+    names = [
+        "client",
+        "status",
+        "requests",
+        "requests/s",
+        "tokens/s",
+        "e2e p50 ms",
+        "e2e p95 ms",
+        "e2e p99 ms",
+        "storage I/O p95 ms",
+        "elapsed s",
+    ]
     rows = []
     for i, c in enumerate(doc.get("clients") or []):
         s = c.get("summary") or {}
         e2e, sio = s.get("end_to_end_latency_ms") or {}, s.get("storage_io_latency_ms") or {}
-        rows.append([c.get("client_id", c.get("name", i)), c.get("status", s.get("status")), s.get("total_requests"),
-                     s.get("requests_per_second"), s.get("avg_throughput_tokens_per_sec"), e2e.get("p50"),
-                     e2e.get("p95"), e2e.get("p99"), sio.get("p95"), s.get("elapsed_time")])
+        rows.append(
+            [
+                c.get("client_id", c.get("name", i)),
+                c.get("status", s.get("status")),
+                s.get("total_requests"),
+                s.get("requests_per_second"),
+                s.get("avg_throughput_tokens_per_sec"),
+                e2e.get("p50"),
+                e2e.get("p95"),
+                e2e.get("p99"),
+                sio.get("p95"),
+                s.get("elapsed_time"),
+            ]
+        )
     _table(ws, names, rows, empty="single-client run")
 
 
@@ -291,5 +405,9 @@ def _latency_tracing(ws, doc: dict) -> None:
                 rows.append([name, key or None, None, None, value])
     for line in (lt.get("fio_job") or "").splitlines():
         rows.append(["fio job", line, None, None, None])
-    _table(ws, ["map", "key", "bucket low", "bucket high", "count"], rows,
-           empty="no latency tracing in this run (--enable-latency-tracing, as root)")
+    _table(
+        ws,
+        ["map", "key", "bucket low", "bucket high", "count"],
+        rows,
+        empty="no latency tracing in this run (--enable-latency-tracing, as root)",
+    )

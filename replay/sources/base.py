@@ -13,8 +13,8 @@ import math
 import os
 import stat
 from collections.abc import Iterator
-from typing import BinaryIO
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 
 class WorkloadError(ValueError):

@@ -81,8 +81,10 @@ def load_burstgpt(
             rows.append((ts, session, req, resp, order))
             order += 1
     if not rows:
-        raise WorkloadError(f"{files[0] if len(files) == 1 else str(path_or_dir_or_glob)}: no usable BurstGPT row "
-                            f"(skipped: {report.skipped or 'none'})")
+        raise WorkloadError(
+            f"{files[0] if len(files) == 1 else str(path_or_dir_or_glob)}: no usable BurstGPT row "
+            f"(skipped: {report.skipped or 'none'})"
+        )
 
     sessions: dict[str, list[tuple[float, int, int, int]]] = {}
     singles: list[tuple[float, int, int, int]] = []
@@ -107,7 +109,9 @@ def load_burstgpt(
                 new_tokens = req
             turns.append(Turn(new_tokens, resp, arrival_s=ts))
             prev_context = req + resp
-        conversations.append((items[0][0], items[0][3], Conversation(conversation_id=f"session-{sid}", turns=tuple(turns))))
+        conversations.append(
+            (items[0][0], items[0][3], Conversation(conversation_id=f"session-{sid}", turns=tuple(turns)))
+        )
     conversations.sort(key=lambda t: (t[0], t[1]))
     out = [c for _, _, c in conversations]
     report.conversations = len(out)
@@ -127,8 +131,10 @@ def _read_file(path: Path, report: LoadReport, models, log_types):
     col = {name.strip(): i for i, name in enumerate(header)}
     missing = [c for c in _REQUIRED if c not in col]
     if missing:
-        raise WorkloadError(f"{path}:1: not a BurstGPT header, missing column(s) {', '.join(missing)} "
-                            f"(found: {', '.join(col) or 'nothing'})")
+        raise WorkloadError(
+            f"{path}:1: not a BurstGPT header, missing column(s) {', '.join(missing)} "
+            f"(found: {', '.join(col) or 'nothing'})"
+        )
     i_ts, i_req, i_resp = col["Timestamp"], col["Request tokens"], col["Response tokens"]
     i_sess, i_model, i_log = col.get("Session ID"), col.get("Model"), col.get("Log Type")
     width = len(header)

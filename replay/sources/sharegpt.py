@@ -27,7 +27,7 @@ from pathlib import Path
 
 from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, read_text
 
-__all__ = ["load_sharegpt", "default_token_counter", "estimate_tokens"]
+__all__ = ["default_token_counter", "estimate_tokens", "load_sharegpt"]
 
 _USER_ROLES = {"human", "user"}
 _ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
@@ -44,11 +44,14 @@ def estimate_tokens(text: str) -> int:
 def default_token_counter() -> tuple[Callable[[str], int], str]:
     """tiktoken cl100k_base if it can be loaded without a download, else the chars/4 estimate. Returns (count, name)."""
     try:
-        import tiktoken  # noqa: PLC0415 (optional dependency)
+        import tiktoken
     except ImportError:
         return estimate_tokens, "estimate:chars/4 (tiktoken not installed)"
-    cache_dirs = [os.environ.get("TIKTOKEN_CACHE_DIR"), os.environ.get("DATA_GYM_CACHE_DIR"),
-                  os.path.join(os.environ.get("TMPDIR", "/tmp"), "data-gym-cache")]
+    cache_dirs = [
+        os.environ.get("TIKTOKEN_CACHE_DIR"),
+        os.environ.get("DATA_GYM_CACHE_DIR"),
+        os.path.join(os.environ.get("TMPDIR", "/tmp"), "data-gym-cache"),
+    ]
     if not any(d and os.path.exists(os.path.join(d, _CL100K_CACHE_NAME)) for d in cache_dirs):
         return estimate_tokens, "estimate:chars/4 (tiktoken cl100k_base data not on this machine)"
     try:
@@ -63,7 +66,7 @@ def _iter_items(text: str, path: Path, report: LoadReport):
     decoder = json.JSONDecoder()
     pos = len(text) - len(text.lstrip())
     if pos >= len(text) or text[pos] != "[":
-        raise WorkloadError(f"{path}: not a ShareGPT file (expected a JSON list, found {text[pos:pos + 20]!r})")
+        raise WorkloadError(f"{path}: not a ShareGPT file (expected a JSON list, found {text[pos : pos + 20]!r})")
     pos += 1
     index = 0
     n = len(text)
@@ -124,8 +127,11 @@ def load_sharegpt(
         if conv is None:
             continue
         if max_context_tokens is not None:
-            conv = Conversation(conv.conversation_id, tuple(bound_turn(t, max_context_tokens, report) for t in conv.turns),
-                                conv.system_prompt)
+            conv = Conversation(
+                conv.conversation_id,
+                tuple(bound_turn(t, max_context_tokens, report) for t in conv.turns),
+                conv.system_prompt,
+            )
         if len(conv.turns) < min_turns:
             report.skip("too_few_turns")
             continue

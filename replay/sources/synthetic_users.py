@@ -23,13 +23,18 @@ class SyntheticUser:
     generate_tokens: tuple[int, int]
     think_time_s: tuple[float, float]
 
-    def conversations(self, rng: random.Random, multi_turn: bool, end_probability: float,
-                      max_turns: int = MAX_TURNS) -> Iterator[Conversation]:
+    def conversations(
+        self, rng: random.Random, multi_turn: bool, end_probability: float, max_turns: int = MAX_TURNS
+    ) -> Iterator[Conversation]:
         n = 0
         while True:
             turns = []
             while True:
-                turns.append(Turn(input_tokens=rng.randint(*self.context_tokens), output_tokens=rng.randint(*self.generate_tokens)))
+                turns.append(
+                    Turn(
+                        input_tokens=rng.randint(*self.context_tokens), output_tokens=rng.randint(*self.generate_tokens)
+                    )
+                )
                 if not multi_turn or len(turns) >= max_turns or rng.random() < end_probability:
                     break
             yield Conversation(f"u{self.user_id}-c{n}", tuple(turns))
@@ -46,7 +51,12 @@ def make_users(num_users: int, profiles: dict, rng: random.Random) -> list[Synth
     weights = [profiles[n].weight for n in names]
     chosen = rng.choices(names, weights=weights, k=num_users)
     return [
-        SyntheticUser(i, name, tuple(profiles[name].context_tokens), tuple(profiles[name].generate_tokens),
-                      tuple(profiles[name].think_time_s))
+        SyntheticUser(
+            i,
+            name,
+            tuple(profiles[name].context_tokens),
+            tuple(profiles[name].generate_tokens),
+            tuple(profiles[name].think_time_s),
+        )
         for i, name in enumerate(chosen)
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..bench_config import AutoscalerConfig
+from .config import AutoscalerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,9 @@ class Autoscaler:
         return max(self.cfg.min_users, min(self.cfg.max_users, users))
 
     def decide(self, t_s: float, users: int, throughput: float, saturation: float, sla_missed: list[str]) -> Decision:
-        return self._qos(t_s, users, saturation, sla_missed) if self.mode == "qos" else self._capacity(users, throughput)
+        return (
+            self._qos(t_s, users, saturation, sla_missed) if self.mode == "qos" else self._capacity(users, throughput)
+        )
 
     def _qos(self, t_s: float, users: int, saturation: float, sla_missed: list[str]) -> Decision:
         c = self.cfg
@@ -61,9 +63,12 @@ class Autoscaler:
         if prev is not None and throughput < prev:
             self.done = True
             peak_users, peak_tput = self._peak
-            return Decision(peak_users, "peak_found",
-                            f"Peak capacity found: throughput fell from {prev:,.0f} to {throughput:,.0f} tok/s; "
-                            f"peak {peak_tput:,.0f} tok/s at {peak_users} users")
+            return Decision(
+                peak_users,
+                "peak_found",
+                f"Peak capacity found: throughput fell from {prev:,.0f} to {throughput:,.0f} tok/s; "
+                f"peak {peak_tput:,.0f} tok/s at {peak_users} users",
+            )
         growth = (throughput - prev) / prev if prev else math.inf
         factor = c.ramp_factor if growth > c.fast_growth else c.fine_factor
         new = self._clamp(max(users + 1, math.ceil(users * factor)))

@@ -15,15 +15,15 @@ from kvconnector.models import ModelSpec, resolve_model
 from kvconnector.store import TieredStore
 from kvconnector.tiers import GB, CPUTier, DiskTier, GPUTier, cuda_torch
 
-from .. import sysinfo
 from ..cli_common import human_bytes
 from ..outputs.paths import os_reason
-from ..bench_config import BenchConfig
-from ..results import cache_stats, sla_verdict, tier_details
 from ..sources.base import WorkloadError
+from . import sysinfo
+from .config import BenchConfig
 from .driver import ClassStats, RunOutcome, SyntheticDriver, rag_key
 from .payload import RandomPayload
 from .precondition import precondition
+from .results import cache_stats, sla_verdict, tier_details
 from .workload import Workload
 
 log = logging.getLogger("kvtier.bench")
@@ -74,8 +74,9 @@ def make_run_dir(cfg: BenchConfig) -> str:
             os.makedirs(base, exist_ok=True)
             return tempfile.mkdtemp(prefix=stamp, dir=base)
         except OSError as exc:
-            raise ConfigError(f"--cache-dir {cfg.cache_dir}: cannot create a directory under {base} "
-                              f"({os_reason(exc)})") from exc
+            raise ConfigError(
+                f"--cache-dir {cfg.cache_dir}: cannot create a directory under {base} ({os_reason(exc)})"
+            ) from exc
     # /var/tmp is disk-backed on most systems, where /tmp may be tmpfs.
     base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
     return tempfile.mkdtemp(prefix=stamp, dir=base)
@@ -119,9 +120,11 @@ class Bench:
             raise ConfigError(str(exc)) from exc
         if self.workload.report:
             r = self.workload.report
-            self.notes.append(f"{r.source}: {r.conversations} conversations, {r.turns} turns, tokenizer {r.tokenizer}"
-                              + (f", skipped {dict(r.skipped)}" if r.skipped else "")
-                              + (f", cut to {self.max_context_tokens} tokens {dict(r.truncated)}" if r.truncated else ""))
+            self.notes.append(
+                f"{r.source}: {r.conversations} conversations, {r.turns} turns, tokenizer {r.tokenizer}"
+                + (f", skipped {dict(r.skipped)}" if r.skipped else "")
+                + (f", cut to {self.max_context_tokens} tokens {dict(r.truncated)}" if r.truncated else "")
+            )
         self.run_dir = make_run_dir(cfg)
         try:
             self.tiers = build_tiers(cfg, self.run_dir, self.notes)
@@ -129,15 +132,20 @@ class Bench:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.notes.extend(f"{t.name}: fallback {k} x{v}" for t in self.tiers for k, v in t.fallbacks.items())
-        self.store = TieredStore(self.tiers, target_usage_ratio=cfg.eviction.target_usage_ratio,
-                                 large_entry_limit_ratio=cfg.eviction.large_entry_limit_ratio,
-                                 promote_on_hit=cfg.promote_on_hit)
+        self.store = TieredStore(
+            self.tiers,
+            target_usage_ratio=cfg.eviction.target_usage_ratio,
+            large_entry_limit_ratio=cfg.eviction.large_entry_limit_ratio,
+            promote_on_hit=cfg.promote_on_hit,
+        )
         # An entry larger than this share of the largest tier fits no tier: cut it before trying (see the store).
         largest = max(t.capacity_bytes for t in self.tiers)
         tier_tokens = int(largest * cfg.eviction.large_entry_limit_ratio) // self.bytes_per_token
         if tier_tokens < 1:  # the caller's cleanup() removes the run directory
-            raise ConfigError(f"one token of {self.spec.name} ({self.bytes_per_token:,} B) fits no tier "
-                              f"(the largest holds {largest:,} B): give the tiers more room")
+            raise ConfigError(
+                f"one token of {self.spec.name} ({self.bytes_per_token:,} B) fits no tier "
+                f"(the largest holds {largest:,} B): give the tiers more room"
+            )
         self.workload.set_entry_limit(tier_tokens)
         self.payload = RandomPayload(cfg.random_buffer_mb, self.seed)
 
@@ -150,13 +158,19 @@ class Bench:
             size = int(cfg.precondition_size_gb * GB) or 2 * disk.capacity_bytes
             free = shutil.disk_usage(self.run_dir).free
             if size > 0.95 * free:
-                raise ConfigError(f"--precondition-size-gb {human_bytes(size)} does not fit the {human_bytes(free)} free "
-                                  f"under {self.run_dir}; pass a smaller --precondition-size-gb")
+                raise ConfigError(
+                    f"--precondition-size-gb {human_bytes(size)} does not fit the {human_bytes(free)} free "
+                    f"under {self.run_dir}; pass a smaller --precondition-size-gb"
+                )
             threads = cfg.precondition_threads or cfg.io_workers
             self.setup["precondition"] = precondition(
-                os.path.join(self.run_dir, "precondition"), size, threads, self.payload,
+                os.path.join(self.run_dir, "precondition"),
+                size,
+                threads,
+                self.payload,
                 direct=getattr(disk, "io_mode", None) and disk.io_mode.value == "direct",
-                on_progress=on_progress and (lambda done, total: on_progress("precondition", done, total)))
+                on_progress=on_progress and (lambda done, total: on_progress("precondition", done, total)),
+            )
         if cfg.enable_rag:
             chunk_bytes = cfg.rag.chunk_tokens * self.bytes_per_token
             total = cfg.rag_num_docs * cfg.rag.chunks_per_doc
@@ -182,12 +196,20 @@ class Bench:
 
     def run(self, on_sample=None, phase_hook=None) -> dict:
         cfg = self.cfg
-        started = dt.datetime.now(dt.timezone.utc)
+        started = dt.datetime.now(dt.UTC)
         env = sysinfo.environment(self.run_dir)
         disk0 = sysinfo.disk_counters(env["block_device"])
-        driver = SyntheticDriver(cfg, self.store, self.bytes_per_token, self.workload, self.payload, self.seed,
-                                 on_sample=on_sample, prepopulated=getattr(self, "prepopulated", []),
-                                 phase_hook=phase_hook)
+        driver = SyntheticDriver(
+            cfg,
+            self.store,
+            self.bytes_per_token,
+            self.workload,
+            self.payload,
+            self.seed,
+            on_sample=on_sample,
+            prepopulated=getattr(self, "prepopulated", []),
+            phase_hook=phase_hook,
+        )
         self.driver = driver
         try:
             outcome = driver.run()
@@ -207,7 +229,9 @@ class Bench:
         elapsed = outcome.elapsed_s
         req = outcome.requests
         tokens = req.prompt_tokens + req.generated_tokens
-        disk_bytes = sum(s.read.nbytes + s.write.nbytes for t, s in zip(self.store.tiers, self.store.stats) if t.kind == "disk")
+        disk_bytes = sum(
+            s.read.nbytes + s.write.nbytes for t, s in zip(self.store.tiers, self.store.stats) if t.kind == "disk"
+        )
         block = None
         if disk0 and disk1:
             delta = disk1.minus(disk0)
@@ -232,8 +256,11 @@ class Bench:
                 "priority": prof.priority,
                 "end_to_end_latency_ms": cs.end_to_end.summary_ms(),
                 "service_latency_ms": svc.summary_ms(),
-                "sla": {"target_p95_ms": prof.target_p95_ms, "target_p99_ms": prof.target_p99_ms,
-                        **sla_verdict(svc, prof.target_p95_ms, prof.target_p99_ms)},
+                "sla": {
+                    "target_p95_ms": prof.target_p95_ms,
+                    "target_p99_ms": prof.target_p99_ms,
+                    **sla_verdict(svc, prof.target_p95_ms, prof.target_p99_ms),
+                },
                 "histograms": {"end_to_end": cs.end_to_end.encode(), "service": svc.encode()},
             }
         summary = {
@@ -246,7 +273,9 @@ class Bench:
             "requests_per_second": round(req.completed / elapsed, 4) if elapsed else 0.0,
             "avg_throughput_tokens_per_sec": round(tokens / elapsed, 2) if elapsed else 0.0,
             # KV tokens moved through the storage (disk) tier per wall-clock second; not tokens / summed I/O time.
-            "storage_throughput_tokens_per_sec": round(disk_bytes / self.bytes_per_token / elapsed, 2) if elapsed else 0.0,
+            "storage_throughput_tokens_per_sec": round(disk_bytes / self.bytes_per_token / elapsed, 2)
+            if elapsed
+            else 0.0,
             "end_to_end_latency_ms": req.end_to_end.summary_ms(),
             "storage_io_latency_ms": req.storage_io.summary_ms(),
             "io_saturation": outcome.io_saturation,
@@ -277,16 +306,24 @@ class Bench:
                 "chunk_hit_rate": rate(req.rag_chunk_reads - req.rag_chunk_misses, req.rag_chunk_reads),
                 "burst_latency_ms": req.rag_burst.summary_ms(),
             },
-            "decode_stats": {"reads": req.decode_reads, "misses": req.decode_misses, "batch_size": cfg.decode.batch_size},
+            "decode_stats": {
+                "reads": req.decode_reads,
+                "misses": req.decode_misses,
+                "batch_size": cfg.decode.batch_size,
+            },
             "qos_metrics": qos,
             "requests_by_profile": dict(sorted(req.by_profile.items())),
         }
         if outcome.autoscaling:
             peak = max(outcome.autoscaling, key=lambda s: s["throughput_tokens_per_sec"])
-            summary["autoscaling_summary"] = {"mode": cfg.autoscaler_mode, "steps": len(outcome.autoscaling),
-                                              "final_users": outcome.autoscaling[-1]["next_users"],
-                                              "peak_throughput_tokens_per_sec": peak["throughput_tokens_per_sec"],
-                                              "peak_users": peak["users"], "reason": outcome.autoscaling[-1]["reason"]}
+            summary["autoscaling_summary"] = {
+                "mode": cfg.autoscaler_mode,
+                "steps": len(outcome.autoscaling),
+                "final_users": outcome.autoscaling[-1]["next_users"],
+                "peak_throughput_tokens_per_sec": peak["throughput_tokens_per_sec"],
+                "peak_users": peak["users"],
+                "reason": outcome.autoscaling[-1]["reason"],
+            }
         fallbacks = {f"{t.name}.{k}": v for t in self.store.tiers for k, v in t.fallbacks.items()}
         report = self.workload.report
         return {
@@ -296,17 +333,29 @@ class Bench:
             "error": outcome.error,
             "stop_signal": None if self.driver.stop_signal is None else signal.Signals(self.driver.stop_signal).name,
             "notes": self.notes,
-            "model": {"name": self.spec.name, "bytes_per_token": self.bytes_per_token, "kv_dtype": cfg.kv_dtype,
-                      "mla": self.spec.is_mla},
-            "workload": {"source": self.workload.kind, "timed": self.workload.timed,
-                         "max_context_tokens": self.max_context_tokens,
-                         # Entries cut to the bound during the run, by the limit that cut them (the model's context
-                         # length or the largest tier); dataset rows cut as they loaded are in load_report.truncated.
-                         "truncated_requests": dict(self.workload.truncated_requests),
-                         "load_report": None if report is None else {
-                             "conversations": report.conversations, "turns": report.turns,
-                             "skipped": dict(report.skipped), "truncated": dict(report.truncated),
-                             "tokenizer": report.tokenizer}},
+            "model": {
+                "name": self.spec.name,
+                "bytes_per_token": self.bytes_per_token,
+                "kv_dtype": cfg.kv_dtype,
+                "mla": self.spec.is_mla,
+            },
+            "workload": {
+                "source": self.workload.kind,
+                "timed": self.workload.timed,
+                "max_context_tokens": self.max_context_tokens,
+                # Entries cut to the bound during the run, by the limit that cut them (the model's context
+                # length or the largest tier); dataset rows cut as they loaded are in load_report.truncated.
+                "truncated_requests": dict(self.workload.truncated_requests),
+                "load_report": None
+                if report is None
+                else {
+                    "conversations": report.conversations,
+                    "turns": report.turns,
+                    "skipped": dict(report.skipped),
+                    "truncated": dict(report.truncated),
+                    "tokenizer": report.tokenizer,
+                },
+            },
             "config": cfg.model_dump(mode="json") | {"seed": self.seed},
             "environment": env,
             "setup": self.setup,

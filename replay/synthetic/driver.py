@@ -33,12 +33,11 @@ from kvconnector.errors import KvtierError
 from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 
-from ..bench_config import BenchConfig
 from .autoscaler import Autoscaler
+from .config import BenchConfig
 from .executor import PriorityExecutor
 from .payload import RandomPayload
 from .workload import Session, User, Workload
-
 
 # Users started per event-loop turn: small enough that a timer (the end of the window, a signal) waits at most a few
 # milliseconds for its turn, large enough that 100,000 users start in well under a second of loop time.
@@ -113,9 +112,19 @@ def rag_key(doc: int, chunk: int) -> str:
 
 
 class SyntheticDriver:
-    def __init__(self, cfg: BenchConfig, store: TieredStore, bytes_per_token: int, workload: Workload,
-                 payload: RandomPayload, seed: int, on_sample=None, sample_interval_s: float = 0.5,
-                 prepopulated: list[str] | None = None, phase_hook=None) -> None:
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        store: TieredStore,
+        bytes_per_token: int,
+        workload: Workload,
+        payload: RandomPayload,
+        seed: int,
+        on_sample=None,
+        sample_interval_s: float = 0.5,
+        prepopulated: list[str] | None = None,
+        phase_hook=None,
+    ) -> None:
         self.cfg = cfg
         self.store = store
         self.bytes_per_token = bytes_per_token
@@ -186,7 +195,7 @@ class SyntheticDriver:
         timed_out = False
         try:
             await asyncio.wait_for(self._done.wait(), timeout=self.cfg.duration)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
         stop_ns = time.perf_counter_ns()
         tasks = [t for _, t in self._users] + list(self._sessions_open) + list(self._spawners) + background
@@ -204,8 +213,17 @@ class SyntheticDriver:
             loop.remove_signal_handler(sig)
             signal.signal(sig, handler)
         busy = self._pool.busy_ns() / max(1, self._pool.workers * (end_ns - self.start_ns))
-        return RunOutcome(self._status, self._error, self.start_ns, end_ns, self.req, self.timeline, self.autoscaling,
-                          round(busy, 4), window)
+        return RunOutcome(
+            self._status,
+            self._error,
+            self.start_ns,
+            end_ns,
+            self.req,
+            self.timeline,
+            self.autoscaling,
+            round(busy, 4),
+            window,
+        )
 
     def _window_report(self, timed_out: bool, stop_ns: int, cancelled_ns: int, end_ns: int, tasks: int) -> dict:
         """How long the run took beyond --duration, split by cause: the loop reaching the deadline late (too much
@@ -214,8 +232,9 @@ class SyntheticDriver:
         started = self._users_started_ns
         out = {
             "duration_s": self.cfg.duration,
-            "ended_by": "duration" if timed_out else ("signal" if self._status == "interrupted" else
-                                                      "failure" if self._status == "failed" else "workload"),
+            "ended_by": "duration"
+            if timed_out
+            else ("signal" if self._status == "interrupted" else "failure" if self._status == "failed" else "workload"),
             "users_requested": 0 if self.workload.timed else self.cfg.num_users,
             "users_started": self._next_user_id,
             "users_started_s": None if started is None else s(started - self.start_ns),
@@ -226,14 +245,18 @@ class SyntheticDriver:
         overrun = max(0.0, (end_ns - self.start_ns) / 1e9 - self.cfg.duration) if timed_out else 0.0
         out["overrun_s"] = round(overrun, 3)
         if overrun >= 0.5:
-            parts = {"deadline_late_s": f"the event loop reached the deadline {out['deadline_late_s']} s late",
-                     "cancel_s": f"stopping {tasks} tasks took {out['cancel_s']} s",
-                     "in_flight_s": f"operations in flight took {out['in_flight_s']} s to finish"}
+            parts = {
+                "deadline_late_s": f"the event loop reached the deadline {out['deadline_late_s']} s late",
+                "cancel_s": f"stopping {tasks} tasks took {out['cancel_s']} s",
+                "in_flight_s": f"operations in flight took {out['in_flight_s']} s to finish",
+            }
             worst = max(parts, key=lambda k: out[k])
             out["reason"] = parts[worst]
         if not self.workload.timed and not self.cfg.enable_autoscaling and self._next_user_id < self.cfg.num_users:
-            out["reason"] = (f"only {self._next_user_id} of {self.cfg.num_users} users started within the window "
-                             f"(one event loop drives them all)" + (f"; {out['reason']}" if "reason" in out else ""))
+            out["reason"] = (
+                f"only {self._next_user_id} of {self.cfg.num_users} users started within the window "
+                f"(one event loop drives them all)" + (f"; {out['reason']}" if "reason" in out else "")
+            )
         return out
 
     def _interrupt(self, signum: int = signal.SIGINT) -> None:
@@ -365,13 +388,22 @@ class SyntheticDriver:
             dt = max(now - prev_t, 1e-9)
             saturation = min(1.0, (busy - prev_busy) / 1e9 / (self._pool.workers * dt))
             throughput = (tokens - prev_tokens) / dt
-            missed = [c for c, h in window.items()
-                      if h.count and h.percentile_ms(95) > cfg.qos_profiles[c].target_p95_ms]
+            missed = [
+                c for c, h in window.items() if h.count and h.percentile_ms(95) > cfg.qos_profiles[c].target_p95_ms
+            ]
             users = sum(1 for u, _ in self._users if not u.stop)
             d = scaler.decide(now, users, throughput, saturation, missed)
-            self.autoscaling.append({"t_s": round(now, 2), "users": users, "throughput_tokens_per_sec": round(throughput, 1),
-                                     "saturation": round(saturation, 3), "action": d.action, "reason": d.reason,
-                                     "next_users": d.users})
+            self.autoscaling.append(
+                {
+                    "t_s": round(now, 2),
+                    "users": users,
+                    "throughput_tokens_per_sec": round(throughput, 1),
+                    "saturation": round(saturation, 3),
+                    "action": d.action,
+                    "reason": d.reason,
+                    "next_users": d.users,
+                }
+            )
             if d.users != users:
                 self._scale_to(d.users)
             prev_busy, prev_tokens, prev_t = busy, tokens, now
@@ -417,24 +449,39 @@ class SyntheticDriver:
         rc = self.cfg.rag
         docs = self.cfg.rag_num_docs
         # Retrieval favours some documents (Zipf-like), as real corpora do.
-        picks = {(rng.choices(range(docs), weights=[1 / (d + 1) for d in range(docs)])[0], rng.randrange(rc.chunks_per_doc))
-                 for _ in range(rc.top_k)}
+        picks = {
+            (rng.choices(range(docs), weights=[1 / (d + 1) for d in range(docs)])[0], rng.randrange(rc.chunks_per_doc))
+            for _ in range(rc.top_k)
+        }
         t0 = time.perf_counter_ns()
         results = await asyncio.gather(*(self._io(prio, "rag", self.store.get, rag_key(d, c)) for d, c in picks))
         storage = sum(r.timing.total_ns for r in results)
         for (d, c), r in zip(picks, results):
             if not r.hit:  # chunk KV evicted: recomputed and stored again
                 self.req.rag_chunk_misses += 1
-                w = await self._io(prio, "rag", self.store.put, rag_key(d, c),
-                                   self.payload.chunks(self.workload.entry_tokens(rc.chunk_tokens) * self.bytes_per_token, rng))
+                w = await self._io(
+                    prio,
+                    "rag",
+                    self.store.put,
+                    rag_key(d, c),
+                    self.payload.chunks(self.workload.entry_tokens(rc.chunk_tokens) * self.bytes_per_token, rng),
+                )
                 storage += w.timing.total_ns
         self.req.rag_queries += 1
         self.req.rag_chunk_reads += len(picks)
         self.req.rag_burst.record_ns(time.perf_counter_ns() - t0)
         return storage
 
-    async def _request(self, session: Session, key: str, prev_key: str | None, new_tokens: int, generate_tokens: int,
-                       rng: random.Random, first_turn: bool) -> None:
+    async def _request(
+        self,
+        session: Session,
+        key: str,
+        prev_key: str | None,
+        new_tokens: int,
+        generate_tokens: int,
+        rng: random.Random,
+        first_turn: bool,
+    ) -> None:
         cfg = self.cfg
         t_submit = time.perf_counter_ns()
         prio = (self._qos_key[session.qos], t_submit)

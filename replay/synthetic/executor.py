@@ -37,8 +37,8 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Hashable
 from concurrent.futures import Future
-from typing import Hashable
 
 # Starting estimate of an operation's time (charged until a class has measured some): 1 ms.
 _FIRST_ESTIMATE_NS = 1_000_000
@@ -62,8 +62,9 @@ class PriorityExecutor:
         self._pending = 0
         # Time each worker spent running operations; a slot per worker, so no lock is needed.
         self._busy_ns = [0] * workers
-        self._threads = [threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True)
-                         for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name=f"{name}-{i}", daemon=True) for i in range(workers)
+        ]
         for t in self._threads:
             t.start()
 

@@ -22,13 +22,13 @@ import yaml
 
 from kvconnector.histogram import LatencyHistogram
 
-from .. import sysinfo
-from ..bench_config import BenchConfig
-from ..bench_view import LiveView
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
-from ..results import GB, cache_stats, merge_tier_details, sla_verdict
+from . import sysinfo
+from .config import BenchConfig
+from .finish import _fail, finish
+from .results import GB, cache_stats, merge_tier_details, sla_verdict
+from .view import STATUS_ENV, LiveView
 
-STATUS_ENV = "KVTIER_CLIENT_STATUS"
 ORDER = {"completed": 0, "interrupted": 1, "failed": 2}
 
 
@@ -40,11 +40,18 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
     n = cfg.num_clients
     data = cfg.model_dump(mode="json")
     data.update(
-        num_clients=1, num_users=split(cfg.num_users, n, i), seed=(cfg.seed or 0) + i,
-        output=os.path.join(workdir, f"client-{i}.json"), cache_dir=os.path.join(cache_base, f"client-{i}"),
-        progress=False, xlsx_output=None, csv_output=None, plots=None,
+        num_clients=1,
+        num_users=split(cfg.num_users, n, i),
+        seed=(cfg.seed or 0) + i,
+        output=os.path.join(workdir, f"client-{i}.json"),
+        cache_dir=os.path.join(cache_base, f"client-{i}"),
+        progress=False,
+        xlsx_output=None,
+        csv_output=None,
+        plots=None,
         max_requests=split(cfg.max_requests, n, i) if cfg.max_requests else 0,
-        request_rate=cfg.request_rate / n, cpu_mem_gb=cfg.cpu_mem_gb / n,
+        request_rate=cfg.request_rate / n,
+        cpu_mem_gb=cfg.cpu_mem_gb / n,
         gpu_mem_gb=None if cfg.gpu_mem_gb is None else cfg.gpu_mem_gb / n,
         storage_capacity_gb=cfg.storage_capacity_gb / n,
         io_trace_log=f"{cfg.io_trace_log}.client-{i}" if cfg.io_trace_log else None,
@@ -53,14 +60,14 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
 
 
 def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
-    from ..bench_cli import _fail, finish
-
     if cfg.num_users < cfg.num_clients:
         return _fail(f"--num-clients {cfg.num_clients} needs at least as many users (--num-users {cfg.num_users})")
     if cfg.seed is None:
         cfg = cfg.model_copy(update={"seed": int(time.time()) % 2**31})
     workdir = tempfile.mkdtemp(prefix="kvtier-clients-")
-    cache_base = os.path.abspath(cfg.cache_dir) if cfg.cache_dir else tempfile.mkdtemp(prefix="kvtier-clients-", dir="/var/tmp")
+    cache_base = (
+        os.path.abspath(cfg.cache_dir) if cfg.cache_dir else tempfile.mkdtemp(prefix="kvtier-clients-", dir="/var/tmp")
+    )
     procs: list[subprocess.Popen] = []
     env_dev = sysinfo.block_device_of(cache_base)
     disk0 = sysinfo.disk_counters(env_dev)
@@ -73,8 +80,15 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
                 with open(path, "w") as f:
                     yaml.safe_dump(client_config(cfg, i, workdir, cache_base), f)
                 env = dict(os.environ, **{STATUS_ENV: os.path.join(workdir, f"client-{i}.status")})
-                procs.append(subprocess.Popen([sys.executable, "-m", "replay.cli", "bench", "--config", path],
-                                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "replay.cli", "bench", "--config", path],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
         codes = _supervise(cfg, procs, workdir, stop)
         disk1 = sysinfo.disk_counters(env_dev)
         wall = time.perf_counter() - t0
@@ -101,7 +115,9 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
         return _fail(f"clients failed: {msg}", max(codes) or 1)
     doc = merge(docs, cfg, env_dev, disk0, disk1, wall)
     stopped = (0, exit_code(signal.SIGINT), exit_code(signal.SIGTERM))
-    failed = [f"client {i}: {e.splitlines()[-1]}" for i, (c, e) in enumerate(zip(codes, errors)) if c not in stopped and e]
+    failed = [
+        f"client {i}: {e.splitlines()[-1]}" for i, (c, e) in enumerate(zip(codes, errors)) if c not in stopped and e
+    ]
     if failed and doc["status"] == "completed":
         doc["status"], doc["error"] = "failed", "; ".join(failed)
     if stop["signal"] is not None:
@@ -179,7 +195,9 @@ def _sum(docs: list[dict], *path: str) -> float:
 
 def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, wall_s: float) -> dict:
     elapsed = max(d["summary"]["elapsed_time"] for d in docs)
-    sums = {k: _sum(docs, "summary", k) for k in ("total_requests", "total_tokens", "prompt_tokens", "generated_tokens")}
+    sums = {
+        k: _sum(docs, "summary", k) for k in ("total_requests", "total_tokens", "prompt_tokens", "generated_tokens")
+    }
     tiers = merge_tier_details([d["tiers"] for d in docs])
     events: dict = {}
     for d in docs:
@@ -189,9 +207,18 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
     disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in tiers.values() if t["kind"] == "disk")
     hists = {k: _merged_hist([d["request_histograms"][k] for d in docs]) for k in docs[0]["request_histograms"]}
     rate = lambda a, b: round(a / b, 4) if b else 0.0  # noqa: E731
-    mt_h, mt_m = _sum(docs, "summary", "multi_turn_stats", "previous_turn_hits"), _sum(docs, "summary", "multi_turn_stats", "previous_turn_misses")
-    pc_h, pc_m = _sum(docs, "summary", "prefix_cache_stats", "hits"), _sum(docs, "summary", "prefix_cache_stats", "misses")
-    rag_reads, rag_miss = _sum(docs, "summary", "rag_stats", "chunk_reads"), _sum(docs, "summary", "rag_stats", "chunk_misses")
+    mt_h, mt_m = (
+        _sum(docs, "summary", "multi_turn_stats", "previous_turn_hits"),
+        _sum(docs, "summary", "multi_turn_stats", "previous_turn_misses"),
+    )
+    pc_h, pc_m = (
+        _sum(docs, "summary", "prefix_cache_stats", "hits"),
+        _sum(docs, "summary", "prefix_cache_stats", "misses"),
+    )
+    rag_reads, rag_miss = (
+        _sum(docs, "summary", "rag_stats", "chunk_reads"),
+        _sum(docs, "summary", "rag_stats", "chunk_misses"),
+    )
     qos = {}
     for name in sorted({c for d in docs for c in d["summary"].get("qos_metrics", {})}):
         parts = [d["summary"]["qos_metrics"][name] for d in docs if name in d["summary"].get("qos_metrics", {})]
@@ -199,9 +226,14 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         svc = _merged_hist([p["histograms"]["service"] for p in parts])
         sla = dict(parts[0]["sla"])
         sla.update(sla_verdict(svc, sla["target_p95_ms"], sla["target_p99_ms"]))
-        qos[name] = {"requests": sum(p["requests"] for p in parts), "priority": parts[0]["priority"],
-                     "end_to_end_latency_ms": e2e.summary_ms(), "service_latency_ms": svc.summary_ms(), "sla": sla,
-                     "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()}}
+        qos[name] = {
+            "requests": sum(p["requests"] for p in parts),
+            "priority": parts[0]["priority"],
+            "end_to_end_latency_ms": e2e.summary_ms(),
+            "service_latency_ms": svc.summary_ms(),
+            "sla": sla,
+            "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()},
+        }
     status = max((d["status"] for d in docs), key=lambda s: ORDER.get(s, 2))
     summary = {
         "status": status,
@@ -215,24 +247,44 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         "generation_latency_ms": hists["generation"].summary_ms(),
         "queue_wait_latency_ms": hists["queue_wait"].summary_ms(),
         "cache_stats": cache_stats(tiers, events, elapsed),
-        "multi_turn_stats": {"enabled": not cfg.disable_multi_turn, "previous_turn_hits": mt_h,
-                             "previous_turn_misses": mt_m, "hit_rate": rate(mt_h, mt_h + mt_m)},
-        "prefix_cache_stats": {"enabled": not cfg.disable_prefix_caching, "hits": pc_h, "misses": pc_m,
-                               "hit_rate": rate(pc_h, pc_h + pc_m),
-                               "bytes_saved_gb": round(_sum(docs, "summary", "prefix_cache_stats", "bytes_saved_gb"), 4)},
-        "rag_stats": {"enabled": cfg.enable_rag, "queries": _sum(docs, "summary", "rag_stats", "queries"),
-                      "chunk_reads": rag_reads, "chunk_misses": rag_miss, "chunk_hit_rate": rate(rag_reads - rag_miss, rag_reads)},
-        "decode_stats": {"reads": _sum(docs, "summary", "decode_stats", "reads"),
-                         "misses": _sum(docs, "summary", "decode_stats", "misses"), "batch_size": cfg.decode.batch_size},
+        "multi_turn_stats": {
+            "enabled": not cfg.disable_multi_turn,
+            "previous_turn_hits": mt_h,
+            "previous_turn_misses": mt_m,
+            "hit_rate": rate(mt_h, mt_h + mt_m),
+        },
+        "prefix_cache_stats": {
+            "enabled": not cfg.disable_prefix_caching,
+            "hits": pc_h,
+            "misses": pc_m,
+            "hit_rate": rate(pc_h, pc_h + pc_m),
+            "bytes_saved_gb": round(_sum(docs, "summary", "prefix_cache_stats", "bytes_saved_gb"), 4),
+        },
+        "rag_stats": {
+            "enabled": cfg.enable_rag,
+            "queries": _sum(docs, "summary", "rag_stats", "queries"),
+            "chunk_reads": rag_reads,
+            "chunk_misses": rag_miss,
+            "chunk_hit_rate": rate(rag_reads - rag_miss, rag_reads),
+        },
+        "decode_stats": {
+            "reads": _sum(docs, "summary", "decode_stats", "reads"),
+            "misses": _sum(docs, "summary", "decode_stats", "misses"),
+            "batch_size": cfg.decode.batch_size,
+        },
         "qos_metrics": qos,
         "num_clients": len(docs),
     }
     block = None
     if disk0 and disk1:
         delta = disk1.minus(disk0)
-        block = {"device": device, **delta, "read_gbps": round(delta["read_bytes"] / GB / wall_s, 4),
-                 "write_gbps": round(delta["written_bytes"] / GB / wall_s, 4),
-                 "note": "measured once by the parent over all clients' lifetime (start-up included)"}
+        block = {
+            "device": device,
+            **delta,
+            "read_gbps": round(delta["read_bytes"] / GB / wall_s, 4),
+            "write_gbps": round(delta["written_bytes"] / GB / wall_s, 4),
+            "note": "measured once by the parent over all clients' lifetime (start-up included)",
+        }
     timeline = []
     for i in range(max(len(d["timeline"]) for d in docs)):
         rows = [d["timeline"][i] for d in docs if i < len(d["timeline"])]

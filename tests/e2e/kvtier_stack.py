@@ -55,9 +55,30 @@ class Stack:
 
 def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300) -> Stack:
     base = free_port_block(60)
-    cmd = ["bash", str(RUN_STACK), "up", "--device", "cpu", "--model", model_dir, "--vllm-port", str(base),
-           "--lmcache-port", str(base + 10), "--lmcache-http-port", str(base + 20), "--metrics-port", str(base + 40),
-           "--kv-dir", str(kv_dir), "--state-dir", str(state_dir), "--timeout", str(timeout_s), *extra]
+    cmd = [
+        "bash",
+        str(RUN_STACK),
+        "up",
+        "--device",
+        "cpu",
+        "--model",
+        model_dir,
+        "--vllm-port",
+        str(base),
+        "--lmcache-port",
+        str(base + 10),
+        "--lmcache-http-port",
+        str(base + 20),
+        "--metrics-port",
+        str(base + 40),
+        "--kv-dir",
+        str(kv_dir),
+        "--state-dir",
+        str(state_dir),
+        "--timeout",
+        str(timeout_s),
+        *extra,
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
     if p.returncode != 0:
         down(state_dir)

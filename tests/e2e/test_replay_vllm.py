@@ -23,7 +23,7 @@ def _sharegpt_file(path: Path, conversations: int, turns: int, seed: int = 0) ->
         msgs = []
         for _ in range(turns):
             start = rng.randrange(len(text) - 2000)
-            msgs.append({"from": "human", "value": text[start:start + rng.randint(500, 900)]})
+            msgs.append({"from": "human", "value": text[start : start + rng.randint(500, 900)]})
             msgs.append({"from": "gpt", "value": "an answer from the dataset, not sent to the server"})
         items.append({"id": f"conv-{c}", "conversations": msgs})
     path.write_text(json.dumps(items))
@@ -33,18 +33,43 @@ def _sharegpt_file(path: Path, conversations: int, turns: int, seed: int = 0) ->
 def test_sharegpt_multi_turn_hit_rate_rises_over_rounds(vllm_server, tmp_path):
     data = _sharegpt_file(tmp_path / "sharegpt.json", conversations=4, turns=4)
     out = tmp_path / "rounds.json"
-    rc = main(["--base-url", vllm_server.base_url, "--model", vllm_server.model, "--source", "sharegpt",
-               "--dataset-path", str(data), "--rounds", "4", "--concurrency", "4", "--output-len", "24",
-               "--metrics-url", vllm_server.metrics_url, "--output", str(out), "--detail", str(tmp_path / "d.jsonl"),
-               "--plots", str(tmp_path / "plots"), "--quiet"])
+    rc = main(
+        [
+            "--base-url",
+            vllm_server.base_url,
+            "--model",
+            vllm_server.model,
+            "--source",
+            "sharegpt",
+            "--dataset-path",
+            str(data),
+            "--rounds",
+            "4",
+            "--concurrency",
+            "4",
+            "--output-len",
+            "24",
+            "--metrics-url",
+            vllm_server.metrics_url,
+            "--output",
+            str(out),
+            "--detail",
+            str(tmp_path / "d.jsonl"),
+            "--plots",
+            str(tmp_path / "plots"),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     s = json.loads(out.read_text())
     assert s["completed"] == 16 and s["failed"] == 0
     assert s["block_size"] == 128  # read from vLLM's cache_config_info
     rounds = s["rounds"]
     for r in rounds:  # shown with pytest -s; the README quotes these
-        print(f"round {r['round']}: hit {r['hit_rate']:.3f} ideal {r['ideal_hit_rate']:.3f} "
-              f"ttft p50 {r['ttft_p50_ms']:.1f} ms recomputed/req {r['recomputed_tokens_per_request']}")
+        print(
+            f"round {r['round']}: hit {r['hit_rate']:.3f} ideal {r['ideal_hit_rate']:.3f} "
+            f"ttft p50 {r['ttft_p50_ms']:.1f} ms recomputed/req {r['recomputed_tokens_per_request']}"
+        )
     hits = [r["hit_rate"] for r in rounds]
     assert hits[0] < 0.05, hits  # nothing to reuse yet
     assert hits[1] > hits[0] and hits[3] > hits[1] and hits[3] > 0.3, hits
@@ -69,9 +94,28 @@ def test_burstgpt_prompts_sized_by_server_tokenizer(vllm_server, tmp_path):
         rows.append(f"{i * 0.5},ChatGPT,{req},8,{req + 8},API log")
     trace.write_text("\n".join(rows) + "\n")
     out = tmp_path / "burst.json"
-    rc = main(["--base-url", vllm_server.base_url, "--model", vllm_server.model, "--source", "burstgpt",
-               "--trace-path", str(trace), "--trace-speedup", "4", "--endpoint", "completions", "--ignore-eos",
-               "--metrics-url", vllm_server.metrics_url, "--output", str(out), "--quiet"])
+    rc = main(
+        [
+            "--base-url",
+            vllm_server.base_url,
+            "--model",
+            vllm_server.model,
+            "--source",
+            "burstgpt",
+            "--trace-path",
+            str(trace),
+            "--trace-speedup",
+            "4",
+            "--endpoint",
+            "completions",
+            "--ignore-eos",
+            "--metrics-url",
+            vllm_server.metrics_url,
+            "--output",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     s = json.loads(out.read_text())
     assert s["completed"] == 8 and s["prompt_text_from"] == "server:/tokenize"

@@ -1,6 +1,6 @@
 """Crash consistency as a figure: a writer SIGKILLed 50 times in the middle of its puts, every restart verified.
 
-The loop itself is bench/crash_loop.py (real TieredStore, DiskTier with spares, SharedDirTier, O_DIRECT and
+The loop itself is benchmarks/crash_loop.py (real TieredStore, DiskTier with spares, SharedDirTier, O_DIRECT and
 buffered, a real child process killed for real); these tests run it and assert its figures, and prove that the
 figures would show a rescan that adopted a torn entry, or a tier whose files and accounting disagree.
 """
@@ -17,7 +17,7 @@ from kvconnector.entry_format import ENTRY_NAME
 from kvconnector.timed_io import probe_direct
 
 ROOT = Path(__file__).resolve().parents[2]
-# bench/ is to become benchmarks/: find the script in either.
+# benchmarks/ is to become benchmarks/: find the script in either.
 SCRIPT = next(p for p in (ROOT / "benchmarks" / "crash_loop.py", ROOT / "bench" / "crash_loop.py") if p.exists())
 _spec = importlib.util.spec_from_file_location("crash_loop", SCRIPT)
 crash_loop = sys.modules["crash_loop"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
@@ -39,8 +39,7 @@ def test_fifty_kills_serve_nothing_torn_and_lose_nothing_acknowledged(tmp_path):
 
 def test_the_figures_catch_a_rescan_that_adopts_torn_entries(tmp_path):
     # Header-only rescans adopt entries whose payload was damaged by hand: the read-back must count them.
-    f = crash_loop.run_loop(str(tmp_path / "loop"), kills=3, seed=1, corrupt_every=1, max_acks=20,
-                            verify_payload=False)
+    f = crash_loop.run_loop(str(tmp_path / "loop"), kills=3, seed=1, corrupt_every=1, max_acks=20, verify_payload=False)
     print("\n" + crash_loop.table(f))
     assert f.corrupt_injected > 0 and f.adopted_unreadable > 0 and not f.ok
     assert f.corrupt_served == 0  # even then the load's own checksum refuses them

@@ -3,14 +3,13 @@
 import os
 
 import pytest
+from test_store import data, put, read
 
 from kvconnector.entry_format import MARKER_NAME, file_nbytes
 from kvconnector.persistence import rescan_dir
 from kvconnector.store import TieredStore
 from kvconnector.tiers import DiskTier
 from kvconnector.timed_io import IOMode
-
-from test_store import data, put, read
 
 KB = 1024
 

@@ -1,4 +1,4 @@
-"""The GPU tier on a real CUDA device. Skipped where there is none (every CI machine); run by bench/gpu_check.sh on a
+"""The GPU tier on a real CUDA device. Skipped where there is none (every CI machine); run by benchmarks/gpu_check.sh on a
 machine with a GPU. No fake GPU: the CPU-only path is the tested default elsewhere."""
 
 import numpy as np

@@ -31,9 +31,12 @@ def redis_url(tmp_path_factory):
         pytest.skip("redis-server is not installed (apt-get install redis-server; deploy/install-system-deps.sh)")
     port = _free_port()
     d = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--dir", str(d)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(d)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -76,8 +79,14 @@ def test_round_trip_miss_and_corruption(redis_url):
 
 
 def test_waterfall_disk_to_redis_and_restart(redis_url, tmp_path):
-    cfg = BackendConfig(disk_dir=str(tmp_path / "d"), disk_capacity_gb=1e-4, redis_url=redis_url,
-                        redis_namespace="t2", redis_capacity_gb=1e-3, snapshot_path="")
+    cfg = BackendConfig(
+        disk_dir=str(tmp_path / "d"),
+        disk_capacity_gb=1e-4,
+        redis_url=redis_url,
+        redis_namespace="t2",
+        redis_capacity_gb=1e-3,
+        snapshot_path="",
+    )
     b = KvtierBackend(cfg)
     for i in range(20):
         assert b.put(f"k{i}", [memoryview(data(i))])

@@ -3,6 +3,7 @@
 import threading
 
 import numpy as np
+import pytest
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
@@ -10,8 +11,6 @@ from kvconnector.entry_format import file_name_for
 from kvconnector.errors import EntryNotFound
 from kvconnector.shared_tier import SharedDirTier
 from kvconnector.timed_io import aligned_buffer
-
-import pytest
 
 N = 64 * 1024
 
@@ -23,8 +22,9 @@ def payload(seed, n=N):
 
 
 def backend(shared, **kw):
-    return KvtierBackend(BackendConfig(shared_dir=str(shared), shared_capacity_gb=kw.pop("cap", 0.01),
-                                       snapshot_path="", **kw))
+    return KvtierBackend(
+        BackendConfig(shared_dir=str(shared), shared_capacity_gb=kw.pop("cap", 0.01), snapshot_path="", **kw)
+    )
 
 
 def test_reader_never_sees_a_partial_file_while_another_instance_rewrites_and_evicts(tmp_path):
@@ -72,7 +72,6 @@ def test_open_reader_survives_unlink(tmp_path):
     t.write("k", [payload(1)], N)
     # Another instance unlinks the file between our open and our read: POSIX keeps the open file readable.
     import os
-    from kvconnector.timed_io import IOMode, read_entry
 
     path = t.path_for("k")
     fd = os.open(path, os.O_RDONLY)

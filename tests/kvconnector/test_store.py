@@ -206,7 +206,11 @@ def test_invariants_under_concurrency(shm_tmp, per_thread, promote):
     successful read returns the bytes that were written for that key."""
     d = shm_tmp / f"s{next(_counter)}"
     s = TieredStore(
-        [CPUTier(24 * KB), CPUTier(30 * KB, name="cpu2"), DiskTier(str(d / "disk"), 60 * KB, IOMode.BUFFERED, spare_ratio=0.5)],
+        [
+            CPUTier(24 * KB),
+            CPUTier(30 * KB, name="cpu2"),
+            DiskTier(str(d / "disk"), 60 * KB, IOMode.BUFFERED, spare_ratio=0.5),
+        ],
         promote_on_hit=promote,
     )
     sizes = {}

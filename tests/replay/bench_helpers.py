@@ -4,8 +4,8 @@ import json
 
 import yaml
 
-from replay.bench_cli import config_from_args, build_parser
 from replay.synthetic.bench import Bench
+from replay.synthetic.cli import build_parser, config_from_args
 
 SMALL_MODEL = {"num_layers": 4, "kv_heads": 2, "head_dim": 64}  # 2,048 B/token in bf16
 
@@ -47,7 +47,7 @@ def write_config(tmp_path, **overrides) -> str:
 
 def run(tmp_path, *flags, **overrides) -> dict:
     """Run in-process through the same path as the CLI; return the results document."""
-    from replay.bench_cli import main
+    from replay.synthetic.cli import main
 
     path = write_config(tmp_path, **overrides)
     rc = main(["--config", path, *flags])

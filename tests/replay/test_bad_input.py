@@ -119,8 +119,9 @@ def test_mistake_is_one_line_exit_2_and_leaves_nothing(case_id, files, tmp_path,
 
 @pytest.mark.parametrize("sub", ["bench", "replay", "compare", "distill"])
 def test_bad_flag_as_a_real_process(sub, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "replay.cli", sub, "--bogus"], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "replay.cli", sub, "--bogus"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith(f"kvtier {sub}: "), r.stderr
     assert "--help" in r.stderr

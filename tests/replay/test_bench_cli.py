@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kvconnector.histogram import LatencyHistogram
-from replay.bench_cli import main
+from replay.synthetic.cli import main
 
 KVTIER = [sys.executable, "-m", "replay.cli", "bench"]
 
@@ -19,7 +19,9 @@ KVTIER = [sys.executable, "-m", "replay.cli", "bench"]
 def small_model(tmp_path):
     # 4 layers x 2 x 2 heads x 64 x 2 bytes = 2 KiB per token: entries of 1-50 MiB, quick on any disk.
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128}))
+    path.write_text(
+        json.dumps({"num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2, "hidden_size": 128})
+    )
     return str(path)
 
 
@@ -30,8 +32,23 @@ def run_bench(tmp_path, *extra):
 
 
 def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
-    rc, doc = run_bench(tmp_path, "--model", small_model, "--duration", "3", "--num-users", "6", "--cpu-mem-gb", "0.02",
-                        "--storage-capacity-gb", "0.3", "--seed", "3", "--gpu-mem-gb", "0")
+    rc, doc = run_bench(
+        tmp_path,
+        "--model",
+        small_model,
+        "--duration",
+        "3",
+        "--num-users",
+        "6",
+        "--cpu-mem-gb",
+        "0.02",
+        "--storage-capacity-gb",
+        "0.3",
+        "--seed",
+        "3",
+        "--gpu-mem-gb",
+        "0",
+    )
     assert rc == 0, capsys.readouterr().err
     s = doc["summary"]
     assert doc["status"] == "completed" and s["total_requests"] > 0
@@ -48,7 +65,9 @@ def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
     assert disk["read"]["device_ms"]["p50"] > 0 and disk["write"]["host_ms"]["count"] == disk["write"]["ops"]
     assert LatencyHistogram.decode(disk["read"]["histograms"]["total"]).count == disk["read"]["ops"]
     # bandwidth is bytes over elapsed time
-    assert cs["tier_storage_read_bandwidth_gbps"] == pytest.approx(disk["read"]["bytes"] / 1e9 / s["elapsed_time"], rel=0.01)
+    assert cs["tier_storage_read_bandwidth_gbps"] == pytest.approx(
+        disk["read"]["bytes"] / 1e9 / s["elapsed_time"], rel=0.01
+    )
     # waterfall: the small CPU tier overflowed into the disk tier, which never exceeded its capacity
     assert doc["tiers"]["cpu"]["events"].get("demotions_out", 0) > 0
     assert disk["used_bytes"] <= disk["capacity_bytes"]
@@ -63,14 +82,36 @@ def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
 
 
 def test_max_requests_stops_the_run(tmp_path, small_model):
-    rc, doc = run_bench(tmp_path, "--model", small_model, "--duration", "60", "--num-users", "4", "--max-requests", "5",
-                        "--gpu-mem-gb", "0")
+    rc, doc = run_bench(
+        tmp_path,
+        "--model",
+        small_model,
+        "--duration",
+        "60",
+        "--num-users",
+        "4",
+        "--max-requests",
+        "5",
+        "--gpu-mem-gb",
+        "0",
+    )
     assert rc == 0 and 5 <= doc["summary"]["total_requests"] <= 8 and doc["summary"]["elapsed_time"] < 30
 
 
 def test_generation_mode_adds_generation_time(tmp_path, small_model):
-    rc, doc = run_bench(tmp_path, "--model", small_model, "--duration", "2", "--num-users", "2", "--generation-mode",
-                        "fast", "--gpu-mem-gb", "0")
+    rc, doc = run_bench(
+        tmp_path,
+        "--model",
+        small_model,
+        "--duration",
+        "2",
+        "--num-users",
+        "2",
+        "--generation-mode",
+        "fast",
+        "--gpu-mem-gb",
+        "0",
+    )
     assert rc == 0
     gen = doc["summary"]["generation_latency_ms"]
     # fast = 2 ms per generated token; profiles generate at least 50 tokens
@@ -117,10 +158,29 @@ def wait_for_entries(cache: "os.PathLike", timeout_s: float = 60) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_writes_partial_results_and_cleans_up(tmp_path, small_model, sig):
     out, cache = tmp_path / "r.json", tmp_path / "c"
-    p = subprocess.Popen(KVTIER + ["--model", small_model, "--duration", "60", "--num-users", "4", "--no-progress",
-                                   "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--cache-dir", str(cache),
-                                   "--output", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        KVTIER
+        + [
+            "--model",
+            small_model,
+            "--duration",
+            "60",
+            "--num-users",
+            "4",
+            "--no-progress",
+            "--gpu-mem-gb",
+            "0",
+            "--cpu-mem-gb",
+            "0",
+            "--cache-dir",
+            str(cache),
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_entries(cache)
     p.send_signal(sig)
     stdout, stderr = p.communicate(timeout=60)
@@ -140,13 +200,34 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mnt)], check=True)
     try:
         out = tmp_path / "r.json"
-        p = subprocess.Popen(KVTIER + ["--model", small_model, "--duration", "60", "--num-users", "4", "--no-progress",
-                                       "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--cache-dir", str(mnt),
-                                       "--output", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(3)
+        p = subprocess.Popen(
+            KVTIER
+            + [
+                "--model",
+                small_model,
+                "--duration",
+                "60",
+                "--num-users",
+                "4",
+                "--no-progress",
+                "--gpu-mem-gb",
+                "0",
+                "--cpu-mem-gb",
+                "0",
+                "--cache-dir",
+                str(mnt),
+                "--output",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for_entries(mnt)  # the run has begun (not still setting up)
         # Someone else fills the filesystem under the running benchmark.
-        subprocess.run(["fallocate", "-l", str(os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize), str(mnt / "filler")])
+        subprocess.run(
+            ["fallocate", "-l", str(os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize), str(mnt / "filler")]
+        )
         _, stderr = p.communicate(timeout=60)
         assert p.returncode == 1, stderr
         assert "filesystem full" in stderr and "Traceback" not in stderr
@@ -159,10 +240,32 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
 def test_sigterm_during_precondition_stops_promptly_and_removes_its_files(tmp_path, small_model):
     """Set-up I/O (here 20 GB of preconditioning by one writer) stops within one write when SIGTERM comes."""
     out, cache = tmp_path / "r.json", tmp_path / "c"
-    p = subprocess.Popen(KVTIER + ["--model", small_model, "--duration", "5", "--no-progress", "--gpu-mem-gb", "0",
-                                   "--io-mode", "buffered", "--precondition", "--precondition-size-gb", "20",
-                                   "--precondition-threads", "1", "--cache-dir", str(cache), "--output", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        KVTIER
+        + [
+            "--model",
+            small_model,
+            "--duration",
+            "5",
+            "--no-progress",
+            "--gpu-mem-gb",
+            "0",
+            "--io-mode",
+            "buffered",
+            "--precondition",
+            "--precondition-size-gb",
+            "20",
+            "--precondition-threads",
+            "1",
+            "--cache-dir",
+            str(cache),
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not any(f.startswith("precondition-") for _, _, fs in os.walk(cache) for f in fs):
         assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else "slow"

@@ -6,13 +6,12 @@ import subprocess
 import sys
 
 import pytest
+from bench_helpers import run
 
 from kvconnector.histogram import LatencyHistogram
-from replay.bench_config import AutoscalerConfig
 from replay.synthetic.autoscaler import Autoscaler
+from replay.synthetic.config import AutoscalerConfig
 from replay.synthetic.executor import PriorityExecutor
-
-from bench_helpers import run
 
 KVTIER = [sys.executable, "-m", "replay.cli", "bench"]
 
@@ -35,14 +34,36 @@ def write_burstgpt(path, with_sessions=True):
     t = 0.0
     for s in range(4):
         for turn in range(3):
-            rows.append({"Timestamp": round(t, 3), "Model": "ChatGPT", "Request tokens": 100 + 150 * turn,
-                         "Response tokens": 40, "Total tokens": 140 + 150 * turn, "Log Type": "Conversation log",
-                         "Session ID": f"s{s}", "Elapsed time": 1.0})
+            rows.append(
+                {
+                    "Timestamp": round(t, 3),
+                    "Model": "ChatGPT",
+                    "Request tokens": 100 + 150 * turn,
+                    "Response tokens": 40,
+                    "Total tokens": 140 + 150 * turn,
+                    "Log Type": "Conversation log",
+                    "Session ID": f"s{s}",
+                    "Elapsed time": 1.0,
+                }
+            )
             t += 0.1
-    rows.append({"Timestamp": round(t, 3), "Model": "GPT-4", "Request tokens": 50, "Response tokens": 0,
-                 "Total tokens": 50, "Log Type": "API log", "Session ID": "failed", "Elapsed time": 0})
-    fields = list(rows[0]) if with_sessions else ["Timestamp", "Model", "Request tokens", "Response tokens",
-                                                   "Total tokens", "Log Type"]
+    rows.append(
+        {
+            "Timestamp": round(t, 3),
+            "Model": "GPT-4",
+            "Request tokens": 50,
+            "Response tokens": 0,
+            "Total tokens": 50,
+            "Log Type": "API log",
+            "Session ID": "failed",
+            "Elapsed time": 0,
+        }
+    )
+    fields = (
+        list(rows[0])
+        if with_sessions
+        else ["Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"]
+    )
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -65,8 +86,9 @@ def test_sharegpt_replay_tolerates_truncation_and_reuses_previous_turns(tmp_path
 @pytest.mark.parametrize("speedup", [0, 4])
 def test_burstgpt_sessions_become_conversations_and_timestamps_are_honoured(tmp_path, speedup):
     trace = write_burstgpt(tmp_path / "trace.csv")
-    doc = run(tmp_path, duration=30, use_burst_trace=True, burst_trace_path=str(trace), trace_speedup=speedup,
-              replay_cycles=1)
+    doc = run(
+        tmp_path, duration=30, use_burst_trace=True, burst_trace_path=str(trace), trace_speedup=speedup, replay_cycles=1
+    )
     assert doc["_rc"] == 0, doc.get("error")
     s = doc["summary"]
     assert s["total_requests"] == 12  # the failed row is skipped
@@ -86,14 +108,22 @@ def test_missing_trace_empty_glob_and_conflicting_flags_are_clear_errors(tmp_pat
         (["--dataset-path", str(tmp_path / "missing.json")], "missing.json"),
     ]
     for flags, needle in cases:
-        p = subprocess.run(KVTIER + ["--no-progress", "--duration", "1", "--output", str(tmp_path / "x.json"), *flags],
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            KVTIER + ["--no-progress", "--duration", "1", "--output", str(tmp_path / "x.json"), *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, (flags, p.stderr)
         assert not (tmp_path / "x.json").exists()
     bad = tmp_path / "bad.csv"
     bad.write_text("Timestamp,Model,Request tokens,Response tokens\n0.0,ChatGPT,abc,10\n")
-    p = subprocess.run(KVTIER + ["--use-burst-trace", "--burst-trace-path", str(bad), "--duration", "1"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        KVTIER + ["--use-burst-trace", "--burst-trace-path", str(bad), "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "bad.csv:2" in p.stderr
 
 
@@ -107,8 +137,17 @@ def test_prefix_caching_hits_after_first_write_and_can_be_disabled(tmp_path):
 
 
 def test_rag_reads_top_k_chunks_as_a_burst_and_ingest_is_excluded(tmp_path):
-    doc = run(tmp_path, "--enable-rag", "--rag-num-docs", "4", "--disable-prefix-caching", "--disable-multi-turn",
-              duration=2, num_users=1, rag={"probability": 1.0, "top_k": 3, "chunks_per_doc": 2, "chunk_tokens": 64})
+    doc = run(
+        tmp_path,
+        "--enable-rag",
+        "--rag-num-docs",
+        "4",
+        "--disable-prefix-caching",
+        "--disable-multi-turn",
+        duration=2,
+        num_users=1,
+        rag={"probability": 1.0, "top_k": 3, "chunks_per_doc": 2, "chunk_tokens": 64},
+    )
     s = doc["summary"]
     rag = s["rag_stats"]
     assert doc["setup"]["rag_ingest"]["chunks"] == 8
@@ -125,8 +164,11 @@ def test_prefill_only_and_decode_only(tmp_path):
     assert pre["summary"]["decode_stats"]["reads"] == 0 and pre["summary"]["total_requests"] > 0
     dec = run(tmp_path, "--decode-only", duration=1.5, num_users=3)
     assert dec["setup"]["prepopulated_entries"] == 30
-    assert sum(t["write"]["ops"] for t in dec["tiers"].values()) == sum(
-        t["events"].get("demotions_in", 0) for t in dec["tiers"].values()) == 0
+    assert (
+        sum(t["write"]["ops"] for t in dec["tiers"].values())
+        == sum(t["events"].get("demotions_in", 0) for t in dec["tiers"].values())
+        == 0
+    )
     assert dec["summary"]["decode_stats"]["reads"] > 0
 
 
@@ -138,11 +180,17 @@ def test_precondition_runs_first_and_is_not_counted(tmp_path):
 
 
 def test_qos_classes_have_sla_verdicts(tmp_path):
-    doc = run(tmp_path, duration=2, num_users=8,
-              qos_profiles={"interactive": {"priority": 3, "target_p95_ms": 100000, "target_p99_ms": 100000},
-                            "responsive": {"priority": 2, "target_p95_ms": 100000, "target_p99_ms": 100000},
-                            "batch": {"priority": 1, "target_p95_ms": 0.001, "target_p99_ms": 0.001}},
-              qos_distribution={"interactive": 0.5, "batch": 0.5})
+    doc = run(
+        tmp_path,
+        duration=2,
+        num_users=8,
+        qos_profiles={
+            "interactive": {"priority": 3, "target_p95_ms": 100000, "target_p99_ms": 100000},
+            "responsive": {"priority": 2, "target_p95_ms": 100000, "target_p99_ms": 100000},
+            "batch": {"priority": 1, "target_p95_ms": 0.001, "target_p99_ms": 0.001},
+        },
+        qos_distribution={"interactive": 0.5, "batch": 0.5},
+    )
     q = doc["summary"]["qos_metrics"]
     assert set(q) == {"interactive", "batch"}
     assert q["interactive"]["sla"]["met"] and not q["batch"]["sla"]["met"]
@@ -156,8 +204,15 @@ def test_priority_executor_runs_higher_class_first():
     gate = threading.Event()
     order = []
     ex.submit((0, 0), gate.wait)  # occupies the only worker
-    futs = [ex.submit(prio, order.append, name) for prio, name in
-            [((-1, 5), "batch-late"), ((-3, 9), "interactive"), ((-1, 1), "batch-early"), ((-2, 0), "responsive")]]
+    futs = [
+        ex.submit(prio, order.append, name)
+        for prio, name in [
+            ((-1, 5), "batch-late"),
+            ((-3, 9), "interactive"),
+            ((-1, 1), "batch-early"),
+            ((-2, 0), "responsive"),
+        ]
+    ]
     gate.set()
     for f in futs:
         f.result(timeout=5)
@@ -186,8 +241,15 @@ def test_autoscaler_capacity_mode_finds_the_peak():
 
 
 def test_autoscaling_really_starts_and_stops_users(tmp_path):
-    doc = run(tmp_path, "--enable-autoscaling", "--autoscaler-mode", "capacity", duration=3, num_users=1,
-              autoscaler={"interval_s": 0.5})
+    doc = run(
+        tmp_path,
+        "--enable-autoscaling",
+        "--autoscaler-mode",
+        "capacity",
+        duration=3,
+        num_users=1,
+        autoscaler={"interval_s": 0.5},
+    )
     steps = doc["autoscaling_stats"]
     assert steps and steps[0]["action"] == "scale_up"
     users_seen = {s["users"] for s in doc["timeline"]}
@@ -207,8 +269,10 @@ def test_multi_client_merges_histograms_not_percentiles(tmp_path):
         assert s["end_to_end_latency_ms"][key] == pytest.approx(pooled.percentile_ms(pct), rel=0.01)
     disk_bytes = sum(c["tiers"]["disk"]["write"]["bytes"] for c in doc["clients"])
     assert doc["tiers"]["disk"]["write"]["bytes"] == disk_bytes
-    assert {c["config"]["cache_dir"] for c in doc["clients"]} == {str(tmp_path / "cache" / "client-0"),
-                                                                  str(tmp_path / "cache" / "client-1")}
+    assert {c["config"]["cache_dir"] for c in doc["clients"]} == {
+        str(tmp_path / "cache" / "client-0"),
+        str(tmp_path / "cache" / "client-1"),
+    }
 
 
 def test_multi_client_ctrl_c_reaches_every_client_and_partial_results_merge(tmp_path):

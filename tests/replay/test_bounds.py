@@ -13,13 +13,12 @@ import sys
 import time
 
 import pytest
+from bench_helpers import SMALL_MODEL, run, write_config
 
-from replay.bench_cli import main
 from replay.sources.base import WorkloadError
 from replay.sources.burstgpt import load_burstgpt
 from replay.sources.sharegpt import estimate_tokens, load_sharegpt
-
-from bench_helpers import SMALL_MODEL, run, write_config
+from replay.synthetic.cli import main
 
 HEADER = ["Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"]
 
@@ -34,18 +33,25 @@ def write_trace(path, rows, bom=False):
 
 
 def huge_sharegpt(path, message_bytes=10 << 20):
-    convs = [{"id": "big", "conversations": [{"from": "human", "value": "word " * (message_bytes // 5)},
-                                             {"from": "gpt", "value": "ok"}]},
-             {"id": "small", "conversations": [{"from": "human", "value": "hello there"},
-                                               {"from": "gpt", "value": "hi"}]}]
+    convs = [
+        {
+            "id": "big",
+            "conversations": [
+                {"from": "human", "value": "word " * (message_bytes // 5)},
+                {"from": "gpt", "value": "ok"},
+            ],
+        },
+        {"id": "small", "conversations": [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]},
+    ]
     path.write_text(json.dumps(convs))
     return path
 
 
 # ---- loaders ---------------------------------------------------------------------------------------------------------
 def test_sharegpt_huge_message_is_cut_to_the_context_and_counted(tmp_path):
-    convs, report = load_sharegpt(huge_sharegpt(tmp_path / "sg.json"), count_tokens=estimate_tokens,
-                                  max_context_tokens=4096)
+    convs, report = load_sharegpt(
+        huge_sharegpt(tmp_path / "sg.json"), count_tokens=estimate_tokens, max_context_tokens=4096
+    )
     big = convs[0].turns[0]
     assert big.input_tokens + big.output_tokens <= 4096 and big.input_tokens == 4096
     assert len(big.text) < 4096 * 8  # the text is cut too, for drivers that send it
@@ -60,14 +66,17 @@ def test_burstgpt_huge_row_is_cut_and_counted(tmp_path):
     assert report.truncated == {"over_max_context_tokens": 1}
 
 
-@pytest.mark.parametrize("row, match", [
-    (("inf", 10, 10), r"t\.csv:3: Timestamp 'inf'"),
-    (("nan", 10, 10), r"t\.csv:3: Timestamp 'nan'"),
-    (("-1", 10, 10), r"t\.csv:3: Timestamp '-1'"),
-    ((1, "inf", 10), r"t\.csv:3: Request tokens 'inf'"),
-    ((1, 10, "-5"), r"t\.csv:3: Response tokens '-5'"),
-    ((1, "1.7", 10), r"t\.csv:3: Request tokens '1.7' is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        (("inf", 10, 10), r"t\.csv:3: Timestamp 'inf'"),
+        (("nan", 10, 10), r"t\.csv:3: Timestamp 'nan'"),
+        (("-1", 10, 10), r"t\.csv:3: Timestamp '-1'"),
+        ((1, "inf", 10), r"t\.csv:3: Request tokens 'inf'"),
+        ((1, 10, "-5"), r"t\.csv:3: Response tokens '-5'"),
+        ((1, "1.7", 10), r"t\.csv:3: Request tokens '1.7' is not a whole number"),
+    ],
+)
 def test_burstgpt_non_finite_negative_or_fractional_values_are_bad_rows(tmp_path, row, match):
     trace = write_trace(tmp_path / "t.csv", [(0, 10, 10), row])
     with pytest.raises(WorkloadError, match=match):
@@ -88,8 +97,10 @@ def test_burstgpt_bom_header_is_read_and_binary_is_a_bad_file(tmp_path):
 
 
 def test_sharegpt_with_bom_and_cut_multibyte_tail(tmp_path):
-    items = [{"id": "a", "conversations": [{"from": "human", "value": "héllo"}, {"from": "gpt", "value": "wörld"}]},
-             {"id": "b", "conversations": [{"from": "human", "value": "ünïcode tail"}]}]
+    items = [
+        {"id": "a", "conversations": [{"from": "human", "value": "héllo"}, {"from": "gpt", "value": "wörld"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "ünïcode tail"}]},
+    ]
     data = "\ufeff".encode() + json.dumps(items, ensure_ascii=False).encode()
     cut = data[: data.index("ünïcode".encode()) + 1]  # cuts "ü" in the middle of its two bytes
     (tmp_path / "sg.json").write_bytes(cut)
@@ -126,10 +137,12 @@ def _kvtier():
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_huge_request_leaves_the_loop_free_for_signals(tmp_path, sig):
     trace = write_trace(tmp_path / "t.csv", [(0, "1e12", 10), (0.1, "1e12", 10), (0.2, 5, 5)])
-    cfg = write_config(tmp_path, use_burst_trace=True, burst_trace_path=str(trace), trace_speedup=0, duration=30,
-                       num_users=2)
-    proc = subprocess.Popen(_kvtier() + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+    cfg = write_config(
+        tmp_path, use_burst_trace=True, burst_trace_path=str(trace), trace_speedup=0, duration=30, num_users=2
+    )
+    proc = subprocess.Popen(
+        _kvtier() + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     time.sleep(4)  # imports, payload buffer, then the run
     assert proc.poll() is None
     t0 = time.monotonic()
@@ -173,17 +186,20 @@ def test_100000_users_keep_the_window_and_say_why(tmp_path):
 GOOD = {"num_hidden_layers": 4, "num_attention_heads": 4, "hidden_size": 256}
 
 
-@pytest.mark.parametrize("content, match", [
-    (json.dumps([GOOD]), "expected a JSON object"),
-    (json.dumps({**GOOD, "num_attention_heads": 0}), "num_attention_heads"),
-    (json.dumps({**GOOD, "num_hidden_layers": "x"}), "num_hidden_layers"),
-    (json.dumps({**GOOD, "num_hidden_layers": 1.7}), "num_hidden_layers"),
-    (json.dumps({**GOOD, "hidden_size": 250}), "multiple"),
-    (json.dumps({"text_config": None}), "lacks 'num_hidden_layers'"),
-    (json.dumps({"text_config": [1]}), "text_config must be an object"),
-    (json.dumps({**GOOD, "max_position_embeddings": -1}), "max_position_embeddings"),
-    (b"\xff\xfe\x00binary", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (json.dumps([GOOD]), "expected a JSON object"),
+        (json.dumps({**GOOD, "num_attention_heads": 0}), "num_attention_heads"),
+        (json.dumps({**GOOD, "num_hidden_layers": "x"}), "num_hidden_layers"),
+        (json.dumps({**GOOD, "num_hidden_layers": 1.7}), "num_hidden_layers"),
+        (json.dumps({**GOOD, "hidden_size": 250}), "multiple"),
+        (json.dumps({"text_config": None}), "lacks 'num_hidden_layers'"),
+        (json.dumps({"text_config": [1]}), "text_config must be an object"),
+        (json.dumps({**GOOD, "max_position_embeddings": -1}), "max_position_embeddings"),
+        (b"\xff\xfe\x00binary", "not valid JSON"),
+    ],
+)
 def test_bad_model_config_is_one_line_naming_the_file(tmp_path, capfd, content, match):
     path = tmp_path / "config.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -197,18 +213,30 @@ def test_model_context_length_bounds_requests_and_flag_lowers_it(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**GOOD, "max_position_embeddings": 300}))
     tpl = {"t": {"context_tokens": [1000, 1000], "generate_tokens": [1, 1], "think_time_s": [0, 0]}}
-    doc = run(tmp_path, model=str(path), model_configs={}, user_templates=tpl, duration=1, num_users=1,
-              disable_prefix_caching=True)
+    doc = run(
+        tmp_path,
+        model=str(path),
+        model_configs={},
+        user_templates=tpl,
+        duration=1,
+        num_users=1,
+        disable_prefix_caching=True,
+    )
     assert doc["workload"]["max_context_tokens"] == 300
     assert doc["summary"]["prompt_tokens"] == 300 * doc["summary"]["total_requests"] > 0
-    assert main(["--config", write_config(tmp_path, model=str(path), model_configs={}), "--max-context-tokens",
-                 "400"]) == 2
+    assert (
+        main(["--config", write_config(tmp_path, model=str(path), model_configs={}), "--max-context-tokens", "400"])
+        == 2
+    )
 
 
-@pytest.mark.parametrize("content, match", [
-    (b"\x00\x01\x02\xff\xfe garbage\n1,2,3\n", "t.csv:1: not UTF-8"),
-    ("\ufeffTimestamp,Model\n1,x\n".encode(), "missing column(s) Request tokens"),
-])
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"\x00\x01\x02\xff\xfe garbage\n1,2,3\n", "t.csv:1: not UTF-8"),
+        ("\ufeffTimestamp,Model\n1,x\n".encode(), "missing column(s) Request tokens"),
+    ],
+)
 def test_bad_trace_file_is_one_line(tmp_path, capfd, content, match):
     (tmp_path / "t.csv").write_bytes(content)
     cfg = write_config(tmp_path, use_burst_trace=True, burst_trace_path=str(tmp_path / "t.csv"))

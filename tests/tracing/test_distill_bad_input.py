@@ -11,11 +11,10 @@ import subprocess
 import sys
 
 import pytest
-
-from tracing.distill import DistillError, Distilled, main, render_job, validate_job
-from tracing.histparse import parse_trace
-
 from _trace_helpers import FIXTURES, REPO, needs_fio
+
+from tracing.distill import Distilled, DistillError, main, render_job, validate_job
+from tracing.histparse import parse_trace
 
 TEXT = FIXTURES / "fio_randrw70_128k_qd8.txt"
 TEXT_IDLE = FIXTURES / "python_pwrite_fsync_pread.txt"  # has thinktime, percentage_random, an 8g footprint
@@ -43,24 +42,28 @@ def job_lines(text):
 
 # --- truncated traces -----------------------------------------------------------
 
+
 def _cut(src, how):
     """A whole recorded capture, cut one of the ways captures get cut."""
     text = src.read_text()
     lines = text.splitlines(keepends=True)
     if how == "half the lines":
-        return "".join(lines[:len(lines) // 2])
+        return "".join(lines[: len(lines) // 2])
     if how == "mid-line":
-        return text[:len(text) // 2 + 7]
+        return text[: len(text) // 2 + 7]
     if how == "inside a histogram":  # whole bucket lines, but not the blank line ending it
         at = next(i for i, ln in enumerate(lines) if ln.startswith("@qdepth_read"))
-        return "".join(lines[:at + 3])
+        return "".join(lines[: at + 3])
     assert how == "end marker only"
     return "".join(ln for ln in lines if "missed_events" not in ln)
 
 
-CUTS = [(src, how) for src in (TEXT_IDLE, JSON)
-        for how in ("half the lines", "mid-line", "inside a histogram", "end marker only")
-        if not (src is JSON and how == "inside a histogram")]  # a JSON histogram is one record: mid-line
+CUTS = [
+    (src, how)
+    for src in (TEXT_IDLE, JSON)
+    for how in ("half the lines", "mid-line", "inside a histogram", "end marker only")
+    if not (src is JSON and how == "inside a histogram")
+]  # a JSON histogram is one record: mid-line
 
 
 @pytest.mark.parametrize("src,how", CUTS, ids=[f"{s.suffix[1:]}-{h}" for s, h in CUTS])
@@ -85,8 +88,9 @@ def test_raw_bpftrace_text_cut_is_seen_without_the_wrapper_marker(how, why, tmp_
     # bpftrace run by hand: no "# kvtier" header or end marker; the cut is
     # seen by the line or the histogram it leaves unfinished
     raw = tmp_path / "raw.txt"
-    raw.write_text("".join(ln for ln in TEXT_IDLE.read_text().splitlines(keepends=True)
-                           if not ln.startswith("# kvtier")))
+    raw.write_text(
+        "".join(ln for ln in TEXT_IDLE.read_text().splitlines(keepends=True) if not ln.startswith("# kvtier"))
+    )
     whole = run(["-i", raw, "--no-validate"], capsys)
     assert whole[0] == 0, whole[2]
     raw.write_text(_cut(raw, how))
@@ -99,8 +103,10 @@ def test_a_whole_trace_with_some_layers_says_what_it_assumed(tmp_path, capsys):
     # not truncated (END line and end marker present), but only counts: every
     # figure the job lacks is named in its comments, the size included
     p = tmp_path / "some.txt"
-    p.write_text("# kvtier layers_on: block\nAttaching 3 probes...\ncapture_window_ns: 2000000000\n"
-                 "@completed_read: 100\n@completed_write: 50\n# kvtier missed_events: 0\n")
+    p.write_text(
+        "# kvtier layers_on: block\nAttaching 3 probes...\ncapture_window_ns: 2000000000\n"
+        "@completed_read: 100\n@completed_write: 50\n# kvtier missed_events: 0\n"
+    )
     rc, job, err = run(["-i", p], capsys)
     assert rc == 0 and err == [], err
     for said in ("read sizes missing", "iodepth=1 assumed", "random access assumed", "size=1g assumed"):
@@ -155,13 +161,19 @@ def test_directory_and_fifo_are_refused_without_reading(tmp_path):
     os.mkfifo(fifo)
     for path, word in ((tmp_path, "directory"), (fifo, "not a regular file")):
         # a subprocess: reading a FIFO would block the test forever
-        p = subprocess.run([sys.executable, "-m", "tracing.distill", "-i", str(path)], cwd=REPO,
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [sys.executable, "-m", "tracing.distill", "-i", str(path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         err = p.stderr.splitlines()
         assert p.returncode == 2 and len(err) == 1 and word in err[0], p.stderr
 
 
 # --- numbers no capture has, and JSON of the wrong shape --------------------------
+
 
 def _json_with(tmp_path, name, old, new):
     text = JSON.read_text()
@@ -188,23 +200,53 @@ BAD_NUMBERS = [
     ("json fraction", "json", '"@completed_read": ', '"@completed_read": 1.7, "@x": ', "not an integer"),
     ("json string count", "json", '"count": ', '"count": "x", "y": ', "not an integer"),
     ("json negative count", "json", '"@completed_read": ', '"@completed_read": -', "negative"),
-    ("json hist not a list", "json", '{"type": "hist", "data": {"@bs_read_bytes": [',
-     '{"type": "hist", "data": {"@bs_read_bytes": "abc", "@y": [', "not a list"),
+    (
+        "json hist not a list",
+        "json",
+        '{"type": "hist", "data": {"@bs_read_bytes": [',
+        '{"type": "hist", "data": {"@bs_read_bytes": "abc", "@y": [',
+        "not a list",
+    ),
     ("json bucket not an object", "json", '"@bs_read_bytes": [{', '"@bs_read_bytes": [7, {', "not an object"),
-    ("json data not an object", "json", '{"type": "map", "data": {', '{"type": "map", "data": 5, "x": {',
-     "not an object"),
+    (
+        "json data not an object",
+        "json",
+        '{"type": "map", "data": {',
+        '{"type": "map", "data": 5, "x": {',
+        "not an object",
+    ),
     ("text negative count", "text", "@completed_read:", "@completed_read: -711", "negative"),
     ("text count over 64 bits", "text", "@completed_read:", "@completed_read: 99999999999999999999999", "not a count"),
-    ("text negative stats", "text", "@q2c_stats_read_usecs:",
-     "@q2c_stats_read_usecs: count 711, average -1661, total -1181335", "negative"),
+    (
+        "text negative stats",
+        "text",
+        "@q2c_stats_read_usecs:",
+        "@q2c_stats_read_usecs: count 711, average -1661, total -1181335",
+        "negative",
+    ),
     ("text zero window", "text", "capture_window_ns:", "capture_window_ns: 0", "capture_window_ns"),
-    ("text huge window", "text", "capture_window_ns:", "capture_window_ns: 99999999999999999999999",
-     "capture_window_ns"),
-    ("text huge busy time", "text", "@q2c_stats_read_usecs:",
-     "@q2c_stats_read_usecs: count 711, average 1661, total 99999999999999999999", "iodepth="),
+    (
+        "text huge window",
+        "text",
+        "capture_window_ns:",
+        "capture_window_ns: 99999999999999999999999",
+        "capture_window_ns",
+    ),
+    (
+        "text huge busy time",
+        "text",
+        "@q2c_stats_read_usecs:",
+        "@q2c_stats_read_usecs: count 711, average 1661, total 99999999999999999999",
+        "iodepth=",
+    ),
     ("text huge request size", "text", "@io_read_bytes[12288]:", "@io_read_bytes[99999999999999]: 1", "4 GiB"),
-    ("text huge idle gap", "text", "@idle_stats_usecs:",
-     "@idle_stats_usecs: count 220, average 999999999999, total 282219", "thinktime="),
+    (
+        "text huge idle gap",
+        "text",
+        "@idle_stats_usecs:",
+        "@idle_stats_usecs: count 220, average 999999999999, total 282219",
+        "thinktime=",
+    ),
 ]
 
 
@@ -233,8 +275,22 @@ def test_crlf_and_bom_give_the_same_job(form, tmp_path, capsys):
 
 # --- values that reach the job ---------------------------------------------------
 
-@pytest.mark.parametrize("size", ["1g\nexec_prerun=touch /tmp/kvtier-pwned", "1g exec_prerun=x", "size=1g", "-1",
-                                  "1x", "0", "200%", "", "1g;x", "99999999999999999999g"])
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        "1g\nexec_prerun=touch /tmp/kvtier-pwned",
+        "1g exec_prerun=x",
+        "size=1g",
+        "-1",
+        "1x",
+        "0",
+        "200%",
+        "",
+        "1g;x",
+        "99999999999999999999g",
+    ],
+)
 def test_bad_size_is_refused_before_anything(size, tmp_path, capsys):
     out = tmp_path / "job.fio"
     rc, _, err = run(["-i", TEXT, "-o", out, "--size", size], capsys)
@@ -255,8 +311,9 @@ def test_good_sizes_reach_the_job_and_pass_fio(size, tmp_path, capsys):
 @needs_fio
 def test_trace_and_path_text_cannot_add_a_job_option(tmp_path, capsys):
     # a JSON trace's meta and the input's file name reach the job's comments
-    meta = _json_with(tmp_path, "meta.json", '"dev": "vda (254:0)"',
-                      '"dev": "vda\\nexec_prerun=touch /tmp/kvtier-pwned\\r\\n[evil]"')
+    meta = _json_with(
+        tmp_path, "meta.json", '"dev": "vda (254:0)"', '"dev": "vda\\nexec_prerun=touch /tmp/kvtier-pwned\\r\\n[evil]"'
+    )
     named = tmp_path / "a\nexec_prerun=touch x.txt"
     named.write_bytes(TEXT.read_bytes())
     for src, process in ((meta, "ok"), (named, "p\nexec_prerun=y")):
@@ -270,13 +327,29 @@ def test_trace_and_path_text_cannot_add_a_job_option(tmp_path, capsys):
         assert validate_job(text) is None
 
 
-@pytest.mark.parametrize("field,value", [("ioengine", "libaio\nexec_prerun=x"), ("size", "1g\nexec_prerun=x"),
-                                         ("job_name", "x]\n[evil"), ("rw", "randrw ; x")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("ioengine", "libaio\nexec_prerun=x"),
+        ("size", "1g\nexec_prerun=x"),
+        ("job_name", "x]\n[evil"),
+        ("rw", "randrw ; x"),
+    ],
+)
 def test_every_job_field_goes_through_one_gate(field, value):
     tr = parse_trace(TEXT.read_text())
-    d = Distilled(job_name="j", rw="randrw", rwmixread=70, bssplit_read=[(4096, 100)], bssplit_write=[(4096, 100)],
-                  iodepth=1, ioengine="libaio", runtime_s=1, size="1g", figures={"window_s": 1, "reads": 1,
-                                                                                    "writes": 1, "issued": 2})
+    d = Distilled(
+        job_name="j",
+        rw="randrw",
+        rwmixread=70,
+        bssplit_read=[(4096, 100)],
+        bssplit_write=[(4096, 100)],
+        iodepth=1,
+        ioengine="libaio",
+        runtime_s=1,
+        size="1g",
+        figures={"window_s": 1, "reads": 1, "writes": 1, "issued": 2},
+    )
     setattr(d, field, value)
     with pytest.raises(DistillError, match="not a plain fio option"):
         render_job(d, source="x", tr=tr)
@@ -284,11 +357,21 @@ def test_every_job_field_goes_through_one_gate(field, value):
 
 # --- flags, outputs, the command's name -------------------------------------------
 
-@pytest.mark.parametrize("argv,word", [
-    (["--window-s", "nan"], "--window-s"), (["--window-s", "inf"], "--window-s"), (["--window-s", "-1"], "--window-s"),
-    (["--window-s", "abc"], "--window-s"), (["--runtime-s", "0"], "--runtime-s"), (["--runtime-s", "1e3"], "--runtime-s"),
-    (["--runtime-s", "99999999999"], "--runtime-s"), (["--bogus"], "unrecognized"), (["--size"], "--size"),
-])
+
+@pytest.mark.parametrize(
+    "argv,word",
+    [
+        (["--window-s", "nan"], "--window-s"),
+        (["--window-s", "inf"], "--window-s"),
+        (["--window-s", "-1"], "--window-s"),
+        (["--window-s", "abc"], "--window-s"),
+        (["--runtime-s", "0"], "--runtime-s"),
+        (["--runtime-s", "1e3"], "--runtime-s"),
+        (["--runtime-s", "99999999999"], "--runtime-s"),
+        (["--bogus"], "unrecognized"),
+        (["--size"], "--size"),
+    ],
+)
 def test_bad_flags_are_one_line_with_a_hint(argv, word, capsys):
     rc, _, err = run(["-i", TEXT] + argv, capsys)
     assert_one_line_error(rc, err, word, "(see 'kvtier distill --help')")
@@ -298,10 +381,13 @@ def test_outputs_checked_before_anything_is_written(tmp_path, capsys):
     trace = tmp_path / "trace.txt"
     trace.write_bytes(TEXT.read_bytes())
     before = trace.read_bytes()
-    for argv, word in ((["-o", trace], "input trace"), (["--dump-json", trace], "input trace"),
-                       (["-o", tmp_path], "directory"),
-                       (["-o", tmp_path / "job.fio", "--dump-json", tmp_path / "no" / "h.json"], "No such"),
-                       (["-o", tmp_path / "same", "--dump-json", tmp_path / "same"], "same file")):
+    for argv, word in (
+        (["-o", trace], "input trace"),
+        (["--dump-json", trace], "input trace"),
+        (["-o", tmp_path], "directory"),
+        (["-o", tmp_path / "job.fio", "--dump-json", tmp_path / "no" / "h.json"], "No such"),
+        (["-o", tmp_path / "same", "--dump-json", tmp_path / "same"], "same file"),
+    ):
         rc, _, err = run(["-i", trace] + argv, capsys)
         assert_one_line_error(rc, err, word)
     assert trace.read_bytes() == before  # the user's trace is never overwritten
@@ -309,15 +395,26 @@ def test_outputs_checked_before_anything_is_written(tmp_path, capsys):
 
 
 def test_the_command_is_named_as_typed():
-    kvtier = subprocess.run([sys.executable, "-c", "import sys; from replay.cli import main; sys.exit(main())",
-                             "distill", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    kvtier = subprocess.run(
+        [sys.executable, "-c", "import sys; from replay.cli import main; sys.exit(main())", "distill", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert kvtier.returncode == 0 and kvtier.stdout.startswith("usage: kvtier distill")
     assert "python -m tracing.distill" not in kvtier.stdout and "kvtier distill -i" in kvtier.stdout
-    bad = subprocess.run([sys.executable, "-c", "import sys; from replay.cli import main; sys.exit(main())",
-                          "distill", "--bogus"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-c", "import sys; from replay.cli import main; sys.exit(main())", "distill", "--bogus"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("kvtier distill: ") and len(bad.stderr.splitlines()) == 1
-    mod = subprocess.run([sys.executable, "-m", "tracing.distill", "--bogus"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
+    mod = subprocess.run(
+        [sys.executable, "-m", "tracing.distill", "--bogus"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     exe = os.path.basename(sys.executable)
     assert mod.returncode == 2 and mod.stderr.startswith(f"{exe} -m tracing.distill: "), mod.stderr
     assert "--help" in mod.stderr and len(mod.stderr.splitlines()) == 1

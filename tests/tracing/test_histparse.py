@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, strategies as st
+from _trace_helpers import FIXTURES, REPO, needs_fio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tracing.distill import distill, main, render_job, size_split, validate_job
 from tracing.histparse import Bucket, Stats, TraceParseError, parse_text, parse_trace, parse_value
-
-from _trace_helpers import FIXTURES, REPO, needs_fio
 
 
 def load(name):
@@ -22,17 +22,17 @@ def load(name):
 def test_every_bucket_form():
     tr = load("bucket_forms.txt")
     b = tr.hist("bs_read_bytes").buckets
-    assert b[0] == Bucket(0, 1, 1)          # [0]
-    assert b[1] == Bucket(1, 2, 2)          # [1]
-    assert b[3] == Bucket(512, 1024, 80)    # [512, 1K): mixed units
+    assert b[0] == Bucket(0, 1, 1)  # [0]
+    assert b[1] == Bucket(1, 2, 2)  # [1]
+    assert b[3] == Bucket(512, 1024, 80)  # [512, 1K): mixed units
     assert b[5] == Bucket(4096, 8192, 10)
     assert b[6] == Bucket(1 << 20, 2 << 20, 7)
     w = tr.hist("bs_write_bytes").buckets
     assert w[1] == Bucket(1 << 20, None, 10)  # [1M, ...)
     n = tr.hist("neg_usecs").buckets
-    assert n[0] == Bucket(None, 0, 4)        # (..., 0)
+    assert n[0] == Bucket(None, 0, 4)  # (..., 0)
     assert n[1] == Bucket(-4, -2, 1)
-    assert n[2] == Bucket(-2, 0, 2)          # closed [-2, -1]
+    assert n[2] == Bucket(-2, 0, 2)  # closed [-2, -1]
     assert n[3] == Bucket(0, 1, 3)
     assert tr.hist("qdepth_read").buckets[-1] == Bucket(256, None, 1)  # lhist [256, ...)
     assert tr.hist("empty_map").buckets == []
@@ -42,8 +42,9 @@ def test_every_bucket_form():
     assert tr.meta["layers_off"].startswith("io_uring")
 
 
-@pytest.mark.parametrize("text,value", [("0", 0), ("1K", 1024), ("512", 512), ("-4", -4), ("2M", 2 << 20),
-                                        ("1G", 1 << 30)])
+@pytest.mark.parametrize(
+    "text,value", [("0", 0), ("1K", 1024), ("512", 512), ("-4", -4), ("2M", 2 << 20), ("1G", 1 << 30)]
+)
 def test_parse_value(text, value):
     assert parse_value(text) == value
 
@@ -56,6 +57,7 @@ def test_log2_bucket_text_roundtrip(v):
             if x and x % m == 0:
                 return f"{x // m}{s}"
         return str(x)
+
     lo = 1 << v.bit_length() - 1 if v > 1 else v
     line = f"[{fmt(lo)}, {fmt(lo * 2)})   7 |@@@|" if v > 1 else f"[{v}]   7 |@|"
     tr = parse_text(f"@h:\n{line}\n\ncapture_window_ns: 1\n")
@@ -132,8 +134,15 @@ def test_distill_fio_fixture_matches_known_pattern():
 
 
 @needs_fio
-@pytest.mark.parametrize("name", ["bucket_forms.txt", "fio_randrw70_128k_qd8.txt", "python_pwrite_fsync_pread.txt",
-                                  "python_pwrite_fsync_pread.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bucket_forms.txt",
+        "fio_randrw70_128k_qd8.txt",
+        "python_pwrite_fsync_pread.txt",
+        "python_pwrite_fsync_pread.json",
+    ],
+)
 def test_every_generated_job_passes_fio_parse_only(name):
     tr = load(name)
     job = render_job(distill(tr, process="x"), source=name, tr=tr)
@@ -143,8 +152,22 @@ def test_every_generated_job_passes_fio_parse_only(name):
 
 def test_main_writes_job_and_json(tmp_path):
     out, js = tmp_path / "job.fio", tmp_path / "h.json"
-    rc = main(["-i", str(FIXTURES / "fio_randrw70_128k_qd8.txt"), "-o", str(out), "--dump-json", str(js),
-               "--process", "fio", "--runtime-s", "3", "--size", "64m"])
+    rc = main(
+        [
+            "-i",
+            str(FIXTURES / "fio_randrw70_128k_qd8.txt"),
+            "-o",
+            str(out),
+            "--dump-json",
+            str(js),
+            "--process",
+            "fio",
+            "--runtime-s",
+            "3",
+            "--size",
+            "64m",
+        ]
+    )
     assert rc == 0
     text = out.read_text()
     assert "[fio-distilled]" in text and "runtime=3" in text and "size=64m" in text
@@ -152,13 +175,16 @@ def test_main_writes_job_and_json(tmp_path):
     assert json.loads(js.read_text())["maps"]["completed_read"][""] > 0
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["-i", "/nonexistent/trace.txt"], "cannot read"),
-    (["-i", str(FIXTURES / "truncated.json")], "truncated"),
-    (["-i", str(FIXTURES / "truncated.json"), "--allow-truncated"], "no capture window"),
-    (["-i", "x", "--bogus"], "unrecognized"),
-    ([], "required"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["-i", "/nonexistent/trace.txt"], "cannot read"),
+        (["-i", str(FIXTURES / "truncated.json")], "truncated"),
+        (["-i", str(FIXTURES / "truncated.json"), "--allow-truncated"], "no capture window"),
+        (["-i", "x", "--bogus"], "unrecognized"),
+        ([], "required"),
+    ],
+)
 def test_main_user_errors_are_one_line_exit_2(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -167,8 +193,22 @@ def test_main_user_errors_are_one_line_exit_2(argv, msg, capsys):
 
 def test_truncated_trace_with_window_given(tmp_path):
     out = tmp_path / "j.fio"
-    assert main(["-i", str(FIXTURES / "truncated.txt"), "--window-s", "2", "-o", str(out), "--size", "64m",
-                 "--allow-truncated"]) == 0
+    assert (
+        main(
+            [
+                "-i",
+                str(FIXTURES / "truncated.txt"),
+                "--window-s",
+                "2",
+                "-o",
+                str(out),
+                "--size",
+                "64m",
+                "--allow-truncated",
+            ]
+        )
+        == 0
+    )
     text = out.read_text()
     assert "truncated" in text and "rwmixread=50" in text
 
@@ -180,27 +220,50 @@ def test_empty_trace_is_a_user_error(tmp_path):
 
 
 def test_module_entry_point_runs_without_warnings():
-    p = subprocess.run([sys.executable, "-W", "error", "-m", "tracing.distill", "-i",
-                        str(FIXTURES / "fio_randrw70_128k_qd8.txt"), "--no-validate"],
-                       cwd=REPO, capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-m",
+            "tracing.distill",
+            "-i",
+            str(FIXTURES / "fio_randrw70_128k_qd8.txt"),
+            "--no-validate",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("; traced-distilled")
 
 
 def test_tracing_imports_nothing_from_other_packages():
-    code = ("import sys, tracing, tracing.distill, tracing.session, tracing.histparse; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('kvconnector', 'replay', 'matplotlib', 'numpy')]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, tracing, tracing.distill, tracing.session, tracing.histparse; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('kvconnector', 'replay', 'matplotlib', 'numpy')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stdout + p.stderr
 
 
 def test_report_table_names_every_layer(capsys):
     from tracing.report import main as report_main
+
     assert report_main([str(FIXTURES / "python_pwrite_fsync_pread.txt")]) == 0
     out = capsys.readouterr().out
-    for what in ("read family", "write family", "Q2D read", "D2C write", "fdatasync", "write -> fsync",
-                 "fadvise -> read"):
+    for what in (
+        "read family",
+        "write family",
+        "Q2D read",
+        "D2C write",
+        "fdatasync",
+        "write -> fsync",
+        "fadvise -> read",
+    ):
         assert what in out
     assert report_main([str(FIXTURES / "fio_randrw70_128k_qd8.txt")]) == 0
     assert "NOT traced:" in capsys.readouterr().out  # layers left out are said
@@ -209,6 +272,7 @@ def test_report_table_names_every_layer(capsys):
 def test_report_plots(tmp_path):
     pytest.importorskip("matplotlib")
     from tracing.report import main as report_main
+
     assert report_main([str(FIXTURES / "python_pwrite_fsync_pread.txt"), "--plots", str(tmp_path)]) == 0
     names = {p.name for p in tmp_path.glob("*.png")}
     assert {"latency_by_layer.png", "request_sizes.png", "queue_depth.png"} <= names
@@ -217,5 +281,6 @@ def test_report_plots(tmp_path):
 
 def test_report_user_error(capsys):
     from tracing.report import main as report_main
+
     assert report_main(["/nonexistent"]) == 2
     assert capsys.readouterr().err.startswith("report: cannot read")

@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_fio, needs_root
 
 from tracing.distill import distill, render_job, validate_job
 from tracing.histparse import parse_trace
 from tracing.session import TraceSession
-
-from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_fio, needs_root
 
 BT = TRACING / "storage_latency_stack.bt"
 SH = TRACING / "storage_latency_stack.sh"
@@ -58,8 +57,12 @@ def test_script_compiles_without_attaching(tmp_path, drop):
         keep -= {"owner", "queue", "requeue", "merge"}
     src = tmp_path / "v.bt"
     src.write_text(strip_layers(keep))
-    p = subprocess.run(["bpftrace", "--emit-elf", str(tmp_path / "v.elf"), str(src), "0", "-", "0", "8", "1", "2"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["bpftrace", "--emit-elf", str(tmp_path / "v.elf"), str(src), "0", "-", "0", "8", "1", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "v.elf").stat().st_size > 0
 
@@ -71,28 +74,38 @@ def test_script_style():
     assert all(len(line.expandtabs(8)) <= 80 for line in text.splitlines() if not line.strip().startswith("//@"))
 
 
-@pytest.mark.parametrize("args,msg", [
-    ([], "missing <process-name|pid>"),
-    (["1", "--dev", "/nonexistent/path"], "neither a device"),
-    (["1", "--duration", "abc"], "--duration must be a number"),
-    (["999999999"], "no process with pid"),
-    (["1", "--bogus"], "unknown option"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        ([], "missing <process-name|pid>"),
+        (["1", "--dev", "/nonexistent/path"], "neither a device"),
+        (["1", "--duration", "abc"], "--duration must be a number"),
+        (["999999999"], "no process with pid"),
+        (["1", "--bogus"], "unknown option"),
+    ],
+)
 def test_wrapper_user_errors(args, msg):
     p = subprocess.run(["bash", str(SH), *args], capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and msg in p.stderr
 
 
 def run_fio(args: list[str], out_json: Path) -> subprocess.Popen:
-    return subprocess.Popen(["fio", "--output-format=json", f"--output={out_json}", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        ["fio", "--output-format=json", f"--output={out_json}", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def fio_summary(path: Path) -> dict:
     job = json.loads(path.read_text())["jobs"][0]
     r, w = job["read"], job["write"]
-    return {"read_ios": r["total_ios"], "write_ios": w["total_ios"],
-            "bw_kib": r["bw"] + w["bw"], "read_bs": r["io_bytes"] / max(1, r["total_ios"])}
+    return {
+        "read_ios": r["total_ios"],
+        "write_ios": w["total_ios"],
+        "bw_kib": r["bw"] + w["bw"],
+        "read_bs": r["io_bytes"] / max(1, r["total_ios"]),
+    }
 
 
 @pytest.mark.slow
@@ -104,13 +117,43 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
     try:
         orig_json = tmp_path / "orig.json"
         # 70% reads of 128 KiB, direct, QD 8; jobs as threads so the pid is one process
-        fio = run_fio(["--name=known", f"--filename={data}", "--size=128m", "--rw=randrw", "--rwmixread=70",
-                       "--bs=128k", "--direct=1", "--ioengine=libaio", "--iodepth=8", "--thread",
-                       "--time_based", "--runtime=7"], orig_json)
+        fio = run_fio(
+            [
+                "--name=known",
+                f"--filename={data}",
+                "--size=128m",
+                "--rw=randrw",
+                "--rwmixread=70",
+                "--bs=128k",
+                "--direct=1",
+                "--ioengine=libaio",
+                "--iodepth=8",
+                "--thread",
+                "--time_based",
+                "--runtime=7",
+            ],
+            orig_json,
+        )
         time.sleep(0.7)  # file laid out, I/O running
         out = tmp_path / "trace"
-        p = subprocess.run(["bash", str(SH), str(fio.pid), "--dev", str(work), "--duration", "3", "--out", str(out),
-                            "--fio", "--no-syscalls"], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [
+                "bash",
+                str(SH),
+                str(fio.pid),
+                "--dev",
+                str(work),
+                "--duration",
+                "3",
+                "--out",
+                str(out),
+                "--fio",
+                "--no-syscalls",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         fio.wait(timeout=60)
         assert p.returncode == 0, p.stderr
         assert "layers_off:" in p.stderr  # what was not traced is said
@@ -133,8 +176,13 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
         (tmp_path / "replay.fio").write_text(job)
         rep_json = tmp_path / "replay.json"
         env = dict(os.environ, TARGET=str(work / "replay.dat"))
-        r = subprocess.run(["fio", "--output-format=json", f"--output={rep_json}", str(tmp_path / "replay.fio")],
-                           env=env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["fio", "--output-format=json", f"--output={rep_json}", str(tmp_path / "replay.fio")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         o, q = fio_summary(orig_json), fio_summary(rep_json)
         omix = o["read_ios"] / (o["read_ios"] + o["write_ios"])
@@ -151,8 +199,11 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
 def test_session_sees_syscall_and_block_layers(tmp_path):
     work = Path(disk_tmp_dir()) / f"kvtier-session-{os.getpid()}"
     work.mkdir(exist_ok=True)
-    wl = subprocess.Popen([sys.executable, str(Path(__file__).with_name("io_workload.py")), str(work / "wl.dat"),
-                           "6"], stdout=subprocess.PIPE, text=True)
+    wl = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("io_workload.py")), str(work / "wl.dat"), "6"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert wl.stdout.readline().strip() == "ready"
         s = TraceSession(pid=wl.pid, path=work, out_dir=tmp_path / "t", job_name="pyloop")
@@ -161,8 +212,15 @@ def test_session_sees_syscall_and_block_layers(tmp_path):
         res = s.stop()
         assert {"block", "syscalls", "fadvise", "owner"} <= set(res["layers_on"])
         h = res["histograms"]
-        for name in ("sys_pwrite64_usecs", "sys_pread64_usecs", "fdatasync_usecs", "write_fsync_gap_usecs",
-                     "fadvise_read_gap_usecs", "d2c_read_usecs", "d2c_write_usecs"):
+        for name in (
+            "sys_pwrite64_usecs",
+            "sys_pread64_usecs",
+            "fdatasync_usecs",
+            "write_fsync_gap_usecs",
+            "fadvise_read_gap_usecs",
+            "d2c_read_usecs",
+            "d2c_write_usecs",
+        ):
             assert name in h, f"{name} missing"
         pw = h["sys_pwrite64_bytes"][""]["hist"]
         assert any(b["lo"] == 65536 and b["count"] > 0 for b in pw)  # the 64 KiB writes
@@ -178,5 +236,6 @@ def test_session_sees_syscall_and_block_layers(tmp_path):
 
 def test_session_refuses_missing_pid(tmp_path):
     from tracing.session import TracingUnavailable
+
     with pytest.raises(TracingUnavailable, match="no process"):
         TraceSession(pid=999999999, path=None, out_dir=tmp_path).start()

@@ -15,8 +15,9 @@ def mem_obj(seed: int | None = None, shape=SHAPE) -> TensorMemoryObj:
     raw = torch.zeros(n, dtype=torch.uint8)
     if seed is not None:
         raw.copy_(torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)))
-    meta = MemoryObjMetadata(shape=shape, dtype=torch.bfloat16, address=0, phy_size=n, ref_count=1,
-                             fmt=MemoryFormat.KV_2LTD)
+    meta = MemoryObjMetadata(
+        shape=shape, dtype=torch.bfloat16, address=0, phy_size=n, ref_count=1, fmt=MemoryFormat.KV_2LTD
+    )
     return TensorMemoryObj(raw, meta, None)
 
 

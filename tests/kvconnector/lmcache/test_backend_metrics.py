@@ -55,12 +55,15 @@ def test_spare_writes_are_exported(tmp_path):
         b.close()
 
 
-@pytest.mark.parametrize("d, msg", [
-    ({"disk_dir": "/x", "io_workers": 0}, "kvtier.io_workers"),
-    ({"disk_dir": "/x", "redis_url": "http://h"}, "kvtier.redis_url"),
-    ({"disk_dir": "/x", "shared_dir": "/x/"}, "different directories"),
-    ({"disk_dir": "/x", "disk_capacity_gb": 0}, "no tier configured"),
-])
+@pytest.mark.parametrize(
+    "d, msg",
+    [
+        ({"disk_dir": "/x", "io_workers": 0}, "kvtier.io_workers"),
+        ({"disk_dir": "/x", "redis_url": "http://h"}, "kvtier.redis_url"),
+        ({"disk_dir": "/x", "shared_dir": "/x/"}, "different directories"),
+        ({"disk_dir": "/x", "disk_capacity_gb": 0}, "no tier configured"),
+    ],
+)
 def test_config_errors_are_one_clear_line(d, msg):
     with pytest.raises(ConfigError) as ei:
         BackendConfig.from_params(d)
@@ -82,8 +85,7 @@ def test_full_filesystem_refuses_stores_and_counts_them(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
     try:
         # The tier believes it has 10 MB; the filesystem has 256 KiB: the store must refuse, not crash.
-        b = KvtierBackend(BackendConfig(disk_dir=str(mnt), disk_capacity_gb=0.01, io_mode="buffered",
-                                        snapshot_path=""))
+        b = KvtierBackend(BackendConfig(disk_dir=str(mnt), disk_capacity_gb=0.01, io_mode="buffered", snapshot_path=""))
         results = [b.put(f"k{i}", [data(i)]) for i in range(10)]
         assert results[0] and not all(results)
         ev = b.events_snapshot()

@@ -15,8 +15,14 @@ from kvconnector.lmcache.l2_adapter import object_key_str
 
 
 def make(params):
-    cfg = PluginL2AdapterConfig.from_dict({"type": "plugin", "module_path": "kvconnector.lmcache.l2_adapter",
-                                           "class_name": "KvtierL2Adapter", "adapter_params": params})
+    cfg = PluginL2AdapterConfig.from_dict(
+        {
+            "type": "plugin",
+            "module_path": "kvconnector.lmcache.l2_adapter",
+            "class_name": "KvtierL2Adapter",
+            "adapter_params": params,
+        }
+    )
     return create_l2_adapter(cfg)
 
 
@@ -99,8 +105,10 @@ def test_delete_removes_and_capacity_never_exceeded_under_concurrent_stores(tmp_
 
         w = threading.Thread(target=watch)
         w.start()
-        tids = [a.submit_store_task([okey(100 * t + i) for i in range(20)], [mem_obj(seed=t) for _ in range(20)])
-                for t in range(6)]
+        tids = [
+            a.submit_store_task([okey(100 * t + i) for i in range(20)], [mem_obj(seed=t) for _ in range(20)])
+            for t in range(6)
+        ]
         for tid in tids:
             wait_store(a, tid)
         stop.set()
@@ -150,12 +158,15 @@ def test_two_instances_share_one_directory(tmp_path):
         b.close()
 
 
-@pytest.mark.parametrize("params, needle", [
-    ({"disk_dir": "/tmp/x", "disk_capacity_gb": -1}, "kvtier.disk_capacity_gb"),
-    ({"disk_dir": "/tmp/x", "no_such_key": 1}, "kvtier.no_such_key: unknown key"),
-    ({}, "no tier configured"),
-    ({"disk_dir": "/proc/kvtier-cannot"}, "cannot create cache dir"),
-])
+@pytest.mark.parametrize(
+    "params, needle",
+    [
+        ({"disk_dir": "/tmp/x", "disk_capacity_gb": -1}, "kvtier.disk_capacity_gb"),
+        ({"disk_dir": "/tmp/x", "no_such_key": 1}, "kvtier.no_such_key: unknown key"),
+        ({}, "no tier configured"),
+        ({"disk_dir": "/proc/kvtier-cannot"}, "cannot create cache dir"),
+    ],
+)
 def test_broken_config_fails_loudly(params, needle, caplog):
     with caplog.at_level("ERROR", logger="kvconnector.lmcache"):
         with pytest.raises(KvtierRefusedToRun, match="refuses to run"):

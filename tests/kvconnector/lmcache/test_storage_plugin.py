@@ -20,13 +20,25 @@ SHAPE = torch.Size([2, 2, 16, 64])
 
 
 def manager(**kvtier):
-    extra = {"storage_plugin.kvtier.module_path": "kvconnector.lmcache.storage_plugin",
-             "storage_plugin.kvtier.class_name": "KvtierStoragePlugin"}
+    extra = {
+        "storage_plugin.kvtier.module_path": "kvconnector.lmcache.storage_plugin",
+        "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
+    }
     extra.update({f"kvtier.{k}": v for k, v in kvtier.items()})
-    cfg = LMCacheEngineConfig.from_defaults(chunk_size=16, local_cpu=True, max_local_cpu_size=0.05,
-                                            storage_plugins=["kvtier"], extra_config=extra)
-    md = LMCacheMetadata(model_name="org/../model", world_size=1, local_world_size=1, worker_id=0, local_worker_id=0,
-                         kv_dtype=torch.bfloat16, kv_shape=(2, 2, 16, 2, 32), chunk_size=16, role="worker")
+    cfg = LMCacheEngineConfig.from_defaults(
+        chunk_size=16, local_cpu=True, max_local_cpu_size=0.05, storage_plugins=["kvtier"], extra_config=extra
+    )
+    md = LMCacheMetadata(
+        model_name="org/../model",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(2, 2, 16, 2, 32),
+        chunk_size=16,
+        role="worker",
+    )
     return StorageManager(cfg, md, EventManager())
 
 
@@ -79,8 +91,12 @@ def test_round_trip_contains_pin_unpin_remove(sm):
 
 def test_eviction_demotes_to_the_shared_tier_then_deletes(tmp_path):
     # disk holds ~12 entries (100 KB at 0.9), the shared dir ~24 more, then the bottom deletes.
-    m = manager(disk_dir=str(tmp_path / "disk"), disk_capacity_gb=1e-4, shared_dir=str(tmp_path / "shared"),
-                shared_capacity_gb=2e-4)
+    m = manager(
+        disk_dir=str(tmp_path / "disk"),
+        disk_capacity_gb=1e-4,
+        shared_dir=str(tmp_path / "shared"),
+        shared_capacity_gb=2e-4,
+    )
     try:
         plugin = m.storage_backends["kvtier"]
         for i in range(60):
@@ -113,6 +129,7 @@ def test_restart_persistence_and_corrupt_files(tmp_path):
     # Corrupt one payload byte, truncate another file, leave a crashed write's temp file behind.
     by_key = {}
     from kvconnector.timed_io import read_header
+
     for f in files:
         by_key[read_header(str(f)).key] = f
     with open(by_key[key(1).to_string()], "r+b") as fh:

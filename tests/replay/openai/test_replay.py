@@ -33,8 +33,12 @@ def _replay(srv_url: str, tmp_path: Path, *extra: str, name: str = "out") -> tup
 
 
 def _within_2ms(s: dict) -> bool:
-    return (abs(s["ttft_ms"]["p50"] - 20) < 2 and abs(s["itl_ms"]["p50"] - 5) < 2
-            and abs(s["tpot_ms"]["p50"] - 5) < 2 and abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2)
+    return (
+        abs(s["ttft_ms"]["p50"] - 20) < 2
+        and abs(s["itl_ms"]["p50"] - 5) < 2
+        and abs(s["tpot_ms"]["p50"] - 5) < 2
+        and abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2
+    )
 
 
 def test_measured_latencies_match_injected_delays(tmp_path):
@@ -42,8 +46,22 @@ def test_measured_latencies_match_injected_delays(tmp_path):
     # One retry: on a 2-core machine shared with other jobs, a burst of foreign load can shift a whole 1 s run.
     for attempt in range(2):
         with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
-            rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "40",
-                            "--request-rate", "40", "--arrival", "constant", "--input-len", "16", "--output-len", "8")
+            rc, s = _replay(
+                srv.base_url,
+                tmp_path,
+                "--source",
+                "synthetic",
+                "--num-requests",
+                "40",
+                "--request-rate",
+                "40",
+                "--arrival",
+                "constant",
+                "--input-len",
+                "16",
+                "--output-len",
+                "8",
+            )
         if _within_2ms(s):
             break
     assert rc == 0 and s["completed"] == 40 and s["failed"] == 0
@@ -57,20 +75,46 @@ def test_measured_latencies_match_injected_delays(tmp_path):
 
 def test_achieved_rate_at_200_per_second(tmp_path):
     with FakeServer(FakeServerConfig(default_max_tokens=4), process=True) as srv:
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "400", "--request-rate",
-                        "200", "--arrival", "constant", "--input-len", "8", "--output-len", "4")
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--num-requests",
+            "400",
+            "--request-rate",
+            "200",
+            "--arrival",
+            "constant",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+        )
     assert rc == 0 and s["completed"] == 400
     assert abs(s["achieved_rate"] - 200) / 200 < 0.02
     assert s["send_lag_ms"]["count"] == 400 and "p99" in s["send_lag_ms"]
-    # Reported, and sane; its size depends on what else runs on the machine (bench/replayer_overhead.py measures it).
+    # Reported, and sane; its size depends on what else runs on the machine (benchmarks/replayer_overhead.py measures it).
     assert 0 <= s["send_lag_ms"]["p50"] <= s["send_lag_ms"]["p99"] < 200
 
 
 def test_poisson_schedule_is_seeded_and_close_to_its_rate(tmp_path):
     # The server in its own process: in-thread it shares the client's GIL, and CI saw sends fall behind (146 of 207/s).
     with FakeServer(FakeServerConfig(default_max_tokens=2), process=True) as srv:
-        args = ("--source", "synthetic", "--num-requests", "80", "--request-rate", "200", "--seed", "7",
-                "--input-len", "4", "--output-len", "2")
+        args = (
+            "--source",
+            "synthetic",
+            "--num-requests",
+            "80",
+            "--request-rate",
+            "200",
+            "--seed",
+            "7",
+            "--input-len",
+            "4",
+            "--output-len",
+            "2",
+        )
         _, a = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "a.jsonl"), name="a")
         _, b = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "b.jsonl"), name="b")
     sched = lambda p: [json.loads(line)["scheduled_ns"] for line in p.read_text().splitlines()]  # noqa: E731
@@ -88,9 +132,18 @@ async def _one(url: str, payload: dict) -> RequestRecord:
 
 def test_role_only_first_chunk_is_not_a_token():
     with FakeServer(FakeServerConfig(ttft_ms=40, itl_ms=1, role_chunk=True)) as srv:
-        rec = asyncio.run(_one(srv.base_url + "/v1/chat/completions",
-                               {"model": "f", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                                "stream": True, "stream_options": {"include_usage": True}}))
+        rec = asyncio.run(
+            _one(
+                srv.base_url + "/v1/chat/completions",
+                {
+                    "model": "f",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 3,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+        )
     assert rec.success
     assert rec.first_byte_ns < rec.first_token_ns  # the role chunk came first, and at once
     assert (rec.first_byte_ns - rec.sent_ns) / 1e6 < 30
@@ -101,9 +154,18 @@ def test_role_only_first_chunk_is_not_a_token():
 def test_chunk_with_several_tokens_spreads_its_gap():
     cfg = FakeServerConfig(ttft_ms=5, itl_ms=6, tokens_per_chunk=4)
     with FakeServer(cfg) as srv:
-        rec = asyncio.run(_one(srv.base_url + "/v1/completions",
-                               {"model": "f", "prompt": "a b c", "max_tokens": 12, "stream": True,
-                                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+        rec = asyncio.run(
+            _one(
+                srv.base_url + "/v1/completions",
+                {
+                    "model": "f",
+                    "prompt": "a b c",
+                    "max_tokens": 12,
+                    "stream": True,
+                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                },
+            )
+        )
     assert rec.success and rec.chunk_tokens == [4, 4, 4]
     gaps = list(rec.itl_ns())
     assert len(gaps) == 8  # two later chunks x four tokens each
@@ -113,6 +175,7 @@ def test_chunk_with_several_tokens_spreads_its_gap():
 
 def test_sse_split_events_comments_and_crlf():
     """Events split across TCP writes, ping comments, CRLF framing: all parsed; [DONE] ends the stream."""
+
     async def run():
         async def handler(request):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -124,6 +187,7 @@ def test_sse_split_events_comments_and_crlf():
             await resp.write(b'xt":"lo"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
             await resp.write(b'data: {"choices":[{"text":"after done"}]}\n\n')
             return resp
+
         app = web.Application()
         app.router.add_post("/v1/completions", handler)
         runner = web.AppRunner(app)
@@ -136,6 +200,7 @@ def test_sse_split_events_comments_and_crlf():
                 return await send_streaming(session, spec, RequestRecord(0, "s", 0))
         finally:
             await runner.cleanup()
+
     rec = asyncio.run(run())
     assert rec.success, rec.error
     assert rec.output_text == "hello" and rec.output_tokens == 2 and rec.prompt_tokens == 3
@@ -145,8 +210,22 @@ def test_sse_split_events_comments_and_crlf():
 def test_faults_are_recorded_not_fatal(tmp_path):
     cfg = FakeServerConfig(default_max_tokens=6, fault_every={"malformed_sse": 4, "disconnect": 5, "http_500": 7})
     with FakeServer(cfg) as srv:
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "30", "--input-len", "4",
-                        "--output-len", "6", "--max-concurrency", "4", "--detail", str(tmp_path / "d.jsonl"))
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--num-requests",
+            "30",
+            "--input-len",
+            "4",
+            "--output-len",
+            "6",
+            "--max-concurrency",
+            "4",
+            "--detail",
+            str(tmp_path / "d.jsonl"),
+        )
     assert rc == 0 and s["aborted"] is None
     errs = s["errors_by_kind"]
     assert errs["malformed_sse"] >= 5 and errs["disconnected"] >= 4 and errs["http_500"] >= 3
@@ -157,8 +236,20 @@ def test_faults_are_recorded_not_fatal(tmp_path):
 
 def test_dead_server_ends_run_early_with_partial_results(tmp_path):
     port = free_port()  # nothing listens there
-    rc, s = _replay(f"http://127.0.0.1:{port}", tmp_path, "--source", "synthetic", "--num-requests", "50",
-                    "--request-rate", "100", "--input-len", "4", "--output-len", "2")
+    rc, s = _replay(
+        f"http://127.0.0.1:{port}",
+        tmp_path,
+        "--source",
+        "synthetic",
+        "--num-requests",
+        "50",
+        "--request-rate",
+        "100",
+        "--input-len",
+        "4",
+        "--output-len",
+        "2",
+    )
     assert rc == 3
     assert s["aborted"].startswith("server unreachable") and s["failed"] >= 5
     assert s["errors_by_kind"]["connection"] >= 5
@@ -166,14 +257,23 @@ def test_dead_server_ends_run_early_with_partial_results(tmp_path):
 
 
 def test_multi_turn_sends_server_answers_in_history(tmp_path):
-    data = [{"id": "c1", "conversations": [
-        {"from": "human", "value": "first question"}, {"from": "gpt", "value": "DATASET ANSWER ONE"},
-        {"from": "human", "value": "second question"}, {"from": "gpt", "value": "DATASET ANSWER TWO"}]}]
+    data = [
+        {
+            "id": "c1",
+            "conversations": [
+                {"from": "human", "value": "first question"},
+                {"from": "gpt", "value": "DATASET ANSWER ONE"},
+                {"from": "human", "value": "second question"},
+                {"from": "gpt", "value": "DATASET ANSWER TWO"},
+            ],
+        }
+    ]
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(data))
     with FakeServer(FakeServerConfig(word="srv")) as srv:
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "sharegpt", "--dataset-path", str(path),
-                        "--max-tokens", "3")
+        rc, s = _replay(
+            srv.base_url, tmp_path, "--source", "sharegpt", "--dataset-path", str(path), "--max-tokens", "3"
+        )
         bodies = srv.recent_bodies
     assert rc == 0 and s["completed"] == 2
     second = bodies[-1]["messages"]
@@ -185,10 +285,28 @@ def test_multi_turn_sends_server_answers_in_history(tmp_path):
 
 def test_long_session_rounds_table(tmp_path):
     with FakeServer(FakeServerConfig(block_size=4)) as srv:
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--rounds", "4", "--concurrency", "3",
-                        "--output-len", "5", "--input-len", "12", "--block-size", "4",
-                        "--metrics-url", srv.base_url + "/metrics", "--csv", str(tmp_path / "r.csv"),
-                        "--plots", str(tmp_path / "plots"))
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--rounds",
+            "4",
+            "--concurrency",
+            "3",
+            "--output-len",
+            "5",
+            "--input-len",
+            "12",
+            "--block-size",
+            "4",
+            "--metrics-url",
+            srv.base_url + "/metrics",
+            "--csv",
+            str(tmp_path / "r.csv"),
+            "--plots",
+            str(tmp_path / "plots"),
+        )
     assert rc == 0 and s["completed"] == 12
     rounds = s["rounds"]
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]
@@ -203,15 +321,29 @@ def test_long_session_rounds_table(tmp_path):
 
 def test_burstgpt_trace_speedup_and_server_tokenizer(tmp_path):
     trace = tmp_path / "t.csv"
-    trace.write_text("Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
-                     "0,a,1,ChatGPT,20,3,23,Conversation log\n"
-                     "1,b,1,ChatGPT,30,2,32,Conversation log\n"
-                     "2,a,1,ChatGPT,40,0,40,Conversation log\n"
-                     "3,c,1,ChatGPT,25,4,29,Conversation log\n")
+    trace.write_text(
+        "Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "0,a,1,ChatGPT,20,3,23,Conversation log\n"
+        "1,b,1,ChatGPT,30,2,32,Conversation log\n"
+        "2,a,1,ChatGPT,40,0,40,Conversation log\n"
+        "3,c,1,ChatGPT,25,4,29,Conversation log\n"
+    )
     with FakeServer() as srv:
         t = time.monotonic()
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "burstgpt", "--trace-path", str(trace),
-                        "--trace-speedup", "10", "--endpoint", "completions", "--detail", str(tmp_path / "d.jsonl"))
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "burstgpt",
+            "--trace-path",
+            str(trace),
+            "--trace-speedup",
+            "10",
+            "--endpoint",
+            "completions",
+            "--detail",
+            str(tmp_path / "d.jsonl"),
+        )
         took = time.monotonic() - t
     assert rc == 0 and s["completed"] == 3 and s["load_report"]["skipped"] == {"failed_request": 1}
     assert s["prompt_text_from"] == "server:/tokenize"
@@ -227,9 +359,28 @@ def test_burstgpt_trace_speedup_and_server_tokenizer(tmp_path):
 
 def test_closed_loop_users_and_goodput(tmp_path):
     with FakeServer(FakeServerConfig(ttft_ms=10, itl_ms=1)) as srv:
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--users", "2", "--num-requests", "8",
-                        "--turns", "2", "--input-len", "4", "--output-len", "4", "--think-time-ms", "5",
-                        "--slo", "ttft_ms=5,tpot_ms=100", "--percentiles", "50,99.9")
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--users",
+            "2",
+            "--num-requests",
+            "8",
+            "--turns",
+            "2",
+            "--input-len",
+            "4",
+            "--output-len",
+            "4",
+            "--think-time-ms",
+            "5",
+            "--slo",
+            "ttft_ms=5,tpot_ms=100",
+            "--percentiles",
+            "50,99.9",
+        )
     assert rc == 0 and s["completed"] == 8 and s["pacing"] == "closed"
     assert {"p50", "p999"} <= set(s["ttft_ms"]) and "p90" not in s["ttft_ms"]
     assert s["goodput"]["good_requests"] == 0  # every TTFT is >= 10 ms, above the 5 ms SLO
@@ -237,21 +388,49 @@ def test_closed_loop_users_and_goodput(tmp_path):
 
 def test_warmup_excluded(tmp_path):
     with FakeServer() as srv:
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--num-requests", "5", "--warmup", "3",
-                        "--input-len", "4", "--output-len", "2")
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--num-requests",
+            "5",
+            "--warmup",
+            "3",
+            "--input-len",
+            "4",
+            "--output-len",
+            "2",
+        )
         seen = srv.requests_seen
     assert rc == 0 and s["completed"] == 5 and s["warmup_requests"] == 3 and seen == 8
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--base-url", "http://x", "--model", "m"], "missing --output"),
-    (["--base-url", "x", "--model", "m", "--output", "o.json"], "--base-url must start with"),
-    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--slo", "ttft=5"], "--slo"),
-    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--source", "sharegpt"], "--dataset-path"),
-    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--rounds", "3"], "--concurrency"),
-    (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--source", "sharegpt",
-      "--dataset-path", "/nonexistent.json"], "not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--base-url", "http://x", "--model", "m"], "missing --output"),
+        (["--base-url", "x", "--model", "m", "--output", "o.json"], "--base-url must start with"),
+        (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--slo", "ttft=5"], "--slo"),
+        (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--source", "sharegpt"], "--dataset-path"),
+        (["--base-url", "http://x", "--model", "m", "--output", "o.json", "--rounds", "3"], "--concurrency"),
+        (
+            [
+                "--base-url",
+                "http://x",
+                "--model",
+                "m",
+                "--output",
+                "o.json",
+                "--source",
+                "sharegpt",
+                "--dataset-path",
+                "/nonexistent.json",
+            ],
+            "not found",
+        ),
+    ],
+)
 def test_user_errors_are_one_line(args, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(args) == 2
@@ -282,10 +461,33 @@ def test_signal_writes_partial_results(tmp_path, sig):
     with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=200, default_max_tokens=20), process=True) as srv:
         out = tmp_path / "p.json"
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        proc = subprocess.Popen([sys.executable, "-m", "replay.openai.cli", "--base-url", srv.base_url, "--model",
-                                 "f", "--source", "synthetic", "--num-requests", "10000", "--request-rate", "50",
-                                 "--input-len", "4", "--output-len", "20", "--output", str(out), "--quiet"],
-                                env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "replay.openai.cli",
+                "--base-url",
+                srv.base_url,
+                "--model",
+                "f",
+                "--source",
+                "synthetic",
+                "--num-requests",
+                "10000",
+                "--request-rate",
+                "50",
+                "--input-len",
+                "4",
+                "--output-len",
+                "20",
+                "--output",
+                str(out),
+                "--quiet",
+            ],
+            env=env,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while srv_requests(srv.base_url) < 10 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -312,8 +514,23 @@ def _umask() -> int:
 def test_unwritable_output_is_refused_before_any_request(flag, tmp_path, capsys):
     """An output that cannot be written is a usage error before the run, not a lost run afterwards."""
     with FakeServer(FakeServerConfig()) as srv:
-        args = ["--base-url", srv.base_url, "--model", "f", "--source", "synthetic", "--num-requests", "3",
-                "--input-len", "4", "--output-len", "4", "--quiet", "--output", str(tmp_path / "o.json")]
+        args = [
+            "--base-url",
+            srv.base_url,
+            "--model",
+            "f",
+            "--source",
+            "synthetic",
+            "--num-requests",
+            "3",
+            "--input-len",
+            "4",
+            "--output-len",
+            "4",
+            "--quiet",
+            "--output",
+            str(tmp_path / "o.json"),
+        ]
         rc = main(args + [flag, str(tmp_path)])  # a directory where a file is wanted
         assert rc == 2 and srv_requests(srv.base_url) == 0
     err = capsys.readouterr().err.strip()
@@ -339,17 +556,35 @@ def test_results_go_to_the_fallback_when_the_output_dir_vanishes(tmp_path, monke
             return real(cfg, state, meta)
 
         monkeypatch.setattr(cli_mod, "_write_outputs", remove_then_write)
-        rc = main(["--base-url", srv.base_url, "--model", "f", "--source", "synthetic", "--num-requests", "2",
-                   "--input-len", "4", "--output-len", "4", "--quiet", "--output", str(gone / "r.json")])
+        rc = main(
+            [
+                "--base-url",
+                srv.base_url,
+                "--model",
+                "f",
+                "--source",
+                "synthetic",
+                "--num-requests",
+                "2",
+                "--input-len",
+                "4",
+                "--output-len",
+                "4",
+                "--quiet",
+                "--output",
+                str(gone / "r.json"),
+            ]
+        )
     err = capsys.readouterr().err
     assert rc == 0, err
     saved = tmp_path / "results" / "r.json"
-    assert f"results written to results/r.json instead" in err
+    assert "results written to results/r.json instead" in err
     assert json.loads(saved.read_text())["completed"] == 2
 
 
 def srv_requests(base_url: str) -> int:
     import urllib.request
+
     with urllib.request.urlopen(base_url + "/metrics", timeout=2) as r:
         for line in r.read().decode().splitlines():
             if line.startswith("vllm:request_success_total"):  # the fake counts requests received
@@ -376,8 +611,22 @@ def test_duration_closes_the_window_for_closed_loop_users(tmp_path):
 
     with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=5, default_max_tokens=4)) as srv:
         t0 = time.monotonic()
-        rc, s = _replay(srv.base_url, tmp_path, "--source", "synthetic", "--users", "2", "--num-requests", "100000",
-                        "--input-len", "4", "--output-len", "4", "--duration", "1.5")
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--users",
+            "2",
+            "--num-requests",
+            "100000",
+            "--input-len",
+            "4",
+            "--output-len",
+            "4",
+            "--duration",
+            "1.5",
+        )
         took = time.monotonic() - t0
     # Ended by the window (not by the 100k-request budget), and that is a normal end, not an abort.
     assert rc == 0 and s["window_closed"] and not s["aborted"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from replay.openai.cli import main
 from replay.openai import client
+from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.fake_server import FakeServer, FakeServerConfig
 
@@ -24,14 +24,16 @@ SMALL = ("--source", "synthetic", "--input-len", "4", "--output-len", "4")
 
 def _run(base_url: str, tmp_path: Path, *extra: str, quiet: bool = True) -> tuple[int, dict]:
     out = tmp_path / "out.json"
-    rc = main(["--base-url", base_url, "--model", "fake", "--output", str(out), *(["--quiet"] if quiet else []),
-               *extra])
+    rc = main(
+        ["--base-url", base_url, "--model", "fake", "--output", str(out), *(["--quiet"] if quiet else []), *extra]
+    )
     return rc, (json.loads(out.read_text()) if out.exists() else {})
 
 
 # ---------------------------------------------------------------- 1. a failed run says so
-@pytest.mark.parametrize("fault, kind", [("http_500", "http_500"), ("malformed_sse", "malformed_sse"),
-                                         ("hang", "timeout")])
+@pytest.mark.parametrize(
+    "fault, kind", [("http_500", "http_500"), ("malformed_sse", "malformed_sse"), ("hang", "timeout")]
+)
 def test_run_where_every_request_fails_exits_1_with_errors_by_kind(fault, kind, tmp_path, capsys):
     with FakeServer(FakeServerConfig(fault_every={fault: 1}, hang_s=20)) as srv:
         t = time.monotonic()
@@ -106,8 +108,10 @@ def test_hanging_tokenize_is_bounded_by_timeout_and_window(flag, value, tmp_path
     assert s["prompt_text_from"].startswith("estimate")
     assert s["prompt_text_fallback_reason"] == "/tokenize did not answer within 1 s"
     lines = [x for x in err.splitlines() if "tokenizer" in x]
-    assert lines == ["kvtier replay: server tokenizer not used (/tokenize did not answer within 1 s); prompt lengths "
-                     "are estimated at 4 characters per token"]
+    assert lines == [
+        "kvtier replay: server tokenizer not used (/tokenize did not answer within 1 s); prompt lengths "
+        "are estimated at 4 characters per token"
+    ]
 
 
 # ---------------------------------------------------------------- 4. SSE framing, parsed in linear time
@@ -134,7 +138,7 @@ def _parse_cpu_s(n_bytes: int) -> float:
         reader = client._SSEReader()
         t = time.process_time()
         for i in range(0, len(stream), 1024):
-            assert reader.feed(stream[i:i + 1024]) == []
+            assert reader.feed(stream[i : i + 1024]) == []
         best = min(best, time.process_time() - t)
         assert reader.unterminated_bytes() > 0.8 * n_bytes
     return best
@@ -148,7 +152,7 @@ def test_sse_parsing_is_linear_in_the_stream_length():
 
 def test_sse_reader_framing():
     r = client._SSEReader()
-    assert r.feed(b"data: {\"a\"") == []
+    assert r.feed(b'data: {"a"') == []
     assert r.feed(b":1}\r\n\r\n: ping\n\nevent: x\ndata: one\ndata: two\n\ndata: [DONE]\n") == [b'{"a":1}', b"one\ntwo"]
     assert r.feed(b"\n") == [b"[DONE]"] and r.unterminated_bytes() == 0
 

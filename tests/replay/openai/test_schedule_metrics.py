@@ -51,13 +51,17 @@ vllm:cache_config_info{block_size="128",engine="0"} 1.0
 kvtier_bytes_total{tier="disk",op="write"} 4096
 kvtier_bytes_total{tier="disk",op="read"} 100
 """
-VLLM_B = VLLM_A.replace("} 1000.0", "} 3000.0").replace("hits_total{engine=\"0\",model_name=\"m\"} 100.0",
-                                                         "hits_total{engine=\"0\",model_name=\"m\"} 1100.0") \
-    .replace('"local_compute"} 900', '"local_compute"} 1500').replace('"local_cache_hit"} 100', '"local_cache_hit"} 900') \
-    .replace('"external_kv_transfer"} 0', '"external_kv_transfer"} 600').replace("num_preemptions_total{engine=\"0\"} 2",
-                                                                               "num_preemptions_total{engine=\"0\"} 5") \
-    .replace("sum{engine=\"0\"} 1.0", "sum{engine=\"0\"} 3.0").replace("count{engine=\"0\"} 10", "count{engine=\"0\"} 20") \
+VLLM_B = (
+    VLLM_A.replace("} 1000.0", "} 3000.0")
+    .replace('hits_total{engine="0",model_name="m"} 100.0', 'hits_total{engine="0",model_name="m"} 1100.0')
+    .replace('"local_compute"} 900', '"local_compute"} 1500')
+    .replace('"local_cache_hit"} 100', '"local_cache_hit"} 900')
+    .replace('"external_kv_transfer"} 0', '"external_kv_transfer"} 600')
+    .replace('num_preemptions_total{engine="0"} 2', 'num_preemptions_total{engine="0"} 5')
+    .replace('sum{engine="0"} 1.0', 'sum{engine="0"} 3.0')
+    .replace('count{engine="0"} 10', 'count{engine="0"} 20')
     .replace('op="write"} 4096', 'op="write"} 12288')
+)
 
 
 def test_derive_from_counter_deltas():
@@ -74,10 +78,19 @@ def test_derive_from_counter_deltas():
 
 
 def test_counter_reset_and_lmcache_tokens_to_bytes():
-    a = Snapshot(0, parse_prometheus("lmcache:num_stored_tokens_total 500\nvllm:prefix_cache_hits_total 50\n"
-                                     "vllm:prefix_cache_queries_total 100\n"))
-    b = Snapshot(1, parse_prometheus("lmcache:num_stored_tokens_total 200\nvllm:prefix_cache_hits_total 10\n"
-                                     "vllm:prefix_cache_queries_total 40\n"))
+    a = Snapshot(
+        0,
+        parse_prometheus(
+            "lmcache:num_stored_tokens_total 500\nvllm:prefix_cache_hits_total 50\n"
+            "vllm:prefix_cache_queries_total 100\n"
+        ),
+    )
+    b = Snapshot(
+        1,
+        parse_prometheus(
+            "lmcache:num_stored_tokens_total 200\nvllm:prefix_cache_hits_total 10\nvllm:prefix_cache_queries_total 40\n"
+        ),
+    )
     d = derive(a, b, kv_bytes_per_token=1024)
     assert d["prefix_cache_hit_rate"] == pytest.approx(0.25)  # restarted server: counts from zero
     assert d["kv_written_bytes"] == 200 * 1024 and "lmcache" in d["kv_written_bytes_source"]

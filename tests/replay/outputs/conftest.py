@@ -32,14 +32,18 @@ def make_full_doc() -> dict:
     doc = load_sample()
     rng = random.Random(7)
     qos = {}
-    for name, prio, median, n, t95, t99 in (("interactive", 3, 200.0, 40, 1000.0, 2000.0),
-                                            ("batch", 1, 1500.0, 15, 5000.0, 8000.0),
-                                            ("standard", 2, 1200.0, 25, 1500.0, 2500.0)):
+    for name, prio, median, n, t95, t99 in (
+        ("interactive", 3, 200.0, 40, 1000.0, 2000.0),
+        ("batch", 1, 1500.0, 15, 5000.0, 8000.0),
+        ("standard", 2, 1200.0, 25, 1500.0, 2500.0),
+    ):
         e2e, svc = _hists(rng, median, n)
         met = svc.percentile_ms(95) <= t95 and svc.percentile_ms(99) <= t99
         qos[name] = {
-            "requests": n, "priority": prio,
-            "end_to_end_latency_ms": e2e.summary_ms(), "service_latency_ms": svc.summary_ms(),
+            "requests": n,
+            "priority": prio,
+            "end_to_end_latency_ms": e2e.summary_ms(),
+            "service_latency_ms": svc.summary_ms(),
             "sla": {"target_p95_ms": t95, "target_p99_ms": t99, "met": met},
             "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()},
         }
@@ -51,9 +55,17 @@ def make_full_doc() -> dict:
         t = 2.0 * (i + 1)
         action = "scale_up" if i < 7 else "peak_found" if i == 7 else "hold"
         nxt = users + 10 if action == "scale_up" else users
-        steps.append({"t_s": t, "users": users, "throughput_tokens_per_sec": round(1000.0 * min(users, 60) ** 0.8, 1),
-                      "saturation": round(min(1.0, users / 80), 3), "action": action,
-                      "reason": f"saturation {min(1.0, users / 80):.0%}", "next_users": nxt})
+        steps.append(
+            {
+                "t_s": t,
+                "users": users,
+                "throughput_tokens_per_sec": round(1000.0 * min(users, 60) ** 0.8, 1),
+                "saturation": round(min(1.0, users / 80), 3),
+                "action": action,
+                "reason": f"saturation {min(1.0, users / 80):.0%}",
+                "next_users": nxt,
+            }
+        )
         users = nxt
     doc["autoscaling_stats"] = steps
     for i, s in enumerate(doc["timeline"]):

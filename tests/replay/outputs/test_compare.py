@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.compare import build_table, default_labels, main
+from replay.synthetic.compare import build_table, default_labels, main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -76,13 +76,16 @@ def test_default_labels_disambiguate():
     assert default_labels(["nvme/result.json", "sata/result.json"]) == ["nvme/result", "sata/result"]
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such file"),
-    ("not json at all", "not JSON"),
-    ("[1, 2]", "not a JSON object"),
-    ('{"summary": {"requests": 3}}', "not a kvtier bench result"),
-    ('{"request_throughput": 1.0, "ttft_ms": {}}', "a `kvtier replay` summary"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        ("not json at all", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"summary": {"requests": 3}}', "not a kvtier bench result"),
+        ('{"request_throughput": 1.0, "ttft_ms": {}}', "a `kvtier replay` summary"),
+    ],
+)
 def test_bad_file_exit_2_one_line(tmp_path, two_runs, capsys, content, message):
     bad = tmp_path / "bad.json"
     if content is not None:
@@ -100,7 +103,12 @@ def test_label_count_mismatch(two_runs, capsys):
 
 def test_through_the_kvtier_command(tmp_path, two_runs):
     """As a person runs it: no traceback on a bad file, exit 2."""
-    proc = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(two_runs[0]), str(tmp_path / "missing.json")],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "replay.cli", "compare", str(two_runs[0]), str(tmp_path / "missing.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "missing.json: no such file" in proc.stderr

@@ -51,10 +51,18 @@ def test_every_row_matches_the_json(tmp_path, sample_doc):
         assert _as_json_value(value, expected) == expected, (section, metric)
     assert derived == 8  # 2 tiers x 2 ops x (gb, gbps)
     # the figures a reader looks for are there
-    for key in [("summary", "requests_per_second"), ("summary.end_to_end_latency_ms", "p99"),
-                ("summary.cache_stats", "cache_hit_rate"), ("summary.cache_stats", "tier_storage_read_p99_ms"),
-                ("tiers.disk.read.latency_ms", "p999"), ("tiers.cpu.write", "ops"), ("tiers.disk.events", "hits"),
-                ("block_device", "read_gbps"), ("run", "status"), ("config", "io_workers")]:
+    for key in [
+        ("summary", "requests_per_second"),
+        ("summary.end_to_end_latency_ms", "p99"),
+        ("summary.cache_stats", "cache_hit_rate"),
+        ("summary.cache_stats", "tier_storage_read_p99_ms"),
+        ("tiers.disk.read.latency_ms", "p999"),
+        ("tiers.cpu.write", "ops"),
+        ("tiers.disk.events", "hits"),
+        ("block_device", "read_gbps"),
+        ("run", "status"),
+        ("config", "io_workers"),
+    ]:
         assert key in seen, key
     # histograms and the timeline are series, not figures
     assert not any("histograms" in s or s.startswith("timeline") for s, _ in seen)

@@ -54,7 +54,9 @@ def test_rows_from_several_threads_complete_and_parse(tmp_path, suffix):
     t = [float(r["t_s"]) for r in rows]
     assert all(0 <= x < 60 for x in t)
     evict = rows[-1]
-    assert evict["op"] == "evict" and evict["host_ms"] == "" and evict["device_ms"] == "" and evict["request_phase"] == ""
+    assert (
+        evict["op"] == "evict" and evict["host_ms"] == "" and evict["device_ms"] == "" and evict["request_phase"] == ""
+    )
     if suffix == ".csv.zst":
         import zstandard
 
@@ -98,8 +100,9 @@ def test_killed_process_leaves_rows_up_to_the_last_flush(tmp_path, suffix):
 
 
 def test_as_the_store_op_listener(tmp_path):
-    store = TieredStore([CPUTier(3 * 4096), DiskTier(str(tmp_path / "d"), 1 << 20, "buffered", name="disk")],
-                        target_usage_ratio=0.7)
+    store = TieredStore(
+        [CPUTier(3 * 4096), DiskTier(str(tmp_path / "d"), 1 << 20, "buffered", name="disk")], target_usage_ratio=0.7
+    )
     with IOTraceLog(tmp_path / "t.csv") as log:
         store.op_listener = log
         payload = memoryview(bytes(4096))

@@ -57,7 +57,9 @@ def test_sample_workbook_sheets_and_numbers(tmp_path, sample_doc):
     assert _rows(wb["autoscaling"])[1][0] == "no autoscaling in this run"
     timeline = _table(wb["timeline"])
     assert len(timeline) == len(sample_doc["timeline"])
-    assert timeline[-1]["disk used GB"] == pytest.approx(sample_doc["timeline"][-1]["tiers"]["disk"]["used_bytes"] / 1e9)
+    assert timeline[-1]["disk used GB"] == pytest.approx(
+        sample_doc["timeline"][-1]["tiers"]["disk"]["used_bytes"] / 1e9
+    )
     assert not [f for f in os.listdir(path.parent) if f != "run.xlsx"]  # the temp file was renamed, none left
 
 
@@ -76,8 +78,10 @@ def test_qos_autoscaling_clients_sheets(tmp_path, full_doc):
         assert row["SLA"] == ("met" if c["sla"]["met"] else "missed")
     steps = _table(wb["autoscaling"])
     assert [r["users"] for r in steps] == [s["users"] for s in full_doc["autoscaling_stats"]]
-    assert steps[7]["action"] == "peak_found" and steps[0]["throughput_tokens_per_sec"] == \
-        full_doc["autoscaling_stats"][0]["throughput_tokens_per_sec"]
+    assert (
+        steps[7]["action"] == "peak_found"
+        and steps[0]["throughput_tokens_per_sec"] == full_doc["autoscaling_stats"][0]["throughput_tokens_per_sec"]
+    )
     assert [r["client"] for r in _table(wb["clients"])] == ["client-0", "client-1"]
     summary = _kv(wb["summary"])
     assert summary["bytes_saved_gb"] == 3.25 and summary["chunk_hits"] == 150  # prefix cache and RAG sections

@@ -8,7 +8,7 @@ submit_lookup_and_lock_task / submit_load_task / query_* (kvtier's and LMCache's
 collection (collect start/end) and garbage collections over 1 ms. Every other process ignores it. Wall-clock
 nanoseconds, so a client that logs its own send times to the same file gives one timeline.
 
-  PFTRACE_LOG=/tmp/pf.log PYTHONPATH=$PWD/bench/prefetch_timeline deploy/run-stack.sh up --model DIR --kv-dir DIR ...
+  PFTRACE_LOG=/tmp/pf.log PYTHONPATH=$PWD/tools/prefetch_timeline deploy/run-stack.sh up --model DIR --kv-dir DIR ...
 
 This is how the TTFT gap of kvconnector/README.md was traced to a metrics scrape right before each timed request.
 """
@@ -53,15 +53,36 @@ def _wrap_collect(cls) -> None:
 
 # (module, class, wrapper) applied once the module is imported (the server imports them lazily).
 _PATCHES = [
-    ("lmcache.v1.distributed.storage_controllers.prefetch_controller", "PrefetchController",
-     lambda c: [_wrap(c, "submit_prefetch_request"), _wrap(c, "_transition_to_load_phase"),
-                _wrap(c, "_finish_request"), _wrap(c, "query_prefetch_result", True)]),
-    ("kvconnector.lmcache.l2_adapter", "KvtierL2Adapter",
-     lambda c: [_wrap(c, "submit_lookup_and_lock_task"), _wrap(c, "submit_load_task"),
-                _wrap(c, "query_lookup_and_lock_result", True), _wrap(c, "query_load_result", True)]),
-    ("lmcache.v1.distributed.l2_adapters.fs_l2_adapter", "FSL2Adapter",
-     lambda c: [_wrap(c, "submit_lookup_and_lock_task"), _wrap(c, "submit_load_task"),
-                _wrap(c, "query_lookup_and_lock_result", True), _wrap(c, "query_load_result", True)]),
+    (
+        "lmcache.v1.distributed.storage_controllers.prefetch_controller",
+        "PrefetchController",
+        lambda c: [
+            _wrap(c, "submit_prefetch_request"),
+            _wrap(c, "_transition_to_load_phase"),
+            _wrap(c, "_finish_request"),
+            _wrap(c, "query_prefetch_result", True),
+        ],
+    ),
+    (
+        "kvconnector.lmcache.l2_adapter",
+        "KvtierL2Adapter",
+        lambda c: [
+            _wrap(c, "submit_lookup_and_lock_task"),
+            _wrap(c, "submit_load_task"),
+            _wrap(c, "query_lookup_and_lock_result", True),
+            _wrap(c, "query_load_result", True),
+        ],
+    ),
+    (
+        "lmcache.v1.distributed.l2_adapters.fs_l2_adapter",
+        "FSL2Adapter",
+        lambda c: [
+            _wrap(c, "submit_lookup_and_lock_task"),
+            _wrap(c, "submit_load_task"),
+            _wrap(c, "query_lookup_and_lock_result", True),
+            _wrap(c, "query_load_result", True),
+        ],
+    ),
     ("kvconnector.metrics", "BackendCollector", _wrap_collect),
 ]
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvconnector.errors import ConfigError
 
-from .sources.base import open_regular
+from ..sources.base import open_regular
 
 
 class _Section(BaseModel):
@@ -36,7 +36,7 @@ class UserTemplate(_Section):
     weight: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
-    def _ranges(self) -> "UserTemplate":
+    def _ranges(self) -> UserTemplate:
         _check_range("context_tokens", self.context_tokens, 1)
         _check_range("generate_tokens", self.generate_tokens, 0)
         _check_range("think_time_s", self.think_time_s, 0)
@@ -86,11 +86,13 @@ class SystemPrompt(_Section):
 
 class PrefixCacheConfig(_Section):
     # The three common system prompts of the MLPerf spec, with a realistic prefix length each.
-    system_prompts: list[SystemPrompt] = Field(default_factory=lambda: [
-        SystemPrompt(text="You are a helpful assistant.", tokens=512),
-        SystemPrompt(text="You are an AI assistant helping with coding tasks.", tokens=1024),
-        SystemPrompt(text="You are a professional writing assistant.", tokens=768),
-    ])
+    system_prompts: list[SystemPrompt] = Field(
+        default_factory=lambda: [
+            SystemPrompt(text="You are a helpful assistant.", tokens=512),
+            SystemPrompt(text="You are an AI assistant helping with coding tasks.", tokens=1024),
+            SystemPrompt(text="You are a professional writing assistant.", tokens=768),
+        ]
+    )
     # Share of conversations that start with one of the system prompts.
     probability: float = Field(0.8, ge=0, le=1)
 
@@ -129,7 +131,8 @@ class DecodeConfig(_Section):
 
 class GenerationConfig(_Section):
     ms_per_token: dict[Literal["none", "fast", "realistic"], float] = Field(
-        default_factory=lambda: {"none": 0.0, "fast": 2.0, "realistic": 30.0})
+        default_factory=lambda: {"none": 0.0, "fast": 2.0, "realistic": 30.0}
+    )
 
 
 class ShareGPTConfig(_Section):
@@ -219,7 +222,7 @@ class BenchConfig(_Section):
     model_configs: dict[str, ModelConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check(self) -> "BenchConfig":
+    def _check(self) -> BenchConfig:
         if not self.user_templates:
             raise ValueError("user_templates: at least one template is needed")
         if self.prefill_only and self.decode_only:
@@ -231,7 +234,11 @@ class BenchConfig(_Section):
         unknown = set(self.qos_distribution) - set(self.qos_profiles)
         if unknown:
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")
-        if not self.qos_distribution or sum(self.qos_distribution.values()) <= 0 or min(self.qos_distribution.values()) < 0:
+        if (
+            not self.qos_distribution
+            or sum(self.qos_distribution.values()) <= 0
+            or min(self.qos_distribution.values()) < 0
+        ):
             raise ValueError("qos_distribution needs non-negative shares with a positive sum")
         if self.enable_latency_tracing and self.num_clients > 1:
             raise ValueError("--enable-latency-tracing traces one process: not with --num-clients")
@@ -246,8 +253,11 @@ class BenchConfig(_Section):
 
 def _flag(loc: tuple) -> str:
     head = str(loc[0])
-    if len(loc) == 1 and head in BenchConfig.model_fields and not isinstance(
-            BenchConfig.model_fields[head].default, BaseModel):
+    if (
+        len(loc) == 1
+        and head in BenchConfig.model_fields
+        and not isinstance(BenchConfig.model_fields[head].default, BaseModel)
+    ):
         return "--" + head.replace("_", "-")
     return ".".join(str(p) for p in loc)
 

@@ -8,8 +8,8 @@
    --num-users 1000 --generation-mode realistic` on tiny-1b: CPU seconds per request, the process's CPU use (one
    core = 100%) and the I/O workers' busy share (near 100% = storage-bound, not driver-bound).
 
-  python bench/bench_scaling.py                 # both, about 3 minutes
-  python bench/bench_scaling.py --only clients --duration 20
+  python benchmarks/bench_scaling.py                 # both, about 3 minutes
+  python benchmarks/bench_scaling.py --only clients --duration 20
 """
 
 from __future__ import annotations
@@ -27,10 +27,15 @@ ROOT = os.path.join(os.path.dirname(__file__), "..")
 GB = 1e9
 
 CPU_BOUND = {
-    "model": "small", "model_configs": {"small": {"num_layers": 4, "kv_heads": 2, "head_dim": 64}},
+    "model": "small",
+    "model_configs": {"small": {"num_layers": 4, "kv_heads": 2, "head_dim": 64}},
     "user_templates": {"t": {"context_tokens": [8, 32], "generate_tokens": [32, 96], "think_time_s": [0, 0]}},
-    "gpu_mem_gb": 0, "cpu_mem_gb": 2, "storage_capacity_gb": 1, "performance_profile": "throughput",
-    "random_buffer_mb": 64, "progress": False,
+    "gpu_mem_gb": 0,
+    "cpu_mem_gb": 2,
+    "storage_capacity_gb": 1,
+    "performance_profile": "throughput",
+    "random_buffer_mb": 64,
+    "progress": False,
 }
 
 
@@ -39,8 +44,13 @@ def run_bench(cfg: dict, workdir: str, name: str) -> tuple[dict, dict]:
     cfg = dict(cfg, output=os.path.join(workdir, f"{name}.json"), cache_dir=os.path.join(workdir, "cache"))
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
-    proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "bench", "--config", path], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replay.cli", "bench", "--config", path],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, _, rusage = os.wait4(proc.pid, 0)
     proc.returncode = 0
     with open(cfg["output"]) as f:
@@ -67,21 +77,32 @@ def clients(duration: float, users: int) -> None:
 
 
 def many_users(duration: float, users: int) -> None:
-    cfg = {"model": "tiny-1b", "num_users": users, "generation_mode": "realistic", "duration": duration,
-           "gpu_mem_gb": 0, "progress": False, "seed": 1}
+    cfg = {
+        "model": "tiny-1b",
+        "num_users": users,
+        "generation_mode": "realistic",
+        "duration": duration,
+        "gpu_mem_gb": 0,
+        "progress": False,
+        "seed": 1,
+    }
     with tempfile.TemporaryDirectory(dir="/var/tmp") as wd:
         doc, r = run_bench(cfg, wd, "many")
     s = doc["summary"]
     el = s["elapsed_time"]
     print(f"\n2) {users} users, tiny-1b, --generation-mode realistic, {duration:g} s, one process")
-    print(f"requests completed {s['total_requests']:,} ({s['requests_per_second']:.1f}/s), tier bandwidth "
-          f"{tier_gbps(doc):.2f} GB/s, disk read {s['cache_stats']['tier_storage_read_bandwidth_gbps']:.2f} GB/s, "
-          f"write {s['cache_stats']['tier_storage_write_bandwidth_gbps']:.2f} GB/s")
+    print(
+        f"requests completed {s['total_requests']:,} ({s['requests_per_second']:.1f}/s), tier bandwidth "
+        f"{tier_gbps(doc):.2f} GB/s, disk read {s['cache_stats']['tier_storage_read_bandwidth_gbps']:.2f} GB/s, "
+        f"write {s['cache_stats']['tier_storage_write_bandwidth_gbps']:.2f} GB/s"
+    )
     per_req = r["cpu_s"] / max(1, s["total_requests"]) * 1000
     per_gb = r["cpu_s"] / max(1e-9, tier_gbps(doc) * el)
-    print(f"process CPU {r['cpu_s']:.1f} s over {el:.1f} s = {r['cpu_s'] / el:.0%} of one core; "
-          f"{per_req:.1f} CPU-ms per request ({per_gb:.2f} CPU-s per GB moved); "
-          f"I/O workers busy {s['io_saturation']:.0%} of the time")
+    print(
+        f"process CPU {r['cpu_s']:.1f} s over {el:.1f} s = {r['cpu_s'] / el:.0%} of one core; "
+        f"{per_req:.1f} CPU-ms per request ({per_gb:.2f} CPU-s per GB moved); "
+        f"I/O workers busy {s['io_saturation']:.0%} of the time"
+    )
     print("driver-bound would show: CPU near 100% of one core with I/O workers idle; storage-bound: the reverse")
 
 

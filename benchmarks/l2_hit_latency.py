@@ -4,9 +4,9 @@ LMCache's fs adapter (use_odirect), same keys, same chunk size, same page-aligne
 
 A hit is what the LMCache MP server does for a cached prefix: lookup-and-lock of the prefix's chunk keys, then one load
 task for all of them, then unlock. Before each hit the page cache is dropped (root). This separates the adapters' own
-cost from what happens around them in the e2e stack (bench/ttft_kvtier_vs_lmcache.py measures the whole TTFT).
+cost from what happens around them in the e2e stack (benchmarks/ttft_kvtier_vs_lmcache.py measures the whole TTFT).
 
-  sudo .venv/bin/python bench/l2_hit_latency.py --chunks 5 --chunk-kib 128 --repeats 20
+  sudo .venv/bin/python benchmarks/l2_hit_latency.py --chunks 5 --chunk-kib 128 --repeats 20
 """
 
 from __future__ import annotations
@@ -72,29 +72,42 @@ def main() -> int:
     from lmcache.v1.distributed.l2_adapters import create_l2_adapter
     from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2AdapterConfig
     from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
-
     from lmcache_vs_kvtier import make_objs
 
     logging.getLogger("lmcache").setLevel(logging.ERROR)
     nbytes = a.chunk_kib << 10
-    keys = [ObjectKey(i.to_bytes(8, "big"), "bench/model", 0) for i in range(a.chunks)]
+    keys = [ObjectKey(i.to_bytes(8, "big"), "benchmarks/model", 0) for i in range(a.chunks)]
     src_pairs, dst_pairs = make_objs(a.chunks, nbytes, True), make_objs(a.chunks, nbytes, False)
     src, dst = [o for _, o in src_pairs], [o for _, o in dst_pairs]
     sides = {
-        "kvtier (direct)": lambda d: create_l2_adapter(PluginL2AdapterConfig.from_dict({
-            "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
-            "adapter_params": {"disk_dir": d, "disk_capacity_gb": 1, "io_mode": "direct", "snapshot_path": "",
-                               "rescan_on_start": False}})),
-        "lmcache-fs (use_odirect)": lambda d: create_l2_adapter(FSL2AdapterConfig.from_dict(
-            {"base_path": d, "use_odirect": True})),
+        "kvtier (direct)": lambda d: create_l2_adapter(
+            PluginL2AdapterConfig.from_dict(
+                {
+                    "module_path": "kvconnector.lmcache.l2_adapter",
+                    "class_name": "KvtierL2Adapter",
+                    "adapter_params": {
+                        "disk_dir": d,
+                        "disk_capacity_gb": 1,
+                        "io_mode": "direct",
+                        "snapshot_path": "",
+                        "rescan_on_start": False,
+                    },
+                }
+            )
+        ),
+        "lmcache-fs (use_odirect)": lambda d: create_l2_adapter(
+            FSL2AdapterConfig.from_dict({"base_path": d, "use_odirect": True})
+        ),
     }
     print(f"{a.chunks} chunks of {a.chunk_kib} KiB per hit, {a.repeats} cold hits per side")
     print(f"{'side':<26}{'lookup p50 ms':>14}{'load p50 ms':>13}{'load p90 ms':>13}")
     for name, make in sides.items():
         lookups, loads = one_side(make, os.path.join(a.dir, name.split()[0]), keys, src, dst, a.repeats)
         loads.sort()
-        print(f"{name:<26}{statistics.median(lookups):>14.2f}{statistics.median(loads):>13.2f}"
-              f"{loads[int(0.9 * (len(loads) - 1))]:>13.2f}")
+        print(
+            f"{name:<26}{statistics.median(lookups):>14.2f}{statistics.median(loads):>13.2f}"
+            f"{loads[int(0.9 * (len(loads) - 1))]:>13.2f}"
+        )
     return 0
 
 

@@ -10,7 +10,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .outputs._common import sla_verdict_text
+from ..outputs._common import sla_verdict_text
+
+# Set for each process of --num-clients: the file its live figures go to, for the parent's aggregate view.
+STATUS_ENV = "KVTIER_CLIENT_STATUS"
 
 _VERDICT = {"met": "met", "missed": "MISSED", "no data": "no data"}
 
@@ -21,8 +24,9 @@ class LiveView:
     """A one-line live status (elapsed, requests, read/write GB/s over the last interval, tier occupancy).
     On a non-terminal it prints a plain line every `plain_every_s` seconds instead."""
 
-    def __init__(self, duration_s: float, enabled: bool = True, plain_every_s: float = 10.0,
-                 status_file: str | None = None) -> None:
+    def __init__(
+        self, duration_s: float, enabled: bool = True, plain_every_s: float = 10.0, status_file: str | None = None
+    ) -> None:
         self.console = Console(stderr=True)
         # A multi-client parent reads each client's latest snapshot from here for its aggregate view.
         self.status_file = status_file
@@ -33,7 +37,7 @@ class LiveView:
         self._prev: dict | None = None
         self._last_plain = 0.0
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         if self.enabled and self.console.is_terminal:
             self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()
@@ -53,8 +57,10 @@ class LiveView:
         wr = (snap["written_bytes"] - prev["written_bytes"]) / GB / dt
         tiers = "  ".join(f"{name} {t['entries']}e/{t['used_bytes'] / GB:.2f}GB" for name, t in snap["tiers"].items())
         users = f"users {snap['users']}  " if snap.get("users") else ""
-        line = (f"{snap['t_s']:6.1f}/{self.duration_s:g}s  {users}requests {snap['requests']:>7}  "
-                f"read {rd:6.2f} GB/s  write {wr:6.2f} GB/s  |  {tiers}")
+        line = (
+            f"{snap['t_s']:6.1f}/{self.duration_s:g}s  {users}requests {snap['requests']:>7}  "
+            f"read {rd:6.2f} GB/s  write {wr:6.2f} GB/s  |  {tiers}"
+        )
         if self._live:
             self._live.update(Text(line))
         elif self.enabled and time.monotonic() - self._last_plain >= self.plain_every_s:
@@ -81,7 +87,7 @@ class SetupProgress:
         self._progress = None
         self._tasks: dict[str, int] = {}
 
-    def __enter__(self) -> "SetupProgress":
+    def __enter__(self) -> SetupProgress:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,8 +100,14 @@ class SetupProgress:
         if self._progress is None:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                                      TimeRemainingColumn(), console=self.console, transient=True)
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.percentage:>3.0f}%"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self._progress.__enter__()
         if step not in self._tasks:
             self._tasks[step] = self._progress.add_task(step, total=total)
@@ -108,8 +120,11 @@ def _ms(d: dict, key: str) -> str:
 
 def summary_tables(doc: dict) -> list[Table]:
     s = doc["summary"]
-    run = Table(title=f"kvtier bench: {doc['model']['name']} ({doc['model']['bytes_per_token']:,} B/token), "
-                      f"status {doc['status']}", show_header=False)
+    run = Table(
+        title=f"kvtier bench: {doc['model']['name']} ({doc['model']['bytes_per_token']:,} B/token), "
+        f"status {doc['status']}",
+        show_header=False,
+    )
     run.add_column(style="bold")
     run.add_column(justify="right")
     run.add_row("elapsed", f"{s['elapsed_time']:.1f} s")
@@ -121,31 +136,46 @@ def summary_tables(doc: dict) -> list[Table]:
         run.add_row("workload", f"{wl['source']}" + (" (timed)" if wl.get("timed") else ""))
     pc = s.get("prefix_cache_stats", {})
     if pc.get("enabled") and pc["hits"] + pc["misses"]:
-        run.add_row("system-prompt prefix hit rate", f"{pc['hit_rate']:.1%} ({pc['bytes_saved_gb']:.2f} GB not rewritten)")
+        run.add_row(
+            "system-prompt prefix hit rate", f"{pc['hit_rate']:.1%} ({pc['bytes_saved_gb']:.2f} GB not rewritten)"
+        )
     rag = s.get("rag_stats", {})
     if rag.get("enabled"):
         run.add_row("RAG queries / chunk hit rate", f"{rag['queries']:,} / {rag['chunk_hit_rate']:.1%}")
     auto = s.get("autoscaling_summary")
     if auto:
-        run.add_row("autoscaler", f"{auto['mode']}: final {auto['final_users']} users; peak "
-                    f"{auto['peak_throughput_tokens_per_sec']:,.0f} tok/s at {auto['peak_users']} users")
+        run.add_row(
+            "autoscaler",
+            f"{auto['mode']}: final {auto['final_users']} users; peak "
+            f"{auto['peak_throughput_tokens_per_sec']:,.0f} tok/s at {auto['peak_users']} users",
+        )
     cs = s["cache_stats"]
-    run.add_row("cache hit rate", f"{cs['cache_hit_rate']:.1%} ({cs['cache_hits']:,} hits, {cs['cache_misses']:,} misses)")
+    run.add_row(
+        "cache hit rate", f"{cs['cache_hit_rate']:.1%} ({cs['cache_hits']:,} hits, {cs['cache_misses']:,} misses)"
+    )
     if s["multi_turn_stats"]["enabled"]:
         mt = s["multi_turn_stats"]
         tries = mt["previous_turn_hits"] + mt["previous_turn_misses"]
-        run.add_row("previous-turn hit rate", f"{mt['hit_rate']:.1%} of {tries:,}" if tries else "n/a (no later turns yet)")
+        run.add_row(
+            "previous-turn hit rate", f"{mt['hit_rate']:.1%} of {tries:,}" if tries else "n/a (no later turns yet)"
+        )
     blk = doc.get("block_device")
     if blk:
-        run.add_row(f"block device {blk['device']} (whole device)",
-                    f"read {blk['read_bytes'] / GB:.2f} GB ({blk['read_gbps']:.2f} GB/s), "
-                    f"written {blk['written_bytes'] / GB:.2f} GB ({blk['write_gbps']:.2f} GB/s)")
+        run.add_row(
+            f"block device {blk['device']} (whole device)",
+            f"read {blk['read_bytes'] / GB:.2f} GB ({blk['read_gbps']:.2f} GB/s), "
+            f"written {blk['written_bytes'] / GB:.2f} GB ({blk['write_gbps']:.2f} GB/s)",
+        )
 
     lat = Table(title="request latency (ms)")
     for col in ("", "mean", "p50", "p95", "p99", "p99.9"):
         lat.add_column(col, justify="right" if col else "left")
-    for name, key in (("end to end", "end_to_end_latency_ms"), ("storage I/O", "storage_io_latency_ms"),
-                      ("generation", "generation_latency_ms"), ("queue wait", "queue_wait_latency_ms")):
+    for name, key in (
+        ("end to end", "end_to_end_latency_ms"),
+        ("storage I/O", "storage_io_latency_ms"),
+        ("generation", "generation_latency_ms"),
+        ("queue wait", "queue_wait_latency_ms"),
+    ):
         d = s[key]
         lat.add_row(name, _ms(d, "mean"), _ms(d, "p50"), _ms(d, "p95"), _ms(d, "p99"), _ms(d, "p999"))
 
@@ -154,13 +184,22 @@ def summary_tables(doc: dict) -> list[Table]:
         tiers.add_column(col, justify="left" if col == "tier op" else "right")
     elapsed = max(s["elapsed_time"], 1e-9)
     for name, t in doc["tiers"].items():
-        run.add_row(f"{name} tier ({t.get('io_mode', t['kind'])})",
-                    f"{t['entries']:,} entries, {t['used_bytes'] / GB:.2f} of {t['capacity_bytes'] / GB:.1f} GB")
+        run.add_row(
+            f"{name} tier ({t.get('io_mode', t['kind'])})",
+            f"{t['entries']:,} entries, {t['used_bytes'] / GB:.2f} of {t['capacity_bytes'] / GB:.1f} GB",
+        )
         for op in ("read", "write"):
             o = t[op]
-            tiers.add_row(f"{name} {op}", f"{o['ops']:,}", f"{o['bytes'] / GB:.2f}", f"{o['bytes'] / GB / elapsed:.2f}",
-                          _ms(o["latency_ms"], "p50"), _ms(o["latency_ms"], "p99"), _ms(o["host_ms"], "p99"),
-                          _ms(o["device_ms"], "p99"))
+            tiers.add_row(
+                f"{name} {op}",
+                f"{o['ops']:,}",
+                f"{o['bytes'] / GB:.2f}",
+                f"{o['bytes'] / GB / elapsed:.2f}",
+                _ms(o["latency_ms"], "p50"),
+                _ms(o["latency_ms"], "p99"),
+                _ms(o["host_ms"], "p99"),
+                _ms(o["device_ms"], "p99"),
+            )
     tables = [run, lat, tiers]
     qos = s.get("qos_metrics") or {}
     if qos:
@@ -169,8 +208,15 @@ def summary_tables(doc: dict) -> list[Table]:
             q.add_column(col, justify="left" if col in ("class", "SLA") else "right")
         for name, c in sorted(qos.items(), key=lambda kv: -kv[1]["priority"]):
             sv = c["service_latency_ms"]
-            q.add_row(name, f"{c['requests']:,}", _ms(sv, "p95"), f"{c['sla']['target_p95_ms']:g}", _ms(sv, "p99"),
-                      f"{c['sla']['target_p99_ms']:g}", _VERDICT[sla_verdict_text(c)])
+            q.add_row(
+                name,
+                f"{c['requests']:,}",
+                _ms(sv, "p95"),
+                f"{c['sla']['target_p95_ms']:g}",
+                _ms(sv, "p99"),
+                f"{c['sla']['target_p99_ms']:g}",
+                _VERDICT[sla_verdict_text(c)],
+            )
         tables.append(q)
     steps = doc.get("autoscaling_stats") or []
     if steps:
@@ -178,8 +224,14 @@ def summary_tables(doc: dict) -> list[Table]:
         for col in ("t s", "users", "tok/s", "saturation", "action", "reason"):
             a.add_column(col, justify="left" if col in ("action", "reason") else "right")
         for st in steps[-12:]:
-            a.add_row(f"{st['t_s']:.0f}", str(st["users"]), f"{st['throughput_tokens_per_sec']:,.0f}",
-                      f"{st['saturation']:.2f}", st["action"], st["reason"])
+            a.add_row(
+                f"{st['t_s']:.0f}",
+                str(st["users"]),
+                f"{st['throughput_tokens_per_sec']:,.0f}",
+                f"{st['saturation']:.2f}",
+                st["action"],
+                st["reason"],
+            )
         tables.append(a)
     return tables
 

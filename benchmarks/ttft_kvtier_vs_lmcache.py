@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ttft_kvtier_vs_lmcache.py	TTFT of a cached prompt served cold from L2: kvtier's disk tier vs LMCache's fs adapter.
 
-usage: bench/ttft_kvtier_vs_lmcache.py [--model DIR] [--dir DIR] [--repeats 10] [--rounds 2]
+usage: benchmarks/ttft_kvtier_vs_lmcache.py [--model DIR] [--dir DIR] [--repeats 10] [--rounds 2]
                                        [--prompt-tokens 1300] [--max-tokens 1] [--io-mode direct|buffered]
                                        [--l2 kvtier,lmcache-fs] [--json OUT]
 
@@ -29,7 +29,7 @@ A request that fails a check is reported and left out of the percentiles. Percen
 repeats x rounds samples (a bounded list). Needs root (drop_caches, /proc/PID/io); stops the stack even on errors.
 
 example (2 cores, virtio disk, tiny model, 185 s; kvconnector/README.md says how to read it):
-  $ sudo .venv/bin/python bench/ttft_kvtier_vs_lmcache.py --dir /var/tmp/ttft-lvk
+  $ sudo .venv/bin/python benchmarks/ttft_kvtier_vs_lmcache.py --dir /var/tmp/ttft-lvk
   backend     L2 adapter                  uncached p50  L1-hit p50  L2-hit p50  L2-hit p90  L2 hits ok
   kvtier      kvtier disk (O_DIRECT)           46.9 ms     41.7 ms     40.7 ms     58.1 ms     20/20
   lmcache-fs  LMCache fs (use_odirect)         45.4 ms     39.3 ms     43.7 ms     50.3 ms     20/20
@@ -56,8 +56,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 CHUNK_TOKENS = 256  # run-stack.sh's default LMCache chunk size
-LABELS = {("kvtier", "direct"): "kvtier disk (O_DIRECT)", ("kvtier", "buffered"): "kvtier disk (buffered)",
-          ("lmcache-fs", "direct"): "LMCache fs (use_odirect)", ("lmcache-fs", "buffered"): "LMCache fs (buffered)"}
+LABELS = {
+    ("kvtier", "direct"): "kvtier disk (O_DIRECT)",
+    ("kvtier", "buffered"): "kvtier disk (buffered)",
+    ("lmcache-fs", "direct"): "LMCache fs (use_odirect)",
+    ("lmcache-fs", "buffered"): "LMCache fs (buffered)",
+}
 
 
 class BenchError(Exception):
@@ -81,8 +85,16 @@ def read_bytes(pid: int) -> int:
 def stream_ttft(base: str, prompt: str, max_tokens: int, timeout_s: float = 60) -> dict:
     """One streaming completion. Never raises: {'ok', 'ttft_ms', 'text', 'prompt_tokens', 'error'}."""
     host, port = base.removeprefix("http://").split(":")
-    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}})
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     out = {"ok": False, "ttft_ms": None, "text": "", "prompt_tokens": None, "error": None}
     try:
@@ -145,7 +157,7 @@ def prompts(model: str, n_tokens: int, n_fresh: int) -> tuple[str, list[str]]:
     step = 37
     if len(ids) < n_tokens + step * n_fresh:
         raise BenchError(f"typing.py is too short for {n_fresh} fresh prompts of {n_tokens} tokens")
-    return fixed, [tok.decode(ids[i * step: i * step + n_tokens]) for i in range(n_fresh)]
+    return fixed, [tok.decode(ids[i * step : i * step + n_tokens]) for i in range(n_fresh)]
 
 
 class Side:
@@ -158,16 +170,34 @@ class Side:
         self.kv, self.state = work / "kv", work / "state"
         self.chunks = a.prompt_tokens // CHUNK_TOKENS
         self.stack = None
-        self.res = {"backend": l2, "l2_adapter": LABELS[(l2, a.io_mode)], "io_mode": a.io_mode, "uncached": [],
-                    "l1_hit": [], "l2_hit": [], "l2_read_bytes": [], "failed": [],
-                    "hit_tokens_expected": self.chunks * CHUNK_TOKENS}
+        self.res = {
+            "backend": l2,
+            "l2_adapter": LABELS[(l2, a.io_mode)],
+            "io_mode": a.io_mode,
+            "uncached": [],
+            "l1_hit": [],
+            "l2_hit": [],
+            "l2_read_bytes": [],
+            "failed": [],
+            "hit_tokens_expected": self.chunks * CHUNK_TOKENS,
+        }
 
     def up(self) -> None:
         from kvtier_stack import up
 
         t0 = time.monotonic()
-        self.stack = up(self.state, self.a.model, self.kv, "--l2", self.l2, "--io-mode", self.a.io_mode,
-                        "--disk-gb", "1", timeout_s=240)
+        self.stack = up(
+            self.state,
+            self.a.model,
+            self.kv,
+            "--l2",
+            self.l2,
+            "--io-mode",
+            self.a.io_mode,
+            "--disk-gb",
+            "1",
+            timeout_s=240,
+        )
         self.res["start_s"] = round(time.monotonic() - t0, 1)
         pids = dict(line.split() for line in (self.state / "pids").read_text().splitlines())
         self.lm_pid = int(pids["lmcache0"])
@@ -201,8 +231,9 @@ class Side:
         else:  # the fs adapter writes one <key>.data file per chunk
             stored = wait_for(lambda: len(list(self.kv.glob("*.data"))) >= n, 30)
         if not stored:
-            raise BenchError(f"[{self.l2}] the chunks were not stored in L2 within 30 s; "
-                             f"log: {self.state}/lmcache0.log")
+            raise BenchError(
+                f"[{self.l2}] the chunks were not stored in L2 within 30 s; log: {self.state}/lmcache0.log"
+            )
 
     def clear_l1(self) -> None:
         clear_l1(self.stack.inst(0)["lmcache_http"])
@@ -239,8 +270,9 @@ class Side:
         else:
             self.res["l2_hit"].append(r["ttft_ms"])
         ms = r["ttft_ms"] if r["ttft_ms"] is not None else float("nan")
-        return (f"{self.l2} L2 {ms:.1f} ms ({hit_tokens:.0f} tok, {disk_bytes / 1024:.0f} KiB read)"
-                + (" FAILED: " + "; ".join(problems) if problems else ""))
+        return f"{self.l2} L2 {ms:.1f} ms ({hit_tokens:.0f} tok, {disk_bytes / 1024:.0f} KiB read)" + (
+            " FAILED: " + "; ".join(problems) if problems else ""
+        )
 
     def l1_hit(self, fixed: str) -> str:
         r = stream_ttft(self.v, fixed, self.a.max_tokens)
@@ -299,18 +331,32 @@ def run(a, backends: list[str], fixed: str, fresh: list[str], log, results: list
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="/var/tmp/kvtier-tiny-model",
-                    help="model dir; built with deploy/make-tiny-model.py when missing")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model",
+        default="/var/tmp/kvtier-tiny-model",
+        help="model dir; built with deploy/make-tiny-model.py when missing",
+    )
     ap.add_argument("--dir", default="/var/tmp/ttft-kvtier-vs-lmcache", help="work dir (kv dirs, state; wiped)")
     ap.add_argument("--repeats", type=int, default=10, help="measurements per stack start")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="stack starts per backend, in ABBA order (samples per backend: repeats x rounds)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="stack starts per backend, in ABBA order (samples per backend: repeats x rounds)",
+    )
     ap.add_argument("--prompt-tokens", type=int, default=1300)
     ap.add_argument("--max-tokens", type=int, default=1)
-    ap.add_argument("--io-mode", choices=["direct", "buffered"], default="direct",
-                    help="both backends: direct = kvtier O_DIRECT / LMCache fs use_odirect")
+    ap.add_argument(
+        "--io-mode",
+        choices=["direct", "buffered"],
+        default="direct",
+        help="both backends: direct = kvtier O_DIRECT / LMCache fs use_odirect",
+    )
     ap.add_argument("--l2", default="kvtier,lmcache-fs", help="backends, in order")
     ap.add_argument("--json", help="write all samples and the summary here")
     a = ap.parse_args()
@@ -333,8 +379,9 @@ def main() -> int:
             raise BenchError("--prompt-tokens >= 256, --repeats, --rounds and --max-tokens >= 1")
         if not Path(a.model, "config.json").exists():
             log(f"building the tiny model in {a.model}")
-            subprocess.run([sys.executable, str(ROOT / "deploy" / "make-tiny-model.py"), a.model], check=True,
-                           capture_output=True)
+            subprocess.run(
+                [sys.executable, str(ROOT / "deploy" / "make-tiny-model.py"), a.model], check=True, capture_output=True
+            )
         fixed, fresh = prompts(a.model, a.prompt_tokens, a.repeats + 2)
         gc.freeze()  # the tokenizer's large heap is never collected again: full collections stay short
         t0 = time.monotonic()
@@ -355,27 +402,37 @@ def main() -> int:
 
 def report(a, results: list[dict], wall_s: float) -> None:
     for r in results:
-        r["summary_ms"] = {k: {"p50": nearest_rank(r[k], 0.5), "p90": nearest_rank(r[k], 0.9), "n": len(r[k])}
-                           for k in ("uncached", "l1_hit", "l2_hit")}
+        r["summary_ms"] = {
+            k: {"p50": nearest_rank(r[k], 0.5), "p90": nearest_rank(r[k], 0.9), "n": len(r[k])}
+            for k in ("uncached", "l1_hit", "l2_hit")
+        }
 
     def f(x):
         return f"{x:8.1f} ms" if x is not None else "       n/a"
 
-    print(f"{a.prompt_tokens}-token prompt ({results[0].get('prompt_tokens')} as served), max_tokens {a.max_tokens}, "
-          f"{a.repeats} repeats x {a.rounds} stack starts per backend (ABBA), TTFT client-side;\n"
-          f"L2 hits cold (L1 cleared, page cache dropped); run took {wall_s:.0f} s")
-    print(f"{'backend':11} {'L2 adapter':27} {'uncached p50':>12} {'L1-hit p50':>11} {'L2-hit p50':>11} "
-          f"{'L2-hit p90':>11}  L2 hits ok")
+    print(
+        f"{a.prompt_tokens}-token prompt ({results[0].get('prompt_tokens')} as served), max_tokens {a.max_tokens}, "
+        f"{a.repeats} repeats x {a.rounds} stack starts per backend (ABBA), TTFT client-side;\n"
+        f"L2 hits cold (L1 cleared, page cache dropped); run took {wall_s:.0f} s"
+    )
+    print(
+        f"{'backend':11} {'L2 adapter':27} {'uncached p50':>12} {'L1-hit p50':>11} {'L2-hit p50':>11} "
+        f"{'L2-hit p90':>11}  L2 hits ok"
+    )
     for r in results:
         s = r["summary_ms"]
-        print(f"{r['backend']:11} {r['l2_adapter']:27} {f(s['uncached']['p50']):>12} {f(s['l1_hit']['p50']):>11} "
-              f"{f(s['l2_hit']['p50']):>11} {f(s['l2_hit']['p90']):>11}  "
-              f"{s['l2_hit']['n']:5}/{a.repeats * a.rounds}")
+        print(
+            f"{r['backend']:11} {r['l2_adapter']:27} {f(s['uncached']['p50']):>12} {f(s['l1_hit']['p50']):>11} "
+            f"{f(s['l2_hit']['p50']):>11} {f(s['l2_hit']['p90']):>11}  "
+            f"{s['l2_hit']['n']:5}/{a.repeats * a.rounds}"
+        )
     by = {r["backend"]: r["summary_ms"]["l2_hit"] for r in results}
     if by.get("kvtier", {}).get("p50") and by.get("lmcache-fs", {}).get("p50"):
         k, m = by["kvtier"], by["lmcache-fs"]
-        print(f"ratio L2-hit kvtier / lmcache-fs: p50 {k['p50'] / m['p50']:.2f}x, p90 {k['p90'] / m['p90']:.2f}x "
-              f"(< 1: kvtier faster)")
+        print(
+            f"ratio L2-hit kvtier / lmcache-fs: p50 {k['p50'] / m['p50']:.2f}x, p90 {k['p90'] / m['p90']:.2f}x "
+            f"(< 1: kvtier faster)"
+        )
     for r in results:
         for fl in r["failed"]:
             print(f"{r['backend']}: {fl['where']} left out: {'; '.join(fl['problems'])}")

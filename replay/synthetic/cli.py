@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
-import signal
 import sys
 import time
 
 from kvconnector.errors import ConfigError, KvtierError
 from kvconnector.models import CATALOG
 
-from .bench_config import BenchConfig, load_config
-from .bench_view import LiveView, SetupProgress, print_summary
-from .cli_common import Interrupted, OneLineParser, exit_code, fail, stop_signals_raise
-from .outputs.paths import check_outputs, default_results_path, write_results
-from .synthetic.bench import Bench
-
-PROG = "kvtier bench"
+from ..cli_common import Interrupted, OneLineParser, stop_signals_raise
+from ..outputs.paths import check_outputs, default_results_path
+from .bench import Bench
+from .config import BenchConfig, load_config
+from .finish import PROG, _fail, finish
+from .multiclient import run_clients
+from .view import STATUS_ENV, LiveView, SetupProgress
 
 EXAMPLES = """\
 examples:
@@ -68,32 +66,55 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = p.add_argument
     w = p.add_argument_group("workload").add_argument
-    w("--model", help=f"one of {', '.join(CATALOG)}, a name from config model_configs, or a Hugging Face config.json (default tiny-1b)")
+    w(
+        "--model",
+        help=f"one of {', '.join(CATALOG)}, a name from config model_configs, or a Hugging Face config.json (default tiny-1b)",
+    )
     w("--kv-dtype", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="KV cache element type (default bf16)")
     w("--num-users", type=int, help="simulated users (default 100)")
     w("--duration", type=float, help="run window in seconds (default 60)")
     w("--max-requests", type=int, help="stop after this many completed requests (default 0 = no limit)")
     w("--request-rate", type=float, help="cap on requests started per second (default 0 = closed loop)")
     w("--seed", type=int, help="seed for users, sizes and payloads (repeatable runs)")
-    w("--max-context-tokens", type=int,
-      help="cap on a request's tokens, below the model's context length; longer ones are cut and counted")
+    w(
+        "--max-context-tokens",
+        type=int,
+        help="cap on a request's tokens, below the model's context length; longer ones are cut and counted",
+    )
     w("--disable-multi-turn", action="store_true", help="every conversation has one turn")
     w("--disable-prefix-caching", action="store_true", help="no shared system-prompt KV entries")
-    w("--generation-mode", choices=["none", "fast", "realistic"],
-      help="simulated GPU time per generated token: none 0 ms, fast 2 ms, realistic 30 ms (default none)")
+    w(
+        "--generation-mode",
+        choices=["none", "fast", "realistic"],
+        help="simulated GPU time per generated token: none 0 ms, fast 2 ms, realistic 30 ms (default none)",
+    )
     w("--decode-batch-size", type=int, help="tokens per decode read (default 32)")
-    w("--performance-profile", choices=["latency", "throughput"],
-      help="latency: users think between requests (default); throughput: back-to-back requests")
+    w(
+        "--performance-profile",
+        choices=["latency", "throughput"],
+        help="latency: users think between requests (default); throughput: back-to-back requests",
+    )
     w("--prefill-only", action="store_true", help="writes only (a prefill node)")
     w("--decode-only", action="store_true", help="reads only, of num_users x 10 pre-populated entries (a decode node)")
-    w("--enable-rag", action="store_true", help="documents ingested as chunk entries; RAG queries read top-k chunks first")
+    w(
+        "--enable-rag",
+        action="store_true",
+        help="documents ingested as chunk entries; RAG queries read top-k chunks first",
+    )
     w("--rag-num-docs", type=int, help="documents to ingest (default 10)")
     w("--rag-top-k", type=int, help="chunks read per RAG query (default 5)")
     w("--enable-autoscaling", action="store_true", help="start and stop users as the autoscaler decides")
-    w("--autoscaler-mode", choices=["qos", "capacity"], help="qos: hold saturation and SLAs; capacity: find peak throughput")
+    w(
+        "--autoscaler-mode",
+        choices=["qos", "capacity"],
+        help="qos: hold saturation and SLAs; capacity: find peak throughput",
+    )
     w("--target-saturation", type=float, help="qos autoscaler's target I/O saturation (default 0.8)")
-    w("--qos-scheduler", choices=["fair", "strict"],
-      help="I/O queue between QoS classes: fair = weighted shares (no class starves), strict = priority (default fair)")
+    w(
+        "--qos-scheduler",
+        choices=["fair", "strict"],
+        help="I/O queue between QoS classes: fair = weighted shares (no class starves), strict = priority (default fair)",
+    )
     s = p.add_argument_group("workload sources").add_argument
     s("--dataset-path", help="ShareGPT JSON: replay real conversations (multi-turn)")
     s("--max-conversations", type=int, help="ShareGPT conversations to load (default 500)")
@@ -106,15 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
     t("--cpu-mem-gb", type=float, help="CPU tier size (default 4; 0 disables)")
     t("--cache-dir", help="where the disk tier writes (a fresh subdirectory per run; default a temp dir in /var/tmp)")
     t("--storage-capacity-gb", type=float, help="disk tier size (default 0 = free space of the filesystem)")
-    t("--io-mode", choices=["direct", "buffered"],
-      help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads (default direct)")
+    t(
+        "--io-mode",
+        choices=["direct", "buffered"],
+        help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads (default direct)",
+    )
     t("--promote-on-hit", action="store_true", help="move entries hit in a lower tier back to the top tier")
     t("--target-usage-ratio", type=float, help="evict to keep each tier below this fill (default 0.8)")
     t("--large-entry-limit-ratio", type=float, help="entries larger than this share of a tier skip it (default 0.95)")
     x = p.add_argument_group("execution").add_argument
     x("--max-concurrent-allocs", type=int, help="limit on concurrent prefill writes (default 0 = no limit)")
     x("--io-workers", type=int, help="threads doing storage I/O (default 8)")
-    x("--num-clients", type=int, help="worker processes, each with its share of users and its own cache subdirectory (default 1)")
+    x(
+        "--num-clients",
+        type=int,
+        help="worker processes, each with its share of users and its own cache subdirectory (default 1)",
+    )
     x("--precondition", action="store_true", help="sequential writes before the run to reach SSD steady state")
     x("--precondition-size-gb", type=float, help="preconditioning volume (default 0 = 2x the disk tier)")
     x("--precondition-threads", type=int, help="preconditioning writers (default 0 = io-workers)")
@@ -125,9 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     o("--io-trace-log", help="one CSV row per storage operation (.zst compresses)")
     o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
     o("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
-    o("--enable-latency-tracing", action="store_true",
-      help="trace the run with bpftrace (root): block and syscall latency histograms and a distilled fio job "
-           "go into the results; the raw trace next to the output")
+    o(
+        "--enable-latency-tracing",
+        action="store_true",
+        help="trace the run with bpftrace (root): block and syscall latency histograms and a distilled fio job "
+        "go into the results; the raw trace next to the output",
+    )
     add("--config", help="config.yaml with any of the keys above and the sections")
     add("--no-progress", action="store_true", help="no live status line")
     add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -156,17 +187,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return cfg
 
 
-def _fail(msg: str, code: int = 2) -> int:
-    return fail(PROG, msg, code)
-
-
 def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
     """Check every output path before anything runs; return (results path, whether it is the default name)."""
     output = cfg.output or default_results_path()
-    check_outputs({"--output": output, "--xlsx-output": cfg.xlsx_output, "--csv-output": cfg.csv_output,
-                   "--io-trace-log": cfg.io_trace_log},
-                  {"--plots": cfg.plots,
-                   "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None})
+    check_outputs(
+        {
+            "--output": output,
+            "--xlsx-output": cfg.xlsx_output,
+            "--csv-output": cfg.csv_output,
+            "--io-trace-log": cfg.io_trace_log,
+        },
+        {"--plots": cfg.plots, "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None},
+    )
     return output, cfg.output is None
 
 
@@ -179,15 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     if cfg.num_clients > 1:
-        from .synthetic.multiclient import run_clients
-
         return run_clients(cfg, output, is_default)
     return run_single(cfg, output, is_default)
 
 
 def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
-    from .synthetic.multiclient import STATUS_ENV
-
     status_file = os.environ.get(STATUS_ENV)  # set when this process is one client of --num-clients
     bench = Bench(cfg)
     trace_log = tracer = None
@@ -203,7 +231,7 @@ def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
                     bench.set_up(on_progress=setup_view.update)
                 phase_hook = None
                 if cfg.io_trace_log:
-                    from .outputs.io_trace import IOTraceLog, set_request_phase
+                    from ..outputs.io_trace import IOTraceLog, set_request_phase
 
                     try:
                         trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
@@ -258,43 +286,3 @@ def stop_tracer(session) -> dict:
         return session.stop()
     except TraceSessionError as exc:  # the run's own results still stand
         return {"error": str(exc)}
-
-
-# Outputs made from the results document at the end: (config key, flag, module under outputs/, function).
-EXTRA_OUTPUTS = (("xlsx_output", "--xlsx-output", "xlsx", "write_xlsx"),
-                 ("csv_output", "--csv-output", "csv_out", "write_csv"),
-                 ("plots", "--plots", "plots", "write_plots"))
-
-
-def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -> int:
-    """Write every requested output, print the summary, and turn the run's status into an exit code. The results
-    JSON is written first and, if its path fails now, to the default location instead: finished work is not lost."""
-    try:
-        output, moved = write_results(output, doc, is_default=is_default)
-    except OSError as exc:
-        print_summary(doc, None)
-        return _fail(f"{exc}; the results could not be saved (the summary above is all there is)", 1)
-    if moved:
-        print(f"kvtier bench: {moved}; results written to {output} instead", file=sys.stderr)
-    extra = []
-    for key, flag, module, func in EXTRA_OUTPUTS:
-        path = getattr(cfg, key)
-        if not path:
-            continue
-        write = getattr(importlib.import_module(f".outputs.{module}", __package__), func)  # lazy: matplotlib, openpyxl
-        try:
-            written = write(doc, path)
-        except OSError as exc:  # the JSON holds everything; this output can be made from it later
-            print(f"kvtier bench: {flag} {path}: not written ({exc.strerror or exc})", file=sys.stderr)
-            continue
-        extra.extend(written if isinstance(written, list) else [path])
-    print_summary(doc, output, extra)
-    if doc["status"] == "failed":
-        err = doc["error"] or "unknown error"
-        hint = " (filesystem full)" if "space" in err else ""
-        return _fail(f"run failed{hint}: {err}; partial results in {output}", 1)
-    if doc["status"] == "interrupted":
-        name = doc.get("stop_signal") or "SIGINT"
-        print(f"kvtier bench: interrupted ({name}); partial results in {output}", file=sys.stderr)
-        return exit_code(signal.Signals[name])
-    return 0

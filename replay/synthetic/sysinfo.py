@@ -49,7 +49,7 @@ class DiskCounters:
     written_bytes: int
     busy_ms: int
 
-    def minus(self, start: "DiskCounters") -> dict:
+    def minus(self, start: DiskCounters) -> dict:
         return {
             "reads": self.reads - start.reads,
             "read_bytes": self.read_bytes - start.read_bytes,

@@ -18,7 +18,7 @@ truncated file, a torn header, half a file): they must all be found and dropped,
 The shared tier is rescanned with stale_tmp_s=0 here: this loop is its only writer (a fleet keeps the default 600 s,
 because a younger temp file may be another instance's write in flight).
 
-  python bench/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash
+  python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-import xxhash  # noqa: E402
+import numpy as np
+import xxhash
 
-from kvconnector.entry_format import ENTRY_NAME, PAGE, TEMP_NAME  # noqa: E402
-from kvconnector.persistence import rescan_dir  # noqa: E402
-from kvconnector.shared_tier import SharedDirTier  # noqa: E402
-from kvconnector.store import TieredStore  # noqa: E402
-from kvconnector.tiers import DiskTier  # noqa: E402
-from kvconnector.timed_io import read_header  # noqa: E402
+from kvconnector.entry_format import ENTRY_NAME, PAGE, TEMP_NAME
+from kvconnector.persistence import rescan_dir
+from kvconnector.shared_tier import SharedDirTier
+from kvconnector.store import TieredStore
+from kvconnector.tiers import DiskTier
+from kvconnector.timed_io import read_header
 
 # Mixed sizes: sub-page, page-aligned, unaligned, and a few repeated sizes so evicted files are reused as spares.
 SIZES = (1000, 4096, 10_000, 65_536, 65_536, 65_536, 200_001, 262_144, 262_144, 1_000_000)
@@ -68,10 +68,16 @@ def modes(round_no: int) -> tuple[str, str]:
 def open_store(d: str, round_no: int, verify_payload: bool = True) -> tuple[TieredStore, list]:
     """The tiers on d, rescanned (bottom tier first, as the backend does), with payload verification."""
     disk_mode, shared_mode = modes(round_no)
-    store = TieredStore([DiskTier(os.path.join(d, "disk"), DISK_BYTES, disk_mode, spare_ratio=SPARE_RATIO),
-                         SharedDirTier(os.path.join(d, "shared"), SHARED_BYTES, shared_mode)])
-    reports = [rescan_dir(store, 1, verify_payload=verify_payload, stale_tmp_s=0.0, shared=True),
-               rescan_dir(store, 0, verify_payload=verify_payload)]
+    store = TieredStore(
+        [
+            DiskTier(os.path.join(d, "disk"), DISK_BYTES, disk_mode, spare_ratio=SPARE_RATIO),
+            SharedDirTier(os.path.join(d, "shared"), SHARED_BYTES, shared_mode),
+        ]
+    )
+    reports = [
+        rescan_dir(store, 1, verify_payload=verify_payload, stale_tmp_s=0.0, shared=True),
+        rescan_dir(store, 0, verify_payload=verify_payload),
+    ]
     return store, reports
 
 
@@ -112,8 +118,14 @@ class Figures:
 
     @property
     def ok(self) -> bool:
-        return not (self.corrupt_served or self.adopted_unreadable or self.acked_lost or self.temp_survived
-                    or self.accounting_mismatch or self.corrupt_dropped < self.corrupt_injected)
+        return not (
+            self.corrupt_served
+            or self.adopted_unreadable
+            or self.acked_lost
+            or self.temp_survived
+            or self.accounting_mismatch
+            or self.corrupt_dropped < self.corrupt_injected
+        )
 
 
 def read_log(path: str) -> list[tuple[str, int]]:
@@ -128,8 +140,12 @@ def read_log(path: str) -> list[tuple[str, int]]:
 
 def corrupt_some(d: str, rng: random.Random) -> int:
     """Damage up to four entry files by hand, one way each; returns how many."""
-    files = sorted(os.path.join(d, t, n) for t in ("disk", "shared") for n in os.listdir(os.path.join(d, t))
-                   if ENTRY_NAME.fullmatch(n))
+    files = sorted(
+        os.path.join(d, t, n)
+        for t in ("disk", "shared")
+        for n in os.listdir(os.path.join(d, t))
+        if ENTRY_NAME.fullmatch(n)
+    )
     victims = rng.sample(files, min(4, len(files)))
     for how, path in zip(("flip", "truncate", "header", "half"), victims):
         size = os.path.getsize(path)
@@ -182,8 +198,9 @@ def check_restart(d: str, round_no: int, f: Figures, last_acked: str | None, ver
         store.close()
 
 
-def run_loop(d: str, kills: int, seed: int = 0, corrupt_every: int = 0, max_acks: int = 40,
-             verify_payload: bool = True) -> Figures:
+def run_loop(
+    d: str, kills: int, seed: int = 0, corrupt_every: int = 0, max_acks: int = 40, verify_payload: bool = True
+) -> Figures:
     """Kill a writing child `kills` times in d (which must be empty or absent), checking a restart after each.
     `verify_payload=False` restarts with header-only rescans: what the figures must show as a failure."""
     rng = random.Random(seed)
@@ -195,8 +212,21 @@ def run_loop(d: str, kills: int, seed: int = 0, corrupt_every: int = 0, max_acks
         if os.path.exists(log_path):
             os.unlink(log_path)
         target = rng.randrange(max_acks)  # acknowledged puts before the kill: 0 kills it during start-up
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", "--dir", d,
-                                 "--round", str(n), "--seed", str(seed * 100_003 + n), "--log", log_path])
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                "--dir",
+                d,
+                "--round",
+                str(n),
+                "--seed",
+                str(seed * 100_003 + n),
+                "--log",
+                log_path,
+            ]
+        )
         deadline = time.monotonic() + 60
         while len(read_log(log_path)) < target and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -218,25 +248,42 @@ def run_loop(d: str, kills: int, seed: int = 0, corrupt_every: int = 0, max_acks
 
 
 def table(f: Figures) -> str:
-    rows = [("kills (SIGKILL)", f.kills), ("stores acknowledged", f.stores), ("  of them spare overwrites", f.spare_writes),
-            ("adopted by the restarts", f.adopted), ("  read back byte for byte", f.verified),
-            ("corrupt injected by hand", f.corrupt_injected), ("corrupt found and dropped", f.corrupt_dropped),
-            ("  of them torn by a kill", max(0, f.corrupt_dropped - f.corrupt_injected)),
-            ("temp files removed", f.temp_removed), ("second copies removed", f.duplicates_removed),
-            ("corrupt served", f.corrupt_served), ("adopted but unreadable", f.adopted_unreadable),
-            ("acknowledged puts lost", f.acked_lost), ("temp files after rescan", f.temp_survived),
-            ("accounting mismatches", f.accounting_mismatch), ("O_DIRECT fallbacks", f.o_direct_fallbacks),
-            ("elapsed (s)", f.elapsed_s)]
+    rows = [
+        ("kills (SIGKILL)", f.kills),
+        ("stores acknowledged", f.stores),
+        ("  of them spare overwrites", f.spare_writes),
+        ("adopted by the restarts", f.adopted),
+        ("  read back byte for byte", f.verified),
+        ("corrupt injected by hand", f.corrupt_injected),
+        ("corrupt found and dropped", f.corrupt_dropped),
+        ("  of them torn by a kill", max(0, f.corrupt_dropped - f.corrupt_injected)),
+        ("temp files removed", f.temp_removed),
+        ("second copies removed", f.duplicates_removed),
+        ("corrupt served", f.corrupt_served),
+        ("adopted but unreadable", f.adopted_unreadable),
+        ("acknowledged puts lost", f.acked_lost),
+        ("temp files after rescan", f.temp_survived),
+        ("accounting mismatches", f.accounting_mismatch),
+        ("O_DIRECT fallbacks", f.o_direct_fallbacks),
+        ("elapsed (s)", f.elapsed_s),
+    ]
     return "\n".join(f"{k:<28}{v:>10}" for k, v in rows) + f"\n{'result':<28}{'PASS' if f.ok else 'FAIL':>10}"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="example:\n  " + __doc__.rsplit("\n\n", 1)[1].strip(),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="example:\n  " + __doc__.rsplit("\n\n", 1)[1].strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--kills", type=int, default=50, help="how many times the writer is killed (default 50)")
-    ap.add_argument("--dir", help="where the tiers live (must be new or empty; default: a temporary directory, removed)")
+    ap.add_argument(
+        "--dir", help="where the tiers live (must be new or empty; default: a temporary directory, removed)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--corrupt-every", type=int, default=10, help="damage entries by hand before every Nth restart (0 = never)")
+    ap.add_argument(
+        "--corrupt-every", type=int, default=10, help="damage entries by hand before every Nth restart (0 = never)"
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)

@@ -11,10 +11,10 @@ from typing import Any
 
 from kvconnector.errors import ConfigError
 
-from .cli_common import OneLineParser
-from .outputs._common import sla_verdict_text
-from .outputs.paths import atomic_path, check_outputs
-from .sources.base import open_regular
+from ..cli_common import OneLineParser
+from ..outputs._common import sla_verdict_text
+from ..outputs.paths import atomic_path, check_outputs
+from ..sources.base import open_regular
 
 GB = 1e9
 
@@ -102,7 +102,9 @@ def rows_for(docs: list[dict]) -> list[Row]:
     for d in docs:
         classes += [c for c in (_get("summary", "qos_metrics")(d) or {}) if c not in classes]
     for c in classes:
-        rows.append((f"QoS {c} service p99", "ms", _get("summary", "qos_metrics", c, "service_latency_ms", "p99"), "lower"))
+        rows.append(
+            (f"QoS {c} service p99", "ms", _get("summary", "qos_metrics", c, "service_latency_ms", "p99"), "lower")
+        )
         rows.append((f"QoS {c} SLA", "", _verdict(c), None))
     return rows
 
@@ -121,10 +123,15 @@ def build_table(docs: list[dict], labels: list[str], paths: list[str]) -> dict:
     table_rows = []
     for metric, unit, get, better in rows_for(docs):
         values = [get(d) for d in docs]
-        table_rows.append({
-            "metric": metric, "unit": unit, "better": better, "values": values,
-            "ratios": [None] + [ratio(v, values[0]) for v in values[1:]],
-        })
+        table_rows.append(
+            {
+                "metric": metric,
+                "unit": unit,
+                "better": better,
+                "values": values,
+                "ratios": [None] + [ratio(v, values[0]) for v in values[1:]],
+            }
+        )
     return {"runs": [{"label": lab, "path": p} for lab, p in zip(labels, paths)], "rows": table_rows}
 
 
@@ -155,11 +162,13 @@ def _ratio_text(r: float | None, better: str | None) -> str:
 
 
 def render(table: dict):
-    from rich.table import Table  # noqa: PLC0415
+    from rich.table import Table
 
     runs = table["runs"]
-    t = Table(title=f"kvtier compare (ratio: each run / {runs[0]['label']})",
-              caption="block device figures count the whole device, other processes' I/O included")
+    t = Table(
+        title=f"kvtier compare (ratio: each run / {runs[0]['label']})",
+        caption="block device figures count the whole device, other processes' I/O included",
+    )
     t.add_column("metric", no_wrap=True)
     for i, run in enumerate(runs):
         t.add_column(run["label"], justify="right", overflow="fold")
@@ -200,6 +209,7 @@ def load_result(path: str) -> dict:
 
 def default_labels(paths: list[str]) -> list[str]:
     """File names without .json; where two collide, with their parent directory too."""
+
     def name(p: str, depth: int) -> str:
         parts = os.path.normpath(os.path.abspath(p)).split(os.sep)
         stem = parts[-1][:-5] if parts[-1].endswith(".json") else parts[-1]
@@ -214,10 +224,15 @@ def default_labels(paths: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="kvtier compare", description="Side-by-side table of kvtier bench result JSON "
-                                "files, with each run's ratio to the first.", epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", nargs="+", metavar="RESULT.json", help="results of `kvtier bench` (the first is the base)")
+    p = OneLineParser(
+        prog="kvtier compare",
+        description="Side-by-side table of kvtier bench result JSON files, with each run's ratio to the first.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "results", nargs="+", metavar="RESULT.json", help="results of `kvtier bench` (the first is the base)"
+    )
     p.add_argument("--labels", help="comma-separated column names, one per file (default: the file names)")
     p.add_argument("--json", metavar="OUT", dest="json_out", help="also save the table (values and ratios) as JSON")
     return p
@@ -248,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as exc:
         print(f"kvtier compare: {exc}", file=sys.stderr)
         return 2
-    from rich.console import Console  # noqa: PLC0415
+    from rich.console import Console
 
     Console().print(render(table))
     if args.json_out:

@@ -1,6 +1,6 @@
 """Tracer overhead and distiller fidelity, measured (not a timed test).
 
-    sudo .venv/bin/python bench/tracer_overhead.py [--runtime-s 5] [--rounds 2] [--dir /var/tmp]
+    sudo .venv/bin/python benchmarks/tracer_overhead.py [--runtime-s 5] [--rounds 2] [--dir /var/tmp]
 
 Overhead: the same fio job (70% reads of 128 KiB, libaio QD 8, direct; and
 4 KiB random reads, QD 32) is run alternately without the tracer and with
@@ -45,9 +45,21 @@ JOBS = {
 
 
 def fio_run(name: str, args: list[str], path: Path, runtime_s: int, out_json: Path) -> dict:
-    cmd = ["fio", f"--name={name}", f"--filename={path}", "--size=512m", "--direct=1", "--ioengine=libaio",
-           "--thread", "--time_based", f"--runtime={runtime_s}", "--randrepeat=0", "--output-format=json",
-           f"--output={out_json}", *args]
+    cmd = [
+        "fio",
+        f"--name={name}",
+        f"--filename={path}",
+        "--size=512m",
+        "--direct=1",
+        "--ioengine=libaio",
+        "--thread",
+        "--time_based",
+        f"--runtime={runtime_s}",
+        "--randrepeat=0",
+        "--output-format=json",
+        f"--output={out_json}",
+        *args,
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=runtime_s + 120)
     return summary(out_json)
 
@@ -57,8 +69,12 @@ def summary(out_json: Path) -> dict:
     r, w = job["read"], job["write"]
     ios = r["total_ios"] + w["total_ios"]
     lat = ((r["clat_ns"]["mean"] * r["total_ios"] + w["clat_ns"]["mean"] * w["total_ios"]) / ios / 1000) if ios else 0
-    return {"bw_mib_s": (r["bw_bytes"] + w["bw_bytes"]) / 2**20, "iops": r["iops"] + w["iops"],
-            "clat_mean_us": lat, "read_share": r["total_ios"] / ios if ios else 0}
+    return {
+        "bw_mib_s": (r["bw_bytes"] + w["bw_bytes"]) / 2**20,
+        "iops": r["iops"] + w["iops"],
+        "clat_mean_us": lat,
+        "read_share": r["total_ios"] / ios if ios else 0,
+    }
 
 
 class Tracer:
@@ -116,13 +132,19 @@ def main(argv=None) -> int:
                         if job == "randrw70-128k-qd8" and mode == "traced-block-only" and first_trace is None:
                             first_trace, first_orig = tr, s
                     runs[mode].append(s)
-                    print(f"  {job:<18} {mode:<18} round {rnd}: {s['bw_mib_s']:8.1f} MiB/s "
-                          f"{s['iops']:9.0f} IOPS  clat {s['clat_mean_us']:7.0f} us", flush=True)
+                    print(
+                        f"  {job:<18} {mode:<18} round {rnd}: {s['bw_mib_s']:8.1f} MiB/s "
+                        f"{s['iops']:9.0f} IOPS  clat {s['clat_mean_us']:7.0f} us",
+                        flush=True,
+                    )
             base = statistics.median(r["bw_mib_s"] for r in runs["untraced"])
             results["overhead"][job] = {
-                mode: {"bw_mib_s": round(statistics.median(r["bw_mib_s"] for r in rs), 1),
-                       "loss_pct": round(100 * (1 - statistics.median(r["bw_mib_s"] for r in rs) / base), 1)}
-                for mode, rs in runs.items()}
+                mode: {
+                    "bw_mib_s": round(statistics.median(r["bw_mib_s"] for r in rs), 1),
+                    "loss_pct": round(100 * (1 - statistics.median(r["bw_mib_s"] for r in rs) / base), 1),
+                }
+                for mode, rs in runs.items()
+            }
 
         # fidelity: distil the block-only capture of the 70/30 job, replay it
         d = distill(first_trace, process="bench", runtime_s=args.runtime_s, size="512m")
@@ -135,16 +157,26 @@ def main(argv=None) -> int:
             shutil.copy(work / "trace-randrw70-128k-qd8-traced-block-only-0" / "trace.txt", keep / "trace.txt")
         rep_json = work / "replay.json"
         env = dict(os.environ, TARGET=str(work / "replay.dat"))
-        subprocess.run(["fio", "--output-format=json", f"--output={rep_json}", str(work / "replay.fio")],
-                       env=env, check=True, stdout=subprocess.DEVNULL, timeout=args.runtime_s + 120)
+        subprocess.run(
+            ["fio", "--output-format=json", f"--output={rep_json}", str(work / "replay.fio")],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=args.runtime_s + 120,
+        )
         rep = summary(rep_json)
         results["fidelity"] = {
             "original": {k: round(v, 3) for k, v in first_orig.items() if isinstance(v, float)},
             "replay": {k: round(v, 3) for k, v in rep.items()},
             "bw_diff_pct": round(100 * (rep["bw_mib_s"] / first_orig["bw_mib_s"] - 1), 1),
             "clat_diff_pct": round(100 * (rep["clat_mean_us"] / first_orig["clat_mean_us"] - 1), 1),
-            "job": {"rw": d.rw, "rwmixread": d.rwmixread, "iodepth": d.iodepth,
-                    "bssplit_read": d.bssplit_read, "bssplit_write": d.bssplit_write},
+            "job": {
+                "rw": d.rw,
+                "rwmixread": d.rwmixread,
+                "iodepth": d.iodepth,
+                "bssplit_read": d.bssplit_read,
+                "bssplit_write": d.bssplit_write,
+            },
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU tier on a machine with a CUDA GPU: its tests, then a short `kvtier bench` with GPU -> CPU -> disk tiers.
-# Usage: bash bench/gpu_check.sh OUT_DIR   (python3 must hold torch with CUDA; kvtier runs from this checkout)
+# Usage: bash benchmarks/gpu_check.sh OUT_DIR   (python3 must hold torch with CUDA; kvtier runs from this checkout)
 set -uo pipefail
 out=${1:-gpu-check}
 mkdir -p "$out"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """lmcache_vs_kvtier.py	store/load bandwidth and CPU cost: kvtier's disk tier vs LMCache's own disk path.
 
-usage: bench/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 5]
+usage: benchmarks/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 5]
                                   [--io-workers N] [--lmcache-odirect both|on|off] [--no-drop-caches] [--json OUT]
 
 Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
@@ -19,7 +19,7 @@ CPU is the process's user+system time (getrusage) over the pass, per GB moved. B
 The load bytes are compared with what was stored; exit 1 if anything was missing or different.
 
 example (2 cores, virtio disk; the disk's speed swings up to 2x between runs, compare ratios within one run):
-  $ sudo .venv/bin/python bench/lmcache_vs_kvtier.py --total-gb 2
+  $ sudo .venv/bin/python benchmarks/lmcache_vs_kvtier.py --total-gb 2
   side                       fill GB/s steady GB/s store CPU-s/GB load GB/s load CPU-s/GB  durable
   kvtier (direct)                 ...
 """
@@ -72,8 +72,14 @@ def make_objs(n: int, nbytes: int, fill: bool):
         if fill:
             t[:4096] = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8))
             t[-8:] = torch.tensor(list(i.to_bytes(8, "little")), dtype=torch.uint8)
-        meta = MemoryObjMetadata(shape=torch.Size([nbytes // 2]), dtype=torch.bfloat16, address=0, phy_size=nbytes,
-                                 ref_count=1, fmt=MemoryFormat.KV_2LTD)
+        meta = MemoryObjMetadata(
+            shape=torch.Size([nbytes // 2]),
+            dtype=torch.bfloat16,
+            address=0,
+            phy_size=nbytes,
+            ref_count=1,
+            fmt=MemoryFormat.KV_2LTD,
+        )
         objs.append((buf, TensorMemoryObj(t, meta, None)))
     return objs
 
@@ -135,8 +141,11 @@ def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurr
         stored, fill_s, fill_cpu = timed(lambda: run_window(adapter, "store", keys[:n], src, concurrency))
         cold = drop_caches() if drop else False
         loaded, load_s, load_cpu = timed(lambda: run_window(adapter, "load", keys[:n], dst, concurrency))
-        same = all(bytes(a.byte_array[-8:]) == bytes(b.byte_array[-8:]) and
-                   bytes(a.byte_array[:4096]) == bytes(b.byte_array[:4096]) for a, b in zip(src, dst))
+        same = all(
+            bytes(a.byte_array[-8:]) == bytes(b.byte_array[-8:])
+            and bytes(a.byte_array[:4096]) == bytes(b.byte_array[:4096])
+            for a, b in zip(src, dst)
+        )
         drop_caches() if drop else None
         steady_stored, steady_s, steady_cpu = timed(steady)
         disk = adapter.backend.store.tiers[0].describe() if kvtier else {}
@@ -144,22 +153,37 @@ def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurr
         adapter.close()
         shutil.rmtree(directory, ignore_errors=True)
     gb = nbytes / 1e9
-    return {"side": name, "stored": stored, "loaded": loaded, "steady_stored": steady_stored, "bytes": nbytes,
-            "store_gbps": gb / fill_s, "store_cpu_s_per_gb": fill_cpu / gb, "load_gbps": gb / load_s,
-            "load_cpu_s_per_gb": load_cpu / gb, "steady_store_gbps": gb / steady_s,
-            "steady_store_cpu_s_per_gb": steady_cpu / gb, "spare_writes": disk.get("spare_writes"),
-            "cold_loads": cold, "bytes_match": same}
+    return {
+        "side": name,
+        "stored": stored,
+        "loaded": loaded,
+        "steady_stored": steady_stored,
+        "bytes": nbytes,
+        "store_gbps": gb / fill_s,
+        "store_cpu_s_per_gb": fill_cpu / gb,
+        "load_gbps": gb / load_s,
+        "load_cpu_s_per_gb": load_cpu / gb,
+        "steady_store_gbps": gb / steady_s,
+        "steady_store_cpu_s_per_gb": steady_cpu / gb,
+        "spare_writes": disk.get("spare_writes"),
+        "cold_loads": cold,
+        "bytes_match": same,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--dir", default=str(ROOT / "results" / "lmcache_vs_kvtier"), help="work directory (wiped)")
     ap.add_argument("--chunk-mib", type=int, default=32, help="bytes per chunk (32 MiB = llama3.1-8b, 256 tokens)")
     ap.add_argument("--total-gb", type=float, default=2.0)
     ap.add_argument("--concurrency", type=int, default=8, help="chunks in flight, both sides")
-    ap.add_argument("--io-workers", type=int, default=0,
-                    help="kvtier's I/O threads (each pool); 0: as many as --concurrency")
+    ap.add_argument(
+        "--io-workers", type=int, default=0, help="kvtier's I/O threads (each pool); 0: as many as --concurrency"
+    )
     ap.add_argument("--lmcache-odirect", choices=["both", "on", "off"], default="both")
     ap.add_argument("--rounds", type=int, default=5, help="repeat every side, alternating the order; medians")
     ap.add_argument("--no-drop-caches", action="store_true")
@@ -178,12 +202,14 @@ def main() -> int:
     logging.getLogger("lmcache").setLevel(logging.ERROR)
     drop = not a.no_drop_caches
     if drop and os.geteuid() != 0:
-        print("lmcache_vs_kvtier: cold loads need root (drop_caches); run as root or pass --no-drop-caches",
-              file=sys.stderr)
+        print(
+            "lmcache_vs_kvtier: cold loads need root (drop_caches); run as root or pass --no-drop-caches",
+            file=sys.stderr,
+        )
         return 2
     nbytes = a.chunk_mib << 20
     n = max(1, int(a.total_gb * 1e9 // nbytes))
-    keys = [ObjectKey(i.to_bytes(8, "big"), "bench/model", 0) for i in range(2 * n)]
+    keys = [ObjectKey(i.to_bytes(8, "big"), "benchmarks/model", 0) for i in range(2 * n)]
     src_pairs = make_objs(n, nbytes, True)  # keep the buffers alive with their tensors
     src = [o for _, o in src_pairs]
     dst_pairs = make_objs(n, nbytes, False)
@@ -193,10 +219,22 @@ def main() -> int:
     capacity_gb = n * (nbytes + 4096) / 0.8 / 1e9 * 1.01
 
     def kvtier(d):
-        return create_l2_adapter(PluginL2AdapterConfig.from_dict({
-            "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
-            "adapter_params": {"disk_dir": str(d), "disk_capacity_gb": capacity_gb, "io_mode": "direct",
-                               "io_workers": a.io_workers or a.concurrency, "snapshot_path": "", "rescan_on_start": False}}))
+        return create_l2_adapter(
+            PluginL2AdapterConfig.from_dict(
+                {
+                    "module_path": "kvconnector.lmcache.l2_adapter",
+                    "class_name": "KvtierL2Adapter",
+                    "adapter_params": {
+                        "disk_dir": str(d),
+                        "disk_capacity_gb": capacity_gb,
+                        "io_mode": "direct",
+                        "io_workers": a.io_workers or a.concurrency,
+                        "snapshot_path": "",
+                        "rescan_on_start": False,
+                    },
+                }
+            )
+        )
 
     def lmfs(odirect):
         return lambda d: create_l2_adapter(FSL2AdapterConfig.from_dict({"base_path": str(d), "use_odirect": odirect}))
@@ -209,31 +247,45 @@ def main() -> int:
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
     for rnd in range(a.rounds):
         # Alternate the order: the disk's speed drifts within a run, and the side that runs first would gain.
-        for name, make, durable in (sides if rnd % 2 == 0 else sides[::-1]):
+        for name, make, durable in sides if rnd % 2 == 0 else sides[::-1]:
             for o in dst:
                 o.raw_data[:4096].zero_()
             r = bench_side(name, make, base / name.split()[0], keys, src, dst, a.concurrency, drop)
             r["durable"] = durable
             rounds[name].append(r)
-            print(f"round {rnd + 1}/{a.rounds} {name}: fill {r['store_gbps']:.2f}, steady {r['steady_store_gbps']:.2f}, "
-                  f"load {r['load_gbps']:.2f} GB/s", file=sys.stderr, flush=True)
+            print(
+                f"round {rnd + 1}/{a.rounds} {name}: fill {r['store_gbps']:.2f}, steady {r['steady_store_gbps']:.2f}, "
+                f"load {r['load_gbps']:.2f} GB/s",
+                file=sys.stderr,
+                flush=True,
+            )
     results = [median_result(rs) for rs in rounds.values()]
-    print(f"{n} chunks of {a.chunk_mib} MiB ({n * nbytes / 1e9:.2f} GB), concurrency {a.concurrency}, "
-          f"cold loads: {drop}, dir {base}, medians of {a.rounds} rounds")
-    print(f"{'side':26} {'fill GB/s':>9} {'steady GB/s':>11} {'store CPU-s/GB':>14} {'load GB/s':>9} "
-          f"{'load CPU-s/GB':>13}  durable")
+    print(
+        f"{n} chunks of {a.chunk_mib} MiB ({n * nbytes / 1e9:.2f} GB), concurrency {a.concurrency}, "
+        f"cold loads: {drop}, dir {base}, medians of {a.rounds} rounds"
+    )
+    print(
+        f"{'side':26} {'fill GB/s':>9} {'steady GB/s':>11} {'store CPU-s/GB':>14} {'load GB/s':>9} "
+        f"{'load CPU-s/GB':>13}  durable"
+    )
     for r in results:
         flag = "" if r["complete"] else "  (INCOMPLETE OR MISMATCH)"
-        print(f"{r['side']:26} {r['store_gbps']:9.2f} {r['steady_store_gbps']:11.2f} {r['store_cpu_s_per_gb']:14.2f} "
-              f"{r['load_gbps']:9.2f} {r['load_cpu_s_per_gb']:13.2f}  {r['durable']}{flag}")
+        print(
+            f"{r['side']:26} {r['store_gbps']:9.2f} {r['steady_store_gbps']:11.2f} {r['store_cpu_s_per_gb']:14.2f} "
+            f"{r['load_gbps']:9.2f} {r['load_cpu_s_per_gb']:13.2f}  {r['durable']}{flag}"
+        )
     k = results[0]
     if not k["spare_writes"]:
-        print("note: no kvtier store reused a spare file (spares are limited to 5% of the tier, here less than one "
-              "chunk): raise --total-gb for the steady state a real tier sees")
+        print(
+            "note: no kvtier store reused a spare file (spares are limited to 5% of the tier, here less than one "
+            "chunk): raise --total-gb for the steady state a real tier sees"
+        )
     for r in results[1:]:
-        print(f"ratio kvtier / {r['side']}: stores into an empty dir {k['store_gbps'] / r['store_gbps']:.2f}x, "
-              f"steady state {k['steady_store_gbps'] / r['steady_store_gbps']:.2f}x, "
-              f"loads {k['load_gbps'] / r['load_gbps']:.2f}x")
+        print(
+            f"ratio kvtier / {r['side']}: stores into an empty dir {k['store_gbps'] / r['store_gbps']:.2f}x, "
+            f"steady state {k['steady_store_gbps'] / r['steady_store_gbps']:.2f}x, "
+            f"loads {k['load_gbps'] / r['load_gbps']:.2f}x"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "results": results, "rounds": rounds}, indent=1))
     return 0 if all(r["complete"] for r in results) else 1
@@ -241,8 +293,14 @@ def main() -> int:
 
 def median_result(rs: list[dict]) -> dict:
     out = dict(rs[0])
-    for k in ("store_gbps", "store_cpu_s_per_gb", "load_gbps", "load_cpu_s_per_gb", "steady_store_gbps",
-              "steady_store_cpu_s_per_gb"):
+    for k in (
+        "store_gbps",
+        "store_cpu_s_per_gb",
+        "load_gbps",
+        "load_cpu_s_per_gb",
+        "steady_store_gbps",
+        "steady_store_cpu_s_per_gb",
+    ):
         out[k] = statistics.median(r[k] for r in rs)
     out["complete"] = all(r["bytes_match"] and r["stored"] == r["loaded"] == r["steady_stored"] for r in rs)
     return out

@@ -9,7 +9,7 @@ Rounds alternate fio and kvtier so drift on a shared disk hits both. fio overwri
 round; kvtier writes new files every round, unless --reuse-files: then, like a full disk tier, it overwrites the
 previous round's files in place (its spare files), and both sides write new files in round 1 only.
 
-  python bench/disk_vs_fio.py --dir /var/tmp/kvtier-bench --object-mib 16 --workers 8 --total-gib 4
+  python benchmarks/disk_vs_fio.py --dir /var/tmp/kvtier-bench --object-mib 16 --workers 8 --total-gib 4
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kvconnector.tiers import DiskTier  # noqa: E402
-from kvconnector.timed_io import IOMode  # noqa: E402
-from replay.synthetic.payload import RandomPayload  # noqa: E402
+from kvconnector.tiers import DiskTier
+from replay.synthetic.payload import RandomPayload
 
 GIB = 1 << 30
 
@@ -44,14 +43,23 @@ def cpu_s() -> float:
 
 def run_fio(directory: str, rw: str, obj: int, workers: int, per_job: int) -> dict:
     cmd = [
-        "fio", "--name=ref", f"--directory={directory}", f"--rw={rw}", f"--bs={obj}", f"--size={per_job}",
-        f"--numjobs={workers}", "--ioengine=psync", "--direct=1", "--group_reporting", "--output-format=json",
+        "fio",
+        "--name=ref",
+        f"--directory={directory}",
+        f"--rw={rw}",
+        f"--bs={obj}",
+        f"--size={per_job}",
+        f"--numjobs={workers}",
+        "--ioengine=psync",
+        "--direct=1",
+        "--group_reporting",
+        "--output-format=json",
         "--filename_format=fio.$jobnum",
     ]
     if rw == "write":
         cmd.append("--fdatasync=1")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    job = json.loads(out[out.index("{"):])["jobs"][0]
+    job = json.loads(out[out.index("{") :])["jobs"][0]
     side = job["read" if rw == "read" else "write"]
     cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["elapsed"] if "elapsed" in job else float("nan")
     return {"gbps": side["bw_bytes"] / 1e9, "bytes": side["io_bytes"], "cpu_s": cpu}
@@ -82,8 +90,12 @@ def run_kvtier(tier: DiskTier, op: str, keys: list[str], obj: int, workers: int,
         list(pool.map(worker, range(workers)))
     wall, cpu = time.perf_counter() - t0, cpu_s() - c0
     moved = obj * len(keys)
-    return {"gbps": moved / wall / 1e9, "bytes": moved, "cpu_s_per_gib": cpu / (moved / GIB),
-            "host_share": sum(host) / max(sum(total), 1)}
+    return {
+        "gbps": moved / wall / 1e9,
+        "bytes": moved,
+        "cpu_s_per_gib": cpu / (moved / GIB),
+        "host_share": sum(host) / max(sum(total), 1),
+    }
 
 
 def main() -> int:
@@ -129,9 +141,11 @@ def main() -> int:
             shutil.rmtree(fio_dir, ignore_errors=True)
             shutil.rmtree(kv_dir, ignore_errors=True)
     med = lambda rows, k: statistics.median(x[k] for x in rows)  # noqa: E731
-    print(f"\n{a.object_mib} MiB objects, {a.workers} workers, {count * obj / GIB:.1f} GiB per op, {a.rounds} rounds "
-          f"(medians), io-mode {tier.io_mode.value}, "
-          f"kvtier {'reuses files' if a.reuse_files else 'writes new files'}, dir {base}")
+    print(
+        f"\n{a.object_mib} MiB objects, {a.workers} workers, {count * obj / GIB:.1f} GiB per op, {a.rounds} rounds "
+        f"(medians), io-mode {tier.io_mode.value}, "
+        f"kvtier {'reuses files' if a.reuse_files else 'writes new files'}, dir {base}"
+    )
     print(f"{'op':<6}{'fio GB/s':>10}{'kvtier GB/s':>13}{'ratio':>8}{'host %':>8}{'CPU s/GiB':>11}")
     figures = {}
     for op in ("write", "read"):

@@ -1,0 +1,61 @@
+"""The end of a `kvtier bench` run, single process or --num-clients: write every output, print the summary, and turn
+the run's status into the exit code. Shared by synthetic/cli.py and synthetic/multiclient.py."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+
+from ..cli_common import exit_code, fail
+from ..outputs.paths import write_results
+from .config import BenchConfig
+from .view import print_summary
+
+PROG = "kvtier bench"
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    return fail(PROG, msg, code)
+
+
+# Outputs made from the results document at the end: (config key, flag, module under outputs/, function).
+EXTRA_OUTPUTS = (
+    ("xlsx_output", "--xlsx-output", "xlsx", "write_xlsx"),
+    ("csv_output", "--csv-output", "csv_out", "write_csv"),
+    ("plots", "--plots", "plots", "write_plots"),
+)
+
+
+def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -> int:
+    """Write every requested output, print the summary, and turn the run's status into an exit code. The results
+    JSON is written first and, if its path fails now, to the default location instead: finished work is not lost."""
+    try:
+        output, moved = write_results(output, doc, is_default=is_default)
+    except OSError as exc:
+        print_summary(doc, None)
+        return _fail(f"{exc}; the results could not be saved (the summary above is all there is)", 1)
+    if moved:
+        print(f"kvtier bench: {moved}; results written to {output} instead", file=sys.stderr)
+    extra = []
+    for key, flag, module, func in EXTRA_OUTPUTS:
+        path = getattr(cfg, key)
+        if not path:
+            continue
+        write = getattr(importlib.import_module(f"..outputs.{module}", __package__), func)  # lazy: matplotlib, openpyxl
+        try:
+            written = write(doc, path)
+        except OSError as exc:  # the JSON holds everything; this output can be made from it later
+            print(f"kvtier bench: {flag} {path}: not written ({exc.strerror or exc})", file=sys.stderr)
+            continue
+        extra.extend(written if isinstance(written, list) else [path])
+    print_summary(doc, output, extra)
+    if doc["status"] == "failed":
+        err = doc["error"] or "unknown error"
+        hint = " (filesystem full)" if "space" in err else ""
+        return _fail(f"run failed{hint}: {err}; partial results in {output}", 1)
+    if doc["status"] == "interrupted":
+        name = doc.get("stop_signal") or "SIGINT"
+        print(f"kvtier bench: interrupted ({name}); partial results in {output}", file=sys.stderr)
+        return exit_code(signal.Signals[name])
+    return 0
