@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer clean
+.PHONY: bench test system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(TEST_STAMP): $(BASE_STAMP)
 bench: $(BASE_STAMP)
 	$(BIN)/kvtier bench --duration 30
 
-# Benchmarks against a reference measured in the same run (see README "Measured figures"). Some need root.
+# Benchmarks against a reference measured in the same run (benchmarks/README.md). Some need root.
 bench-disk: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/disk_vs_fio.py
 
@@ -43,6 +43,9 @@ bench-tracer: $(BASE_STAMP) system-deps
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
+
+bench-crash: $(BASE_STAMP)
+	$(BIN)/python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash-$$$$
 
 system-deps:
 	bash deploy/install-system-deps.sh
