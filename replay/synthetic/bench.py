@@ -20,10 +20,10 @@ from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo
 from .config import BenchConfig
-from .driver import ClassStats, RunOutcome, SyntheticDriver, rag_key
+from .driver import RunOutcome, SyntheticDriver, rag_key
 from .payload import RandomPayload
 from .precondition import precondition
-from .results import cache_stats, sla_verdict, tier_details
+from .results import fallbacks, request_histograms, summary, tier_details
 from .workload import Workload
 
 log = logging.getLogger("kvtier.bench")
@@ -149,7 +149,7 @@ class Bench:
         self.workload.set_entry_limit(tier_tokens)
         self.payload = RandomPayload(cfg.random_buffer_mb, self.seed)
 
-    # ---- set-up I/O, excluded from the results ------------------------------------------------------------------------
+    # ---- set-up I/O, excluded from the results --------------------------------------------------------------------
     def set_up(self, on_progress=None) -> None:
         cfg = self.cfg
         rng = random.Random(self.seed ^ 0x5E7)
@@ -228,10 +228,7 @@ class Bench:
         cfg = self.cfg
         elapsed = outcome.elapsed_s
         req = outcome.requests
-        tokens = req.prompt_tokens + req.generated_tokens
-        disk_bytes = sum(
-            s.read.nbytes + s.write.nbytes for t, s in zip(self.store.tiers, self.store.stats) if t.kind == "disk"
-        )
+        tiers = tier_details(self.store)
         block = None
         if disk0 and disk1:
             delta = disk1.minus(disk0)
@@ -242,89 +239,18 @@ class Bench:
                 "write_gbps": round(delta["written_bytes"] / GB / elapsed, 4) if elapsed else 0.0,
                 "note": "whole-device counters for the run's window: other processes' I/O is included",
             }
-        rate = lambda hits, total: round(hits / total, 4) if total else 0.0  # noqa: E731
-        qos = {}
-        # Every class of the distribution is listed: one that completed nothing (given no users, or a window too short)
-        # shows 0 requests and SLA "no data".
-        classes = {c for c, share in cfg.qos_distribution.items() if share > 0} | set(req.by_class)
-        for name in sorted(classes):
-            cs = req.by_class.get(name) or ClassStats()
-            prof = cfg.qos_profiles[name]
-            svc = cs.service
-            qos[name] = {
-                "requests": cs.requests,
-                "priority": prof.priority,
-                "end_to_end_latency_ms": cs.end_to_end.summary_ms(),
-                "service_latency_ms": svc.summary_ms(),
-                "sla": {
-                    "target_p95_ms": prof.target_p95_ms,
-                    "target_p99_ms": prof.target_p99_ms,
-                    **sla_verdict(svc, prof.target_p95_ms, prof.target_p99_ms),
-                },
-                "histograms": {"end_to_end": cs.end_to_end.encode(), "service": svc.encode()},
-            }
-        summary = {
-            "status": outcome.status,
-            "total_requests": req.completed,
-            "total_tokens": tokens,
-            "prompt_tokens": req.prompt_tokens,
-            "generated_tokens": req.generated_tokens,
-            "elapsed_time": round(elapsed, 4),
-            "requests_per_second": round(req.completed / elapsed, 4) if elapsed else 0.0,
-            "avg_throughput_tokens_per_sec": round(tokens / elapsed, 2) if elapsed else 0.0,
-            # KV tokens moved through the storage (disk) tier per wall-clock second; not tokens / summed I/O time.
-            "storage_throughput_tokens_per_sec": round(disk_bytes / self.bytes_per_token / elapsed, 2)
-            if elapsed
-            else 0.0,
-            "end_to_end_latency_ms": req.end_to_end.summary_ms(),
-            "storage_io_latency_ms": req.storage_io.summary_ms(),
-            "io_saturation": outcome.io_saturation,
-            # Time past --duration and what it went to (set-up of users, a late deadline, in-flight operations).
-            "window": outcome.window,
-            "window_overrun_s": outcome.window.get("overrun_s", 0.0),
-            "generation_latency_ms": req.generation.summary_ms(),
-            "queue_wait_latency_ms": req.queue_wait.summary_ms(),
-            "cache_stats": cache_stats(tier_details(self.store), self.store.events, elapsed),
-            "multi_turn_stats": {
-                "enabled": not cfg.disable_multi_turn,
-                "previous_turn_hits": req.multi_turn_hits,
-                "previous_turn_misses": req.multi_turn_misses,
-                "hit_rate": rate(req.multi_turn_hits, req.multi_turn_hits + req.multi_turn_misses),
-            },
-            "prefix_cache_stats": {
-                "enabled": not cfg.disable_prefix_caching,
-                "hits": req.prefix_hits,
-                "misses": req.prefix_misses,
-                "hit_rate": rate(req.prefix_hits, req.prefix_hits + req.prefix_misses),
-                "bytes_saved_gb": round(req.prefix_bytes_saved / GB, 4),
-            },
-            "rag_stats": {
-                "enabled": cfg.enable_rag,
-                "queries": req.rag_queries,
-                "chunk_reads": req.rag_chunk_reads,
-                "chunk_misses": req.rag_chunk_misses,
-                "chunk_hit_rate": rate(req.rag_chunk_reads - req.rag_chunk_misses, req.rag_chunk_reads),
-                "burst_latency_ms": req.rag_burst.summary_ms(),
-            },
-            "decode_stats": {
-                "reads": req.decode_reads,
-                "misses": req.decode_misses,
-                "batch_size": cfg.decode.batch_size,
-            },
-            "qos_metrics": qos,
-            "requests_by_profile": dict(sorted(req.by_profile.items())),
-        }
-        if outcome.autoscaling:
-            peak = max(outcome.autoscaling, key=lambda s: s["throughput_tokens_per_sec"])
-            summary["autoscaling_summary"] = {
-                "mode": cfg.autoscaler_mode,
-                "steps": len(outcome.autoscaling),
-                "final_users": outcome.autoscaling[-1]["next_users"],
-                "peak_throughput_tokens_per_sec": peak["throughput_tokens_per_sec"],
-                "peak_users": peak["users"],
-                "reason": outcome.autoscaling[-1]["reason"],
-            }
-        fallbacks = {f"{t.name}.{k}": v for t in self.store.tiers for k, v in t.fallbacks.items()}
+        run_summary = summary(
+            req,
+            cfg,
+            status=outcome.status,
+            elapsed_s=elapsed,
+            tiers=tiers,
+            events=self.store.events,
+            bytes_per_token=self.bytes_per_token,
+            io_saturation=outcome.io_saturation,
+            window=outcome.window,
+            autoscaling=[outcome.autoscaling],
+        )
         report = self.workload.report
         return {
             "kvtier_version": _version(),
@@ -359,17 +285,12 @@ class Bench:
             "config": cfg.model_dump(mode="json") | {"seed": self.seed},
             "environment": env,
             "setup": self.setup,
-            "summary": summary,
-            "tiers": tier_details(self.store),
+            "summary": run_summary,
+            "tiers": tiers,
             "store_events": dict(self.store.events),
             "block_device": block,
-            "fallbacks": fallbacks,
-            "request_histograms": {
-                "end_to_end": req.end_to_end.encode(),
-                "storage_io": req.storage_io.encode(),
-                "generation": req.generation.encode(),
-                "queue_wait": req.queue_wait.encode(),
-            },
+            "fallbacks": fallbacks(tiers),
+            "request_histograms": request_histograms(req),
             "autoscaling_stats": outcome.autoscaling,
             "timeline": outcome.timeline,
         }

@@ -20,13 +20,12 @@ import time
 
 import yaml
 
-from kvconnector.histogram import LatencyHistogram
-
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
 from . import sysinfo
 from .config import BenchConfig
 from .finish import _fail, finish
-from .results import GB, cache_stats, merge_tier_details, sla_verdict
+from .results import GB, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
+from .results import summary as run_summary
 from .view import STATUS_ENV, LiveView
 
 ORDER = {"completed": 0, "interrupted": 1, "failed": 2}
@@ -176,105 +175,33 @@ def _aggregate_status(workdir: str, n: int) -> dict | None:
     return total if seen else None
 
 
-def _merged_hist(encoded: list[str]) -> LatencyHistogram:
-    h = LatencyHistogram()
-    for e in encoded:
-        h.merge(LatencyHistogram.decode(e))
-    return h
-
-
-def _sum(docs: list[dict], *path: str) -> float:
-    total = 0
-    for d in docs:
-        v = d
-        for p in path:
-            v = v.get(p, {}) if isinstance(v, dict) else {}
-        total += v if isinstance(v, (int, float)) else 0
-    return total
-
-
 def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, wall_s: float) -> dict:
-    elapsed = max(d["summary"]["elapsed_time"] for d in docs)
-    sums = {
-        k: _sum(docs, "summary", k) for k in ("total_requests", "total_tokens", "prompt_tokens", "generated_tokens")
-    }
     tiers = merge_tier_details([d["tiers"] for d in docs])
     events: dict = {}
     for d in docs:
         for k, v in d.get("store_events", {}).items():
             events[k] = events.get(k, 0) + v
-    bpt = docs[0]["model"]["bytes_per_token"]
-    disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in tiers.values() if t["kind"] == "disk")
-    hists = {k: _merged_hist([d["request_histograms"][k] for d in docs]) for k in docs[0]["request_histograms"]}
-    rate = lambda a, b: round(a / b, 4) if b else 0.0  # noqa: E731
-    mt_h, mt_m = (
-        _sum(docs, "summary", "multi_turn_stats", "previous_turn_hits"),
-        _sum(docs, "summary", "multi_turn_stats", "previous_turn_misses"),
-    )
-    pc_h, pc_m = (
-        _sum(docs, "summary", "prefix_cache_stats", "hits"),
-        _sum(docs, "summary", "prefix_cache_stats", "misses"),
-    )
-    rag_reads, rag_miss = (
-        _sum(docs, "summary", "rag_stats", "chunk_reads"),
-        _sum(docs, "summary", "rag_stats", "chunk_misses"),
-    )
-    qos = {}
-    for name in sorted({c for d in docs for c in d["summary"].get("qos_metrics", {})}):
-        parts = [d["summary"]["qos_metrics"][name] for d in docs if name in d["summary"].get("qos_metrics", {})]
-        e2e = _merged_hist([p["histograms"]["end_to_end"] for p in parts])
-        svc = _merged_hist([p["histograms"]["service"] for p in parts])
-        sla = dict(parts[0]["sla"])
-        sla.update(sla_verdict(svc, sla["target_p95_ms"], sla["target_p99_ms"]))
-        qos[name] = {
-            "requests": sum(p["requests"] for p in parts),
-            "priority": parts[0]["priority"],
-            "end_to_end_latency_ms": e2e.summary_ms(),
-            "service_latency_ms": svc.summary_ms(),
-            "sla": sla,
-            "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()},
-        }
+    req = request_stats_of_docs(docs)
     status = max((d["status"] for d in docs), key=lambda s: ORDER.get(s, 2))
-    summary = {
-        "status": status,
-        **sums,
-        "elapsed_time": elapsed,
-        "requests_per_second": rate(sums["total_requests"], elapsed),
-        "avg_throughput_tokens_per_sec": round(sums["total_tokens"] / elapsed, 2) if elapsed else 0.0,
-        "storage_throughput_tokens_per_sec": round(disk_bytes / bpt / elapsed, 2) if elapsed else 0.0,
-        "end_to_end_latency_ms": hists["end_to_end"].summary_ms(),
-        "storage_io_latency_ms": hists["storage_io"].summary_ms(),
-        "generation_latency_ms": hists["generation"].summary_ms(),
-        "queue_wait_latency_ms": hists["queue_wait"].summary_ms(),
-        "cache_stats": cache_stats(tiers, events, elapsed),
-        "multi_turn_stats": {
-            "enabled": not cfg.disable_multi_turn,
-            "previous_turn_hits": mt_h,
-            "previous_turn_misses": mt_m,
-            "hit_rate": rate(mt_h, mt_h + mt_m),
-        },
-        "prefix_cache_stats": {
-            "enabled": not cfg.disable_prefix_caching,
-            "hits": pc_h,
-            "misses": pc_m,
-            "hit_rate": rate(pc_h, pc_h + pc_m),
-            "bytes_saved_gb": round(_sum(docs, "summary", "prefix_cache_stats", "bytes_saved_gb"), 4),
-        },
-        "rag_stats": {
-            "enabled": cfg.enable_rag,
-            "queries": _sum(docs, "summary", "rag_stats", "queries"),
-            "chunk_reads": rag_reads,
-            "chunk_misses": rag_miss,
-            "chunk_hit_rate": rate(rag_reads - rag_miss, rag_reads),
-        },
-        "decode_stats": {
-            "reads": _sum(docs, "summary", "decode_stats", "reads"),
-            "misses": _sum(docs, "summary", "decode_stats", "misses"),
-            "batch_size": cfg.decode.batch_size,
-        },
-        "qos_metrics": qos,
-        "num_clients": len(docs),
-    }
+    # The longest client sets the elapsed time (bandwidth is summed bytes over it) and stands for the window.
+    longest = max(docs, key=lambda d: d["summary"]["elapsed_time"])
+    elapsed = longest["summary"]["elapsed_time"]
+    # Every client has the same number of I/O workers: the share of all workers' time, weighted by each one's run.
+    ran_s = sum(d["summary"]["elapsed_time"] for d in docs)
+    busy_s = sum(d["summary"].get("io_saturation", 0.0) * d["summary"]["elapsed_time"] for d in docs)
+    summary = run_summary(
+        req,
+        cfg,
+        status=status,
+        elapsed_s=elapsed,
+        tiers=tiers,
+        events=events,
+        bytes_per_token=docs[0]["model"]["bytes_per_token"],
+        io_saturation=round(busy_s / ran_s, 4) if ran_s else 0.0,
+        window=longest["summary"].get("window", {}),
+        autoscaling=[d.get("autoscaling_stats", []) for d in docs],
+        num_clients=len(docs),
+    )
     block = None
     if disk0 and disk1:
         delta = disk1.minus(disk0)
@@ -313,8 +240,8 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         "tiers": tiers,
         "store_events": events,
         "block_device": block,
-        "fallbacks": {k: v for d in docs for k, v in d.get("fallbacks", {}).items()},
-        "request_histograms": {k: h.encode() for k, h in hists.items()},
+        "fallbacks": fallbacks(tiers),
+        "request_histograms": request_histograms(req),
         "autoscaling_stats": [dict(s, client=i) for i, d in enumerate(docs) for s in d.get("autoscaling_stats", [])],
         "timeline": timeline,
         "clients": [{k: v for k, v in d.items() if k != "timeline"} for d in docs],

@@ -1,4 +1,7 @@
-"""Turns a finished (or cut-short) run into the results document and writes it atomically.
+"""The pieces of the results document of `kvtier bench`: the summary, tier details, cache stats, fallbacks.
+
+`summary()` is the one place the summary is built: `Bench.results` calls it with one client's live request stats,
+`multiclient.merge` with N clients' stats merged by `request_stats_of_docs`, so the two documents cannot drift apart.
 
 Keys follow the MLPerf KV Cache benchmark where the concept is the same (`summary.avg_throughput_tokens_per_sec`,
 `end_to_end_latency_ms`, `cache_stats.tier_<name>_kv_bytes_read_gb`, ...). Tier names in `cache_stats` use that
@@ -8,8 +11,12 @@ histograms themselves are included (`tiers.<name>.read.histograms`) so runs can 
 
 from __future__ import annotations
 
+from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 from kvconnector.telemetry import OpStats, TierStats
+
+from .config import BenchConfig
+from .driver import ClassStats, RequestStats
 
 GB = 1e9
 PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage"}
@@ -81,3 +88,171 @@ def sla_verdict(service, target_p95_ms: float, target_p99_ms: float) -> dict:
         return {"met": None, "verdict": "no data"}
     met = service.percentile_ms(95) <= target_p95_ms and service.percentile_ms(99) <= target_p99_ms
     return {"met": met, "verdict": "met" if met else "missed"}
+
+
+# ---- the summary: one function for one client's live stats and for N clients' merged stats ------------------------
+def _rate(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def fallbacks(tiers: dict) -> dict:
+    """`<tier>.<fallback>: count` from `tier_details` (a live store's, or merged clients', whose counts add up)."""
+    return {f"{name}.{k}": v for name, t in tiers.items() for k, v in (t.get("fallbacks") or {}).items()}
+
+
+def request_histograms(req: RequestStats) -> dict:
+    """The request-level histograms, encoded, so that runs can be merged (by `request_stats_of_docs`) later."""
+    return {
+        "end_to_end": req.end_to_end.encode(),
+        "storage_io": req.storage_io.encode(),
+        "generation": req.generation.encode(),
+        "queue_wait": req.queue_wait.encode(),
+        "rag_burst": req.rag_burst.encode(),
+    }
+
+
+def request_stats_of_docs(docs: list[dict]) -> RequestStats:
+    """The request stats of several clients' results documents as one: counts add up, histograms merge (never
+    averaged). Counts are read back from each client's summary, histograms from `request_histograms` and
+    `summary.qos_metrics.<class>.histograms`."""
+    req = RequestStats()
+    for d in docs:
+        s, h = d["summary"], d["request_histograms"]
+        mt, pc, rag, dec = (
+            s.get(k) or {} for k in ("multi_turn_stats", "prefix_cache_stats", "rag_stats", "decode_stats")
+        )
+        req.completed += s["total_requests"]
+        req.prompt_tokens += s["prompt_tokens"]
+        req.generated_tokens += s["generated_tokens"]
+        req.multi_turn_hits += mt.get("previous_turn_hits", 0)
+        req.multi_turn_misses += mt.get("previous_turn_misses", 0)
+        req.decode_reads += dec.get("reads", 0)
+        req.decode_misses += dec.get("misses", 0)
+        req.prefix_hits += pc.get("hits", 0)
+        req.prefix_misses += pc.get("misses", 0)
+        req.prefix_bytes_saved += round(pc.get("bytes_saved_gb", 0) * GB)  # the summary keeps GB to 4 places
+        req.rag_queries += rag.get("queries", 0)
+        req.rag_chunk_reads += rag.get("chunk_reads", 0)
+        req.rag_chunk_misses += rag.get("chunk_misses", 0)
+        for name in ("end_to_end", "storage_io", "generation", "queue_wait", "rag_burst"):
+            getattr(req, name).merge(LatencyHistogram.decode(h.get(name, "")))
+        for name, n in (s.get("requests_by_profile") or {}).items():
+            req.by_profile[name] = req.by_profile.get(name, 0) + n
+        for name, q in (s.get("qos_metrics") or {}).items():
+            cs = req.by_class.setdefault(name, ClassStats())
+            cs.requests += q["requests"]
+            cs.end_to_end.merge(LatencyHistogram.decode(q["histograms"]["end_to_end"]))
+            cs.service.merge(LatencyHistogram.decode(q["histograms"]["service"]))
+    return req
+
+
+def _qos_metrics(req: RequestStats, cfg: BenchConfig) -> dict:
+    # Every class of the distribution is listed: one that completed nothing (given no users, or a window too short)
+    # shows 0 requests and SLA "no data".
+    classes = {c for c, share in cfg.qos_distribution.items() if share > 0} | set(req.by_class)
+    out = {}
+    for name in sorted(classes):
+        cs = req.by_class.get(name) or ClassStats()
+        prof = cfg.qos_profiles[name]
+        out[name] = {
+            "requests": cs.requests,
+            "priority": prof.priority,
+            "end_to_end_latency_ms": cs.end_to_end.summary_ms(),
+            "service_latency_ms": cs.service.summary_ms(),
+            "sla": {
+                "target_p95_ms": prof.target_p95_ms,
+                "target_p99_ms": prof.target_p99_ms,
+                **sla_verdict(cs.service, prof.target_p95_ms, prof.target_p99_ms),
+            },
+            "histograms": {"end_to_end": cs.end_to_end.encode(), "service": cs.service.encode()},
+        }
+    return out
+
+
+def _autoscaling_summary(mode: str, steps_by_client: list[list[dict]]) -> dict:
+    """Each client scales its own users: its last step says how many it ended with, its peak step where its
+    throughput was highest. Across clients users and peak throughputs add (each client's own peak)."""
+    steps = [s for s in steps_by_client if s]
+    peaks = [max(s, key=lambda x: x["throughput_tokens_per_sec"]) for s in steps]
+    return {
+        "mode": mode,
+        "steps": sum(len(s) for s in steps),
+        "final_users": sum(s[-1]["next_users"] for s in steps),
+        "peak_throughput_tokens_per_sec": sum(p["throughput_tokens_per_sec"] for p in peaks),
+        "peak_users": sum(p["users"] for p in peaks),
+        "reason": "; ".join(dict.fromkeys(s[-1]["reason"] for s in steps)),
+    }
+
+
+def summary(
+    req: RequestStats,
+    cfg: BenchConfig,
+    *,
+    status: str,
+    elapsed_s: float,
+    tiers: dict,
+    events: dict,
+    bytes_per_token: int,
+    io_saturation: float,
+    window: dict,
+    autoscaling: list[list[dict]],
+    num_clients: int = 1,
+) -> dict:
+    """The results document's `summary`, from request stats (one client's live ones, or N clients' merged by
+    `request_stats_of_docs`), tier details (`tier_details` or `merge_tier_details`) and the run's window.
+    `autoscaling` holds each client's autoscaler steps."""
+    tokens = req.prompt_tokens + req.generated_tokens
+    disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in tiers.values() if t["kind"] == "disk")
+
+    def per_s(n: float, digits: int) -> float:
+        return round(n / elapsed_s, digits) if elapsed_s else 0.0
+
+    out = {
+        "status": status,
+        "num_clients": num_clients,
+        "total_requests": req.completed,
+        "total_tokens": tokens,
+        "prompt_tokens": req.prompt_tokens,
+        "generated_tokens": req.generated_tokens,
+        "elapsed_time": round(elapsed_s, 4),
+        "requests_per_second": per_s(req.completed, 4),
+        "avg_throughput_tokens_per_sec": per_s(tokens, 2),
+        # KV tokens moved through the storage (disk) tier per wall-clock second; not tokens / summed I/O time.
+        "storage_throughput_tokens_per_sec": per_s(disk_bytes / bytes_per_token, 2),
+        "end_to_end_latency_ms": req.end_to_end.summary_ms(),
+        "storage_io_latency_ms": req.storage_io.summary_ms(),
+        "io_saturation": io_saturation,
+        # Time past --duration and what it went to (set-up of users, a late deadline, in-flight operations).
+        "window": window,
+        "window_overrun_s": window.get("overrun_s", 0.0),
+        "generation_latency_ms": req.generation.summary_ms(),
+        "queue_wait_latency_ms": req.queue_wait.summary_ms(),
+        "cache_stats": cache_stats(tiers, events, elapsed_s),
+        "multi_turn_stats": {
+            "enabled": not cfg.disable_multi_turn,
+            "previous_turn_hits": req.multi_turn_hits,
+            "previous_turn_misses": req.multi_turn_misses,
+            "hit_rate": _rate(req.multi_turn_hits, req.multi_turn_hits + req.multi_turn_misses),
+        },
+        "prefix_cache_stats": {
+            "enabled": not cfg.disable_prefix_caching,
+            "hits": req.prefix_hits,
+            "misses": req.prefix_misses,
+            "hit_rate": _rate(req.prefix_hits, req.prefix_hits + req.prefix_misses),
+            "bytes_saved_gb": round(req.prefix_bytes_saved / GB, 4),
+        },
+        "rag_stats": {
+            "enabled": cfg.enable_rag,
+            "queries": req.rag_queries,
+            "chunk_reads": req.rag_chunk_reads,
+            "chunk_misses": req.rag_chunk_misses,
+            "chunk_hit_rate": _rate(req.rag_chunk_reads - req.rag_chunk_misses, req.rag_chunk_reads),
+            "burst_latency_ms": req.rag_burst.summary_ms(),
+        },
+        "decode_stats": {"reads": req.decode_reads, "misses": req.decode_misses, "batch_size": cfg.decode.batch_size},
+        "qos_metrics": _qos_metrics(req, cfg),
+        "requests_by_profile": dict(sorted(req.by_profile.items())),
+    }
+    if any(autoscaling):
+        out["autoscaling_summary"] = _autoscaling_summary(cfg.autoscaler_mode, autoscaling)
+    return out
