@@ -1,91 +1,69 @@
-"""Results documents for the output writers: the real sample of `kvtier bench`, and a variant with the sections a
-QoS / autoscaling / multi-client run adds (built here from real histograms, so its numbers are consistent)."""
+"""Results documents for the output writers, written by a current `kvtier bench`: one short run of the tiny model with
+the prefix cache, RAG, the autoscaler and QoS on (one class with an SLA no run meets, so both verdicts are there), and
+the same as two clients for the sections a multi-client run adds. Each run happens once per session (once per session
+under xdist too: the first worker writes the document, the others read it); tests get a copy to change freely.
+Tests read the numbers they expect from these documents, never from constants."""
 
 import copy
 import json
-import random
 from pathlib import Path
 
 import pytest
+from bench_helpers import run
+from filelock import FileLock
 
-from kvconnector.histogram import LatencyHistogram
-
-SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "bench_result_sample.json"
-
-
-def load_sample() -> dict:
-    return json.loads(SAMPLE.read_text())
-
-
-def _hists(rng: random.Random, median_ms: float, n: int) -> tuple[LatencyHistogram, LatencyHistogram]:
-    """(end to end, service): service is lognormal around the median, end to end adds 20-60% generation time."""
-    e2e, svc = LatencyHistogram(), LatencyHistogram()
-    for _ in range(n):
-        service_ns = int(rng.lognormvariate(0, 0.6) * median_ms * 1e6)
-        svc.record_ns(service_ns)
-        e2e.record_ns(int(service_ns * rng.uniform(1.2, 1.6)))
-    return e2e, svc
+# interactive's targets are below any real latency (always missed), the others' far above (always met)
+QOS = {
+    "interactive": {"priority": 3, "target_p95_ms": 0.001, "target_p99_ms": 0.002},
+    "responsive": {"priority": 2, "target_p95_ms": 60_000, "target_p99_ms": 60_000},
+    "batch": {"priority": 1, "target_p95_ms": 60_000, "target_p99_ms": 60_000},
+}
+RUN = {
+    "duration": 2.0,
+    "num_users": 8,
+    "enable_rag": True,
+    "rag_num_docs": 3,
+    "enable_autoscaling": True,
+    "autoscaler": {"interval_s": 0.25, "cooldown_s": 0},  # several steps in 2 s
+    "qos_profiles": QOS,
+}
 
 
-def make_full_doc() -> dict:
-    """The sample plus summary.qos_metrics, prefix_cache_stats, rag_stats, autoscaling_stats, clients, users."""
-    doc = load_sample()
-    rng = random.Random(7)
-    qos = {}
-    for name, prio, median, n, t95, t99 in (
-        ("interactive", 3, 200.0, 40, 1000.0, 2000.0),
-        ("batch", 1, 1500.0, 15, 5000.0, 8000.0),
-        ("standard", 2, 1200.0, 25, 1500.0, 2500.0),
-    ):
-        e2e, svc = _hists(rng, median, n)
-        met = svc.percentile_ms(95) <= t95 and svc.percentile_ms(99) <= t99
-        qos[name] = {
-            "requests": n,
-            "priority": prio,
-            "end_to_end_latency_ms": e2e.summary_ms(),
-            "service_latency_ms": svc.summary_ms(),
-            "sla": {"target_p95_ms": t95, "target_p99_ms": t99, "met": met},
-            "histograms": {"end_to_end": e2e.encode(), "service": svc.encode()},
-        }
-    doc["summary"]["qos_metrics"] = qos
-    doc["summary"]["prefix_cache_stats"] = {"hits": 120, "misses": 30, "hit_rate": 0.8, "bytes_saved_gb": 3.25}
-    doc["summary"]["rag_stats"] = {"queries": 40, "chunk_reads": 200, "chunk_hits": 150, "hit_rate": 0.75}
-    users, steps = 10, []
-    for i in range(12):
-        t = 2.0 * (i + 1)
-        action = "scale_up" if i < 7 else "peak_found" if i == 7 else "hold"
-        nxt = users + 10 if action == "scale_up" else users
-        steps.append(
-            {
-                "t_s": t,
-                "users": users,
-                "throughput_tokens_per_sec": round(1000.0 * min(users, 60) ** 0.8, 1),
-                "saturation": round(min(1.0, users / 80), 3),
-                "action": action,
-                "reason": f"saturation {min(1.0, users / 80):.0%}",
-                "next_users": nxt,
-            }
-        )
-        users = nxt
-    doc["autoscaling_stats"] = steps
-    for i, s in enumerate(doc["timeline"]):
-        s["users"] = 10 + i
-    client = copy.deepcopy(load_sample())
-    client["client_id"] = "client-0"
-    doc["clients"] = [client, {**copy.deepcopy(client), "client_id": "client-1"}]
+def _bench(tmp: Path, **overrides) -> dict:
+    (tmp / "cache").mkdir()  # the multi-client driver looks up the block device of an existing directory
+    doc = run(tmp, **RUN, **overrides)
+    assert doc.pop("_rc") == 0 and doc["status"] == "completed", doc.get("error")
     return doc
 
 
-@pytest.fixture
-def sample_doc() -> dict:
-    return load_sample()
+def _once(name: str, tmp_path_factory, worker_id: str, **overrides) -> dict:
+    tmp = tmp_path_factory.mktemp(name)
+    if worker_id == "master":  # no xdist: the session fixture already runs once
+        return _bench(tmp, **overrides)
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}.json"  # this session's folder, shared by its workers
+    with FileLock(f"{shared}.lock"):
+        if not shared.exists():
+            shared.write_text(json.dumps(_bench(tmp, **overrides)))
+        return json.loads(shared.read_text())
 
 
 @pytest.fixture(scope="session")
-def _full_doc_once() -> dict:
-    return make_full_doc()  # ~0.5 s (hdrh's mean walks every bucket in Python), so built once
+def _single_run(tmp_path_factory, worker_id) -> dict:
+    return _once("bench-single", tmp_path_factory, worker_id)
+
+
+@pytest.fixture(scope="session")
+def _clients_run(tmp_path_factory, worker_id) -> dict:
+    return _once("bench-clients", tmp_path_factory, worker_id, num_clients=2)
 
 
 @pytest.fixture
-def full_doc(_full_doc_once) -> dict:
-    return copy.deepcopy(_full_doc_once)
+def sample_doc(_single_run) -> dict:
+    """One client's document: every section but `clients`."""
+    return copy.deepcopy(_single_run)
+
+
+@pytest.fixture
+def full_doc(_clients_run) -> dict:
+    """Two clients merged: the single-client sections plus `clients` and summary.num_clients."""
+    return copy.deepcopy(_clients_run)

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture
 def two_runs(tmp_path, sample_doc):
-    """The sample, and a copy that moved twice the bytes through every tier and took half the p99."""
+    """A bench run, and a copy that moved twice the bytes through every tier and took half the p99."""
     fast = copy.deepcopy(sample_doc)
     for t in fast["tiers"].values():
         for op in ("read", "write"):
@@ -33,7 +33,7 @@ def _rows(table):
     return {r["metric"]: r for r in table["rows"]}
 
 
-def test_ratios_and_json(tmp_path, two_runs, capsys):
+def test_ratios_and_json(tmp_path, two_runs, sample_doc, capsys):
     a, b = two_runs
     out = tmp_path / "cmp" / "table.json"
     assert main([str(a), str(b), "--json", str(out)]) == 0
@@ -50,7 +50,8 @@ def test_ratios_and_json(tmp_path, two_runs, capsys):
     assert rows["tokens/s"]["ratios"][1] == pytest.approx(1.0)
     assert rows["status"]["values"] == ["completed", "completed"] and rows["status"]["ratios"] == [None, None]
     gbps = rows["disk read GB/s"]["values"]
-    assert gbps[0] == pytest.approx(0.7841, abs=1e-4) and gbps[1] == pytest.approx(2 * 0.7841, abs=1e-3)
+    read_gbps = sample_doc["summary"]["cache_stats"]["tier_storage_read_bandwidth_gbps"]
+    assert gbps[0] == pytest.approx(read_gbps, abs=1e-4) and gbps[1] == pytest.approx(2 * read_gbps, abs=1e-3)
     # the printed table says the same
     assert "2.00x" in text and "0.50x" in text and "slow" in text and "fast" in text
     disk_line = next(line for line in text.splitlines() if "disk read GB/s" in line)
@@ -58,17 +59,26 @@ def test_ratios_and_json(tmp_path, two_runs, capsys):
 
 
 def test_labels_three_runs_and_qos_rows(tmp_path, two_runs, full_doc, capsys):
+    """The third run has QoS classes and a prefix cache, the first two not: their cells are empty."""
     a, b = two_runs
+    for path in two_runs:
+        doc = json.loads(path.read_text())
+        del doc["summary"]["qos_metrics"], doc["summary"]["prefix_cache_stats"]
+        path.write_text(json.dumps(doc))
     c = tmp_path / "qos.json"
     c.write_text(json.dumps(full_doc))
     assert main([str(a), str(b), str(c), "--labels", "base, 2x ,qos"]) == 0
     text = capsys.readouterr().out
     assert "base" in text and "2x" in text and "qos" in text
-    assert "QoS standard service p99" in text
+    classes = full_doc["summary"]["qos_metrics"]
+    assert all(f"QoS {name} service p99" in text for name in classes)
     table = build_table([json.loads(p.read_text()) for p in (a, b, c)], ["a", "b", "c"], ["a", "b", "c"])
     rows = _rows(table)
-    assert rows["QoS interactive SLA"]["values"] == [None, None, "met"]
-    assert rows["prefix cache hit rate"]["values"] == [None, None, 0.8]
+    for name, q in classes.items():
+        assert rows[f"QoS {name} SLA"]["values"] == [None, None, q["sla"]["verdict"]]
+        assert rows[f"QoS {name} service p99"]["values"] == [None, None, q["service_latency_ms"]["p99"]]
+    hit_rate = full_doc["summary"]["prefix_cache_stats"]["hit_rate"]
+    assert rows["prefix cache hit rate"]["values"] == [None, None, hit_rate]
 
 
 def test_default_labels_disambiguate():

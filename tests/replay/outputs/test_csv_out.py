@@ -49,13 +49,18 @@ def test_every_row_matches_the_json(tmp_path, sample_doc):
         if isinstance(expected, (list, dict)):
             continue  # written as JSON text
         assert _as_json_value(value, expected) == expected, (section, metric)
-    assert derived == 8  # 2 tiers x 2 ops x (gb, gbps)
-    # the figures a reader looks for are there
+    assert derived == len(sample_doc["tiers"]) * 2 * 2  # tiers x (read, write) x (gb, gbps)
+    # the figures a reader looks for are there, every section of the run among them
     for key in [
         ("summary", "requests_per_second"),
         ("summary.end_to_end_latency_ms", "p99"),
         ("summary.cache_stats", "cache_hit_rate"),
         ("summary.cache_stats", "tier_storage_read_p99_ms"),
+        ("summary.prefix_cache_stats", "bytes_saved_gb"),
+        ("summary.rag_stats.burst_latency_ms", "p95"),
+        ("summary.qos_metrics.batch.service_latency_ms", "p95"),
+        ("summary.autoscaling_summary", "peak_users"),
+        ("autoscaling_stats.0", "action"),
         ("tiers.disk.read.latency_ms", "p999"),
         ("tiers.cpu.write", "ops"),
         ("tiers.disk.events", "hits"),
@@ -71,24 +76,34 @@ def test_every_row_matches_the_json(tmp_path, sample_doc):
     assert gbps["tiers.disk.read"] == pytest.approx(cache["tier_storage_read_bandwidth_gbps"], abs=1e-4)
 
 
-def test_qos_and_autoscaling_sections(tmp_path, full_doc):
+def test_qos_autoscaling_and_clients_sections(tmp_path, full_doc):
     path = tmp_path / "run.csv"
     write_csv(full_doc, path)
     rows = {(s, m): v for s, m, v in _read(path)}
-    q = full_doc["summary"]["qos_metrics"]["standard"]
-    assert float(rows[("summary.qos_metrics.standard.service_latency_ms", "p95")]) == q["service_latency_ms"]["p95"]
-    assert rows[("summary.qos_metrics.standard.sla", "met")] == "false"
-    assert rows[("summary.qos_metrics.interactive.sla", "met")] == "true"
-    assert float(rows[("summary.prefix_cache_stats", "hit_rate")]) == 0.8
-    assert rows[("autoscaling_stats.7", "action")] == "peak_found"
-    assert int(rows[("autoscaling_stats.3", "users")]) == full_doc["autoscaling_stats"][3]["users"]
-    assert rows[("clients.1", "client_id")] == "client-1"
+    for name, q in full_doc["summary"]["qos_metrics"].items():
+        section = f"summary.qos_metrics.{name}"
+        assert float(rows[(f"{section}.service_latency_ms", "p95")]) == q["service_latency_ms"]["p95"]
+        assert rows[(f"{section}.sla", "met")] == {True: "true", False: "false", None: ""}[q["sla"]["met"]]
+    assert {rows[(f"summary.qos_metrics.{n}.sla", "verdict")] for n in full_doc["summary"]["qos_metrics"]} == {
+        "met",
+        "missed",
+    }
+    assert (
+        float(rows[("summary.prefix_cache_stats", "hit_rate")]) == full_doc["summary"]["prefix_cache_stats"]["hit_rate"]
+    )
+    steps = full_doc["autoscaling_stats"]
+    last = len(steps) - 1
+    assert rows[(f"autoscaling_stats.{last}", "action")] == steps[last]["action"]
+    assert int(rows[("autoscaling_stats.0", "users")]) == steps[0]["users"]
+    assert int(rows[("summary", "num_clients")]) == len(full_doc["clients"]) == 2
+    assert int(rows[("clients.1.summary", "total_requests")]) == full_doc["clients"][1]["summary"]["total_requests"]
 
 
 def test_pandas_reads_it_when_installed(tmp_path, sample_doc):
     pd = pytest.importorskip("pandas")
+
     write_csv(sample_doc, tmp_path / "run.csv")
     df = pd.read_csv(tmp_path / "run.csv")
     assert list(df.columns) == ["section", "metric", "value"]
     v = df[(df.section == "summary") & (df.metric == "total_requests")].value.iloc[0]
-    assert int(v) == 60
+    assert int(v) == sample_doc["summary"]["total_requests"]

@@ -18,7 +18,8 @@ def _check_pngs(paths):
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, p
 
 
-def test_sample_figures_and_skips(tmp_path, sample_doc, caplog):
+def test_base_figures_and_skips(tmp_path, sample_doc, caplog):
+    del sample_doc["autoscaling_stats"], sample_doc["summary"]["qos_metrics"]
     with caplog.at_level(logging.INFO, logger="kvtier.outputs"):
         paths = write_plots(sample_doc, tmp_path / "plots")
     assert [p.rsplit("/", 1)[1] for p in paths] == BASE
@@ -28,7 +29,7 @@ def test_sample_figures_and_skips(tmp_path, sample_doc, caplog):
 
 
 def test_qos_and_autoscaling_figures(tmp_path, full_doc):
-    # the four others are drawn from the same sections as in the sample test; only the new ones here (speed)
+    # the four others are drawn from the same sections as in the test above; only these two here (speed)
     paths = write_plots(full_doc, tmp_path, figures=("autoscaling.png", "qos_latency.png"))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["autoscaling.png", "qos_latency.png"]
     _check_pngs(paths)
@@ -41,12 +42,14 @@ def test_old_document_without_histograms_or_timeline(tmp_path, sample_doc, caplo
         for op in ("read", "write"):
             del t[op]["histograms"]
     del sample_doc["request_histograms"], sample_doc["timeline"]
+    del sample_doc["autoscaling_stats"], sample_doc["summary"]["qos_metrics"]  # sections old runs did not have
     with caplog.at_level(logging.INFO, logger="kvtier.outputs"):
         assert write_plots(sample_doc, tmp_path) == []
     assert caplog.text.count("skipped") == 6
 
 
 def test_cdf_points_follow_the_histogram(sample_doc):
+    assert sample_doc["config"]["generation_mode"] == "none"  # so the generation histogram holds only zeros
     read = sample_doc["tiers"]["disk"]["read"]
     xs, ys, n = cdf_points(read["histograms"]["total"])
     assert n == read["ops"] and ys[-1] == 1.0
