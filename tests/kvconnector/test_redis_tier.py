@@ -94,11 +94,15 @@ def test_waterfall_disk_to_redis_and_restart(redis_url, tmp_path):
     assert kinds == {"disk", "redis"}
     out = memoryview(bytearray(N))
     assert b.get_into("k0", out) and bytes(out) == data(0)  # k0 was demoted to Redis
+    in_redis = {f"k{i}" for i in range(20) if b.store.contains(f"k{i}") == "redis"}
     b.close()
     other = KvtierBackend(cfg.model_copy(update={"disk_dir": str(tmp_path / "d2")}))
-    try:  # a second instance (empty local disk) serves what the first demoted to Redis
-        assert other.get_into("k1", out) and bytes(out) == data(1)
-        assert other.rescan_reports[-1]["tier"] == "redis" or other.rescan_reports[0]["tier"] == "redis"
+    try:  # a second instance (empty local disk) adopts exactly what the first left in Redis, and serves it
+        report = next(r for r in other.rescan_reports if r["tier"] == "redis")
+        assert report["adopted"] == len(in_redis) > 0
+        assert {f"k{i}" for i in range(20) if other.store.contains(f"k{i}") == "redis"} == in_redis
+        k = min(in_redis)
+        assert other.get_into(k, out) and bytes(out) == data(int(k[1:]))
     finally:
         other.close()
 

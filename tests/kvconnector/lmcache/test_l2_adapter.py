@@ -49,6 +49,12 @@ def load(a, keys):
     return bm.get_indices_list(), objs
 
 
+def test_report_status_is_unhealthy_once_the_backend_is_closed(adapter):
+    assert adapter.report_status()["is_healthy"]
+    adapter.backend.close()
+    assert not adapter.report_status()["is_healthy"]
+
+
 def test_event_fds_are_distinct(adapter):
     fds = {adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()}
     assert len(fds) == 3
@@ -66,7 +72,8 @@ def test_round_trip_is_byte_exact_and_misses_are_misses(adapter):
 
 
 def test_keys_never_become_paths(adapter, tmp_path):
-    # LMCache keys hold '/' and the model name may hold '..': the files stay in the tier's directory, 0600 in a 0700 dir.
+    # LMCache keys hold '/' and the model name may hold '..': the files stay in the tier's directory, 0600 in a 0700
+    # dir.
     key = okey(7, model="../../../../tmp/evil/..")
     store(adapter, [key], [mem_obj(seed=7)])
     disk = tmp_path / "disk"
@@ -96,12 +103,12 @@ def test_lock_pins_against_eviction_and_unlock_releases(adapter):
 def test_delete_removes_and_capacity_never_exceeded_under_concurrent_stores(tmp_path):
     a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 2e-4, "io_workers": 8})  # 200 KB
     try:
-        seen_max = [0]
+        seen = []
         stop = threading.Event()
 
-        def watch():
-            while not stop.is_set():
-                seen_max[0] = max(seen_max[0], a.backend.store.usage()[0]["used_bytes"])
+        def watch():  # samples every 0.5 ms; a busy loop would take the GIL from the workers it watches
+            while not stop.wait(0.0005):
+                seen.append(a.backend.store.usage()[0]["used_bytes"])
 
         w = threading.Thread(target=watch)
         w.start()
@@ -115,7 +122,8 @@ def test_delete_removes_and_capacity_never_exceeded_under_concurrent_stores(tmp_
         w.join()
         cap = a.backend.store.tiers[0].capacity_bytes
         on_disk = sum(p.stat().st_size - 4096 for p in (tmp_path / "d").glob("*.kv"))
-        assert seen_max[0] <= cap and on_disk <= cap
+        assert len(seen) > 1 and max(seen) > 0  # it watched while the stores ran
+        assert max(seen) <= cap and on_disk <= cap
         present = [k for k in (okey(i) for i in range(600)) if a.backend.store.contains(object_key_str(k))]
         assert present
         a.delete(present[:3])
