@@ -23,8 +23,9 @@ import tempfile
 
 import yaml
 
+from kvconnector.units import GB
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
-GB = 1e9
 
 CPU_BOUND = {
     "model": "small",
@@ -39,22 +40,35 @@ CPU_BOUND = {
 }
 
 
+class BenchFailed(RuntimeError):
+    """A child `kvtier bench` exited non-zero or did not complete: its numbers would be from a partial run."""
+
+
 def run_bench(cfg: dict, workdir: str, name: str) -> tuple[dict, dict]:
     path = os.path.join(workdir, f"{name}.yaml")
     cfg = dict(cfg, output=os.path.join(workdir, f"{name}.json"), cache_dir=os.path.join(workdir, "cache"))
     with open(path, "w") as f:
         yaml.safe_dump(cfg, f)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "replay.cli", "bench", "--config", path],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _, _, rusage = os.wait4(proc.pid, 0)
-    proc.returncode = 0
+    # stderr into a file, not a pipe: a chatty child cannot fill a pipe nobody reads while we wait for it
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replay.cli", "bench", "--config", path],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
+        _, status, rusage = os.wait4(proc.pid, 0)  # wait4 for the child's CPU time
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so tell Popen
+        err.seek(0)
+        stderr = err.read().strip()
+    if proc.returncode != 0:
+        last = stderr.splitlines()[-1] if stderr else "no message"
+        raise BenchFailed(f"kvtier bench ({name}) exited {proc.returncode}: {last}")
     with open(cfg["output"]) as f:
         doc = json.load(f)
+    if doc.get("status") != "completed":
+        raise BenchFailed(f"kvtier bench ({name}) ended {doc.get('status')}: {doc.get('error') or 'no error given'}")
     return doc, {"cpu_s": rusage.ru_utime + rusage.ru_stime}
 
 
@@ -113,10 +127,14 @@ def main() -> int:
     ap.add_argument("--clients-users", type=int, default=32)
     ap.add_argument("--many-users", type=int, default=1000)
     a = ap.parse_args()
-    if a.only in (None, "clients"):
-        clients(a.duration, a.clients_users)
-    if a.only in (None, "users"):
-        many_users(a.duration * 2, a.many_users)
+    try:
+        if a.only in (None, "clients"):
+            clients(a.duration, a.clients_users)
+        if a.only in (None, "users"):
+            many_users(a.duration * 2, a.many_users)
+    except BenchFailed as exc:
+        print(f"bench_scaling: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
