@@ -9,7 +9,6 @@ left out (they are series, not figures); two derived figures are added per tier 
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -17,18 +16,19 @@ from typing import Any
 from ._common import GB, OPS, elapsed_s, flatten, scalar_text
 from .paths import atomic_path
 
-__all__ = ["COLUMNS", "csv_rows", "write_csv"]
+__all__ = ["COLUMNS", "figures", "figures_frame", "write_csv"]
 
 COLUMNS = ("section", "metric", "value")
 _SKIP = ("histograms", "request_histograms", "timeline")
 _FIRST = ("summary", "tiers", "block_device")
 
 
-def csv_rows(doc: dict) -> Iterator[tuple[str, str, Any]]:
-    """(section, metric, value) for every figure of the document, summary first."""
+def figures(doc: dict) -> Iterator[tuple[str, str, Any]]:
+    """(section, metric, value) for every figure of the document, summary first. A value is a number, string, boolean
+    or None; a list or dict (a config list, say) is JSON text."""
     for key, value in doc.items():
         if key not in _SKIP and not isinstance(value, dict) and not _is_records(value):
-            yield "run", key, _cell(value)
+            yield "run", key, scalar_text(value)
     keys = [k for k in _FIRST if k in doc] + [k for k in doc if k not in _FIRST]
     elapsed = elapsed_s(doc)
     for key in keys:
@@ -37,7 +37,7 @@ def csv_rows(doc: dict) -> Iterator[tuple[str, str, Any]]:
             continue
         for path, leaf in flatten(value, key, _SKIP):
             section, _, metric = path.rpartition(".")
-            yield section, metric, _cell(leaf)
+            yield section, metric, scalar_text(leaf)
         if key == "tiers":
             for name, t in value.items():
                 for op in OPS:
@@ -47,13 +47,20 @@ def csv_rows(doc: dict) -> Iterator[tuple[str, str, Any]]:
                         yield f"tiers.{name}.{op}", "gbps", nbytes / GB / elapsed if elapsed else 0.0
 
 
+def figures_frame(doc: dict):
+    """`figures(doc)` as a pandas DataFrame, columns section, metric, value (dtype object: each value keeps its
+    Python type). The CSV is this frame written out."""
+    import pandas as pd  # imported when used: the run itself does not need it
+
+    return pd.DataFrame(figures(doc), columns=list(COLUMNS))
+
+
 def write_csv(doc: dict, path: str | os.PathLike) -> None:
     """Write the long-format CSV atomically (a temporary file in the same directory, then a rename)."""
+    frame = figures_frame(doc)
+    frame["value"] = frame["value"].map(_cell)
     with atomic_path(path, suffix=".csv.tmp") as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            w = csv.writer(fh)
-            w.writerow(COLUMNS)
-            w.writerows(csv_rows(doc))
+        frame.to_csv(tmp, index=False, lineterminator="\r\n")  # CRLF, as the csv module writes (RFC 4180)
 
 
 def _is_records(value: Any) -> bool:
@@ -65,4 +72,4 @@ def _cell(value: Any) -> Any:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return scalar_text(value)
+    return value

@@ -226,7 +226,7 @@ def _tiers(ws, doc: dict) -> None:
         "p50 ms",
         "p95 ms",
         "p99 ms",
-        "p99.9 ms",
+        "p999 ms",
         "host p50 ms",
         "host p99 ms",
         "device p50 ms",

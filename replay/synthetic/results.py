@@ -7,16 +7,27 @@ Keys follow the MLPerf KV Cache benchmark where the concept is the same (`summar
 `end_to_end_latency_ms`, `cache_stats.tier_<name>_kv_bytes_read_gb`, ...). Tier names in `cache_stats` use that
 benchmark's words: gpu, cpu, storage (our disk tier). Every latency is a summary of a mergeable histogram, and the
 histograms themselves are included (`tiers.<name>.read.histograms`) so runs can be merged later.
+
+Python callers read a results file as a pandas DataFrame with `load(path)`.
 """
 
 from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING
 
 from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 from kvconnector.telemetry import OpStats, TierStats
 
+from ..outputs.csv_out import figures_frame
+from ..sources.base import open_regular
 from .config import BenchConfig
 from .driver import ClassStats, RequestStats
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GB = 1e9
 PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage"}
@@ -24,6 +35,10 @@ PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage"}
 
 def tier_label(kind: str, name: str) -> str:
     return PEER_TIER_NAMES.get(kind, name)
+
+
+def _percentiles_ms(hist: LatencyHistogram, percentiles: tuple[float, ...]) -> list[tuple[str, float]]:
+    return [(k, v) for k, v in hist.summary_ms(percentiles).items() if k.startswith("p")]
 
 
 def cache_stats(tiers: dict, events: dict, elapsed_s: float) -> dict:
@@ -43,12 +58,13 @@ def cache_stats(tiers: dict, events: dict, elapsed_s: float) -> dict:
             verb = "read" if op == "read" else "written"
             out[f"tier_{label}_kv_bytes_{verb}_gb"] = round(st.nbytes / GB, 4)
             out[f"tier_{label}_{op}_bandwidth_gbps"] = round(st.nbytes / GB / elapsed_s, 4) if elapsed_s else 0.0
-            for pct, key in ((50, "p50"), (95, "p95"), (99, "p99"), (99.9, "p999")):
-                out[f"tier_{label}_{op}_{key}_ms"] = round(st.total.percentile_ms(pct), 4)
+            # Percentile keys (p50 ... p999) as the histograms name them everywhere else.
+            for key, ms in _percentiles_ms(st.total, (50, 95, 99, 99.9)):
+                out[f"tier_{label}_{op}_{key}_ms"] = ms
             if t["kind"] == "disk":
                 for part, hist in (("device", st.device), ("host", st.host)):
-                    for pct, key in ((50, "p50"), (95, "p95"), (99, "p99")):
-                        out[f"storage_{op}_{part}_{key}_ms"] = round(hist.percentile_ms(pct), 4)
+                    for key, ms in _percentiles_ms(hist, (50, 95, 99)):
+                        out[f"storage_{op}_{part}_{key}_ms"] = ms
     return out
 
 
@@ -256,3 +272,24 @@ def summary(
     if any(autoscaling):
         out["autoscaling_summary"] = _autoscaling_summary(cfg.autoscaler_mode, autoscaling)
     return out
+
+
+def load(path: str | os.PathLike) -> pd.DataFrame:
+    r"""A `kvtier bench` results file (one client's or merged) as a DataFrame in long format, one row per figure:
+    columns `section` (the dotted path of the JSON object the figure sits in: `summary`, `summary.cache_stats`,
+    `tiers.disk.read.latency_ms`, `run` for top-level scalars), `metric` (its key) and `value` (a number, string,
+    boolean or None). These are the rows of the `--csv-output` file, with the same derived `gb`/`gbps` per tier and
+    operation, and no encoded histograms or timeline.
+
+    Long rather than wide because runs differ in shape (tiers, QoS classes, clients, autoscaler steps): frames of
+    several runs stack without gaps and pivot into a comparison, and any one table is a filter away:
+
+        runs = pd.concat({p: load(p) for p in paths}, names=["run"]).reset_index("run")
+        side_by_side = runs.pivot(index=["section", "metric"], columns="run", values="value")
+        p99 = df[df.section.str.fullmatch(r"tiers\.\w+\.(read|write)\.latency_ms") & (df.metric == "p99")]
+    """
+    with open_regular(path) as fh:
+        doc = json.load(fh)
+    if not isinstance(doc, dict) or not isinstance(doc.get("summary"), dict):
+        raise ValueError(f"{path}: not a kvtier bench result (no summary)")
+    return figures_frame(doc)

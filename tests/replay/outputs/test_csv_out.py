@@ -1,10 +1,14 @@
-"""The long-format CSV parses with the csv module and every figure matches the JSON it came from."""
+"""The long-format CSV parses with the csv module and every figure matches the JSON it came from; `results.load`
+gives Python callers the same rows as a DataFrame."""
 
 import csv
+import json
 
+import pandas as pd
 import pytest
 
 from replay.outputs import write_csv
+from replay.synthetic.results import load
 
 
 def _read(path):
@@ -99,11 +103,46 @@ def test_qos_autoscaling_and_clients_sections(tmp_path, full_doc):
     assert int(rows[("clients.1.summary", "total_requests")]) == full_doc["clients"][1]["summary"]["total_requests"]
 
 
-def test_pandas_reads_it_when_installed(tmp_path, sample_doc):
-    pd = pytest.importorskip("pandas")
-
+def test_pandas_reads_it(tmp_path, sample_doc):
     write_csv(sample_doc, tmp_path / "run.csv")
     df = pd.read_csv(tmp_path / "run.csv")
     assert list(df.columns) == ["section", "metric", "value"]
     v = df[(df.section == "summary") & (df.metric == "total_requests")].value.iloc[0]
     assert int(v) == sample_doc["summary"]["total_requests"]
+
+
+def test_load_is_the_csv_as_a_dataframe_with_typed_values(tmp_path, sample_doc):
+    src = tmp_path / "run.json"
+    src.write_text(json.dumps(sample_doc))
+    write_csv(sample_doc, tmp_path / "run.csv")
+    df = load(src)
+    assert list(df.columns) == ["section", "metric", "value"]
+    assert list(zip(df.section, df.metric)) == [(s, m) for s, m, _ in _read(tmp_path / "run.csv")]
+    v = df.set_index(["section", "metric"])["value"]
+    s = sample_doc["summary"]
+    assert v["summary", "total_requests"] == s["total_requests"] and type(v["summary", "total_requests"]) is int
+    assert v["summary.end_to_end_latency_ms", "p999"] == s["end_to_end_latency_ms"]["p999"]
+    assert v["summary.rag_stats", "enabled"] is True and v["run", "error"] is None
+    assert v["tiers.disk.read", "gb"] == pytest.approx(sample_doc["tiers"]["disk"]["read"]["bytes"] / 1e9)
+
+
+def test_loaded_runs_stack_and_pivot_side_by_side(tmp_path, sample_doc, full_doc):
+    """Runs of different shapes (one client, two merged) stack and pivot as load's docstring shows."""
+    paths = {"one": tmp_path / "one.json", "two": tmp_path / "two.json"}
+    paths["one"].write_text(json.dumps(sample_doc))
+    paths["two"].write_text(json.dumps(full_doc))
+    runs = pd.concat({name: load(p) for name, p in paths.items()}, names=["run"]).reset_index("run")
+    side = runs.pivot(index=["section", "metric"], columns="run", values="value")
+    assert side.loc[("summary", "num_clients")].tolist() == [1, 2]
+    assert side.loc[("summary", "total_requests")].tolist() == [
+        sample_doc["summary"]["total_requests"],
+        full_doc["summary"]["total_requests"],
+    ]
+    assert pd.isna(side.loc[("clients.1.summary", "total_requests"), "one"])  # a section only the merged run has
+
+
+def test_load_refuses_what_is_not_a_bench_result(tmp_path):
+    path = tmp_path / "replay.json"
+    path.write_text(json.dumps({"request_throughput": 1.0}))
+    with pytest.raises(ValueError, match="not a kvtier bench result"):
+        load(path)
