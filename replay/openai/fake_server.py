@@ -65,6 +65,8 @@ class _State:
     generation_tokens: int = 0
     cached_blocks: set = field(default_factory=set)
     recent_bodies: deque = field(default_factory=lambda: deque(maxlen=256))  # for tests that check what was sent
+    recent_headers: deque = field(default_factory=lambda: deque(maxlen=256))  # the same requests' headers
+    metrics_scrapes: int = 0  # GETs of /metrics (tests of the scrape interval)
 
 
 async def _sleep_until(due: float, clock) -> None:
@@ -117,6 +119,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         except ValueError:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         state.recent_bodies.append(body)
+        state.recent_headers.append(dict(request.headers))
         fault = cfg.fault_plan(n_req) if cfg.fault_plan else None
         for name, every in cfg.fault_every.items():
             if every and (n_req + 1) % every == 0:
@@ -215,6 +218,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
         return web.Response(text="")
 
     async def metrics(_request: web.Request) -> web.Response:
+        state.metrics_scrapes += 1
         lines = [
             "# TYPE vllm:prefix_cache_queries_total counter",
             f'vllm:prefix_cache_queries_total{{model_name="fake"}} {state.queries}',
@@ -271,6 +275,16 @@ class FakeServer:
     def recent_bodies(self) -> list[dict]:
         """Request bodies the server received (in-process mode only), oldest first."""
         return list(self.app[STATE_KEY].recent_bodies) if self.app else []
+
+    @property
+    def recent_headers(self) -> list[dict[str, str]]:
+        """Headers of the requests in `recent_bodies` (in-process mode only), oldest first."""
+        return list(self.app[STATE_KEY].recent_headers) if self.app else []
+
+    @property
+    def metrics_scrapes(self) -> int:
+        """How many times /metrics was read (in-process mode only)."""
+        return self.app[STATE_KEY].metrics_scrapes if self.app else 0
 
     def __enter__(self) -> FakeServer:
         if self.process:
