@@ -197,9 +197,9 @@ def build_summary(
     else:
         s["server_metrics"] = None
     if state.round_snapshots:
-        server_block = state.metrics_start.get("vllm:cache_config_block_size") if state.metrics_start else None
+        server_block = state.metrics_start.block_size() if state.metrics_start else None
         if block_size is None:
-            block_size = int(server_block) if server_block else 16
+            block_size = server_block or 16
         s["block_size"] = block_size
         s["rounds"] = _rounds(state, percentiles, block_size, kv_bytes_per_token, kv_bytes_metric)
     return s

@@ -1,74 +1,126 @@
 """Scrape Prometheus `/metrics` (vLLM, LMCache, kvtier's exporter) and turn counter deltas into cache figures.
 
-Rates are always deltas of counters between two snapshots (never gauges a server overwrites). Series of the same name
-are summed across labels and across scraped URLs (two vLLM instances behind one router add up), except
-`prompt_tokens_by_source`, kept per `source`. A counter that went down (server restart) counts from zero.
+The text is parsed by prometheus_client's own parser (label values may hold `}`, escaped quotes and newlines), and
+every sample is kept as a series: (sample name, labels) -> value. Samples of one series scraped from several URLs
+add up (two vLLM instances behind one router report as one).
+
+Rates are always deltas of counters between two snapshots (never gauges a server overwrites), taken per series and
+then summed, so one series that went down (its server restarted) counts from zero without hiding the others' growth.
+A figure sums every series of its name unless it is asked per label: `prompt_tokens_by_source` per `source`, and
+kvtier's `kvtier_bytes_total` per `tier` and `op` (which tier the bytes went to, not only how many).
 """
 
 from __future__ import annotations
 
-import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["KV_WRITTEN_BYTES_METRICS", "Snapshot", "derive", "parse_prometheus", "scrape"]
+__all__ = [
+    "KV_WRITTEN_BYTES_METRICS",
+    "Series",
+    "Snapshot",
+    "derive",
+    "metric_selector",
+    "parse_prometheus",
+    "scrape",
+]
 
-# Bytes written to the KV tier, first one found wins (kvtier's exporter, then LMCache's).
-# kvtier's exporter (kvconnector/metrics.py) has kvtier_bytes_total{tier,op}: the op="write" series, all tiers summed.
-KV_WRITTEN_BYTES_METRICS = ("kvtier_bytes_total|write", "lmcache:stored_bytes_total", "lmcache:num_stored_bytes_total")
+# One series: the sample name and its labels as sorted (name, value) pairs (hashable, so it can key a dict).
+Series = tuple[str, tuple[tuple[str, str], ...]]
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_BLOCK = re.compile(r'[{,]block_size="(\d+)"')
-_OP = re.compile(r'[{,]op="([^"]*)"')
-_SOURCE = re.compile(r'source="([^"]*)"')
+# Bytes written to the KV tier, first one found wins: kvtier's exporter (kvconnector/metrics.py, its op="write"
+# series of every tier), then LMCache's.
+KV_WRITTEN_BYTES_METRICS = (
+    'kvtier_bytes_total{op="write"}',
+    "lmcache:stored_bytes_total",
+    "lmcache:num_stored_bytes_total",
+)
+_KVTIER_BYTES = "kvtier_bytes_total"
+
+
+def parse_prometheus(text: str, into: dict[Series, float] | None = None) -> dict[Series, float]:
+    """Samples of a Prometheus text exposition as {(name, labels): value}, added into `into` when given.
+    NaN samples are left out (a histogram with no observations). A malformed text raises ValueError and adds
+    nothing."""
+    parsed: dict[Series, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.value != s.value:  # NaN
+                continue
+            key = (s.name, tuple(sorted(s.labels.items())))
+            parsed[key] = parsed.get(key, 0.0) + s.value
+    out = {} if into is None else into
+    for key, v in parsed.items():
+        out[key] = out.get(key, 0.0) + v
+    return out
+
+
+def metric_selector(text: str) -> tuple[str, dict[str, str]]:
+    """'name' or 'name{label="value",...}' (PromQL's exact-match selector) -> (name, labels). ValueError if it is
+    neither. The labels are read by the same parser as the scrape, so quoting and escapes mean the same."""
+    text = text.strip()
+    if "{" not in text:
+        return text, {}
+    name, _, rest = text.partition("{")
+    inner = rest.removesuffix("}")
+    what = f'not a metric selector (name or name{{label="value"}}): {text!r}'
+    try:
+        families = list(text_string_to_metric_families(text + " 0\n")) if rest.endswith("}") else []
+    except ValueError as exc:
+        raise ValueError(what) from exc
+    samples = [s for f in families for s in f.samples]
+    # The parser is lenient (`x{tier=}` reads as `x`): a selector must give back its name, and labels if it has any.
+    if len(samples) != 1 or samples[0].name != name or (inner.strip() and not samples[0].labels):
+        raise ValueError(what)
+    return name, dict(samples[0].labels)
 
 
 @dataclass
 class Snapshot:
     t_ns: int
-    values: dict[str, float] = field(default_factory=dict)
+    values: dict[Series, float] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
-    def get(self, *names: str) -> float | None:
+    def series(self, *names: str, **match: str) -> dict[Series, float]:
+        """The series of the first of `names` that has any whose labels include `match` (each name also tried with
+        and without `_total`, as exporters differ); {} when none has."""
         for n in names:
             for cand in (n, n + "_total", n.removesuffix("_total")):
-                if cand in self.values:
-                    return self.values[cand]
+                found = {k: v for k, v in self.values.items() if k[0] == cand and _matches(k[1], match)}
+                if found:
+                    return found
+        return {}
+
+    def total(self, *names: str, **match: str) -> float | None:
+        found = self.series(*names, **match)
+        return sum(found.values()) if found else None
+
+    def label_values(self, name: str, label: str) -> list[str]:
+        """Values of `label` among the series of `name`, in first-seen order (an info metric's labels)."""
+        out: list[str] = []
+        for (_, labels), _v in self.series(name).items():
+            v = dict(labels).get(label)
+            if v is not None and v not in out:
+                out.append(v)
+        return out
+
+    def block_size(self) -> int | None:
+        """vLLM's KV block size, from the `block_size` label of `vllm:cache_config_info`."""
+        for v in self.label_values("vllm:cache_config_info", "block_size"):
+            if v.isdigit():
+                return int(v)
         return None
 
 
-def parse_prometheus(text: str, into: dict[str, float] | None = None) -> dict[str, float]:
-    out = {} if into is None else into
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        name, labels, raw = m.groups()
-        try:
-            v = float(raw)
-        except ValueError:
-            continue
-        if v != v:  # NaN
-            continue
-        key = name
-        if labels and name == "vllm:cache_config_info":
-            b = _BLOCK.search(labels)
-            if b:
-                out["vllm:cache_config_block_size"] = float(b.group(1))
-            continue
-        if labels and name in ("kvtier_bytes_total", "kvtier_bytes"):
-            op = _OP.search(labels)
-            key = f"kvtier_bytes_total|{op.group(1)}" if op else name
-        elif labels and "prompt_tokens_by_source" in name:
-            s = _SOURCE.search(labels)
-            if s:
-                key = f"{name}|{s.group(1)}"
-        out[key] = out.get(key, 0.0) + v
-    return out
+def _matches(labels: tuple[tuple[str, str], ...], match: Mapping[str, str]) -> bool:
+    if not match:
+        return True
+    have = dict(labels)
+    return all(have.get(k) == v for k, v in match.items())
 
 
 async def scrape(session: aiohttp.ClientSession, urls: list[str], timeout_s: float = 5.0) -> Snapshot:
@@ -79,18 +131,39 @@ async def scrape(session: aiohttp.ClientSession, urls: list[str], timeout_s: flo
                 if r.status != 200:
                     snap.errors.append(f"{url}: HTTP {r.status}")
                     continue
-                parse_prometheus(await r.text(), snap.values)
+                text = await r.text()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             snap.errors.append(f"{url}: {type(exc).__name__}")
+            continue
+        try:
+            parse_prometheus(text, snap.values)
+        except ValueError as exc:  # not the text format: said, and nothing of this URL counted
+            snap.errors.append(f"{url}: not Prometheus text format ({exc})")
     return snap
 
 
-def _delta(a: Snapshot, b: Snapshot, *names: str) -> float | None:
-    vb = b.get(*names)
-    if vb is None:
-        return None
-    va = a.get(*names) or 0.0
-    return vb - va if vb >= va else vb  # a reset counts from zero
+def _series_delta(a: Snapshot, b: Snapshot, found: dict[Series, float]) -> float:
+    """Sum over series of b's value minus a's; a series that went down (a restart) or is new counts from zero."""
+    total = 0.0
+    for key, vb in found.items():
+        va = a.values.get(key, 0.0)
+        total += vb - va if vb >= va else vb
+    return total
+
+
+def _delta(a: Snapshot, b: Snapshot, *names: str, **match: str) -> float | None:
+    found = b.series(*names, **match)
+    return _series_delta(a, b, found) if found else None
+
+
+def _delta_by(a: Snapshot, b: Snapshot, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+    """Deltas of the series of `name` grouped by the values of `labels` (a series lacking one is left out)."""
+    groups: dict[tuple[str, ...], dict[Series, float]] = {}
+    for key, v in b.series(name).items():
+        have = dict(key[1])
+        if all(lab in have for lab in labels):
+            groups.setdefault(tuple(have[lab] for lab in labels), {})[key] = v
+    return {g: _series_delta(a, b, found) for g, found in groups.items()}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -99,15 +172,34 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return round(num / den, 6)
 
 
+def _selector_text(name: str, labels: Mapping[str, str]) -> str:
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{name}{{{inner}}}"
+
+
+def kv_bytes_by_tier(a: Snapshot, b: Snapshot) -> dict[str, dict[str, float]] | None:
+    """{tier: {op: bytes}} over the interval from kvtier's `kvtier_bytes_total{tier,op}`; None when not exported."""
+    out: dict[str, dict[str, float]] = {}
+    for (tier, op), v in _delta_by(a, b, _KVTIER_BYTES, "tier", "op").items():
+        out.setdefault(tier, {})[op] = v
+    return out or None
+
+
 def derive(
     a: Snapshot, b: Snapshot, kv_bytes_per_token: float | None = None, kv_bytes_metric: str | None = None
 ) -> dict:
-    """Cache and scheduler figures over the interval between two snapshots."""
-    d = lambda *n: _delta(a, b, *n)  # noqa: E731
+    """Cache and scheduler figures over the interval between two snapshots. `kv_bytes_metric` is a counter's name or
+    an exact-match selector (`name{label="value"}`); by default KV_WRITTEN_BYTES_METRICS, first one found."""
+
+    def d(*names: str, **match: str) -> float | None:
+        return _delta(a, b, *names, **match)
+
     hits, queries = d("vllm:prefix_cache_hits"), d("vllm:prefix_cache_queries")
     ext_hits, ext_queries = d("vllm:external_prefix_cache_hits"), d("vllm:external_prefix_cache_queries")
     src = {
-        s: d(f"vllm:prompt_tokens_by_source_total|{s}") or d(f"vllm:prompt_tokens_by_source|{s}")
+        s: d("vllm:prompt_tokens_by_source", source=s)
         for s in ("local_compute", "local_cache_hit", "external_kv_transfer")
     }
     have_src = any(v is not None for v in src.values())
@@ -117,18 +209,20 @@ def derive(
     else:
         hit_rate = _ratio((hits or 0) + (ext_hits or 0), queries) if queries else None
     q_sum, q_cnt = d("vllm:request_queue_time_seconds_sum"), d("vllm:request_queue_time_seconds_count")
-    written = None
-    for name in (kv_bytes_metric,) if kv_bytes_metric else KV_WRITTEN_BYTES_METRICS:
-        written = d(name)
+    written, written_source = None, None
+    for sel in (kv_bytes_metric,) if kv_bytes_metric else KV_WRITTEN_BYTES_METRICS:
+        try:
+            name, labels = metric_selector(sel)
+        except ValueError:
+            continue  # a selector that does not parse names no series, as an unknown name does
+        written = d(name, **labels)
         if written is not None:
+            written_source = kv_bytes_metric or _selector_text(name, labels)
             break
-    written_source = kv_bytes_metric if written is not None and kv_bytes_metric else None
     if written is None and kv_bytes_per_token:
         stored = d("lmcache:num_stored_tokens")
         if stored is not None:
             written, written_source = stored * kv_bytes_per_token, "lmcache:num_stored_tokens x kv_bytes_per_token"
-    elif written is not None and written_source is None:
-        written_source = next(n for n in KV_WRITTEN_BYTES_METRICS if d(n) is not None)
     return {
         "interval_s": round((b.t_ns - a.t_ns) / 1e9, 3),
         "hit_rate": hit_rate,
@@ -143,6 +237,7 @@ def derive(
         "server_queue_time_mean_ms": round(q_sum / q_cnt * 1e3, 3) if q_sum is not None and q_cnt else None,
         "kv_written_bytes": written,
         "kv_written_bytes_source": written_source,
+        "kv_bytes_by_tier": kv_bytes_by_tier(a, b),
         "lmcache_hit_tokens": d("lmcache:num_hit_tokens"),
         "lmcache_stored_tokens": d("lmcache:num_stored_tokens"),
         "scrape_errors": b.errors or None,

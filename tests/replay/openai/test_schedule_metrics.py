@@ -66,14 +66,15 @@ VLLM_B = (
 
 def test_derive_from_counter_deltas():
     a, b = Snapshot(0, parse_prometheus(VLLM_A)), Snapshot(2_000_000_000, parse_prometheus(VLLM_B))
-    assert a.values["vllm:cache_config_block_size"] == 128
+    assert a.block_size() == 128  # a label of vllm:cache_config_info
     d = derive(a, b)
     assert d["prefix_cache_hit_rate"] == pytest.approx(0.5)  # 1000 hits / 2000 queries
     assert d["prompt_tokens_by_source"] == {"local_compute": 600, "local_cache_hit": 800, "external_kv_transfer": 600}
     assert d["hit_rate"] == pytest.approx(0.7)  # (800 + 600) / 2000, local and external together
     assert d["preemptions"] == 3
     assert d["server_queue_time_mean_ms"] == pytest.approx(200.0)
-    assert d["kv_written_bytes"] == 8192 and d["kv_written_bytes_source"] == "kvtier_bytes_total|write"
+    assert d["kv_written_bytes"] == 8192 and d["kv_written_bytes_source"] == 'kvtier_bytes_total{op="write"}'
+    assert d["kv_bytes_by_tier"] == {"disk": {"write": 8192, "read": 0}}
     assert d["interval_s"] == 2.0
 
 
