@@ -7,26 +7,28 @@ directories are rescanned (`persistence.rescan_dir`) so a restart serves what wa
 instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
 
 The backend speaks plain strings and buffers; the adapters translate LMCache's keys and memory objects. Its methods
-are blocking and thread-safe; the adapters run stores on `self.pool`, lookups and loads on `self.read_pool`. Failures on the I/O path never raise into
-LMCache: a refused store (full filesystem, I/O error) and a failed load are counted and reported as such.
+are blocking and thread-safe; the adapters run stores on `self.pool`, lookups and loads on `self.read_pool`. Failures
+on the I/O path never raise into LMCache: a refused store (full filesystem, I/O error) and a failed load are counted
+and reported as such.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from .backend_config import GB, BackendConfig
+from .backend_config import BackendConfig
 from .errors import KvtierError, StorageFullError
+from .files import atomic_path
 from .persistence import rescan_dir
 from .redis_tier import RedisTier
-from .shared_tier import SharedDirTier, is_shared
+from .shared_tier import SharedDirTier, SharedTier
 from .store import TieredStore
 from .tiers import DiskTier
+from .units import GB
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class KvtierBackend:
         if cfg.redis_url:
             tiers.append(RedisTier(cfg.redis_url, int(cfg.redis_capacity_gb * GB), cfg.redis_namespace))
         self.store = TieredStore(tiers, target_usage_ratio=cfg.target_usage_ratio, promote_on_hit=cfg.promote_on_hit)
-        self._shared = [i for i, t in enumerate(tiers) if is_shared(t)]
+        self._shared = [i for i, t in enumerate(tiers) if isinstance(t, SharedTier)]
         self._events: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.rescan_reports: list[dict] = []
@@ -179,11 +181,13 @@ class KvtierBackend:
         }
 
     def write_snapshot(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as fh:
+        # 0600 like the entry files beside it: the snapshot names the directories and settings of this instance.
+        with atomic_path(path, suffix=".json.tmp", mode=0o600) as tmp, open(tmp, "w") as fh:
             json.dump(self.snapshot(), fh, indent=1)
-        os.replace(tmp, path)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         if self._closed:

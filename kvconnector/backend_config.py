@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 
 PREFIX = "kvtier."
-GB = 1_000_000_000
 
 
 class BackendConfig(BaseModel):

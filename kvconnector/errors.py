@@ -11,10 +11,6 @@ class ConfigError(KvtierError, ValueError):
     """A setting the user gave is invalid (unknown model, absurd size, unwritable directory, conflicting flags)."""
 
 
-class StoreFullError(KvtierError):
-    """No tier could take an entry: every tier is full of entries that are in use, or the entry is too large."""
-
-
 class StorageFullError(KvtierError, OSError):
     """The filesystem under a disk tier ran out of space (ENOSPC) or quota (EDQUOT)."""
 

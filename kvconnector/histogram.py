@@ -80,11 +80,25 @@ class LatencyHistogram:
         idx = np.searchsorted(high, np.asarray(bounds_ns, dtype=np.float64), side="right")
         return [int(cum[i - 1]) if i else 0 for i in idx]
 
+    @property
+    def max_ns(self) -> int:
+        return self._h.get_max_value() if self.count else 0
+
     def max_ms(self) -> float:
-        return self._h.get_max_value() / 1e6 if self.count else 0.0
+        return self.max_ns / 1e6
+
+    def recorded_buckets(self) -> tuple[np.ndarray, np.ndarray]:
+        """(highest value in ns, count) of each bucket that holds values, in value order: what hdrh's
+        get_recorded_iterator() yields, found with numpy instead of a Python walk over every bucket (~0.1 s)."""
+        _, high, _ = _bucket_values()
+        with self._lock:
+            counts = self._counts().copy()
+        idx = np.flatnonzero(counts)
+        return high[idx], counts[idx]
 
     def summary_ms(self, percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, float]:
-        """mean, p50, ..., max in milliseconds, keyed like `p99` / `p999` (the naming the MLPerf and vLLM benches use)."""
+        """mean, p50, ..., max in milliseconds, keyed like `p99` / `p999` (the naming the MLPerf and vLLM benches
+        use)."""
         out = {"count": self.count, "mean": round(self.mean_ms(), 4)}
         for pct in percentiles:
             out[_pct_key(pct)] = round(self.percentile_ms(pct), 4)

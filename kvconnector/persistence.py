@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 from .entry_format import ENTRY_NAME, MARKER_NAME, MARKER_TEXT, TEMP_NAME, file_name_for
 from .errors import ConfigError, CorruptEntryError
+from .files import unlink_quietly
 from .timed_io import IOMode, read_entry, read_header
 
 # How long a marker that another instance is writing right now may stay incomplete (it is one small write).
@@ -137,7 +138,7 @@ def rescan_dir(
                 continue
             if temp:
                 if stale_tmp_s is None or now - st.st_mtime > stale_tmp_s:
-                    _unlink(de.path)
+                    unlink_quietly(de.path)
                     report.stale_tmp_removed += 1
                 continue
             try:
@@ -150,7 +151,7 @@ def rescan_dir(
             except FileNotFoundError:
                 continue  # removed by another instance while we looked (or replaced by something not a file)
             except (CorruptEntryError, OSError):
-                _unlink(de.path)
+                unlink_quietly(de.path)
                 report.corrupt_removed += 1
     found.sort(key=lambda x: x[0])
     for _, hdr in found:
@@ -168,17 +169,10 @@ def rescan_dir(
             # A second copy of an entry adopted from a lower tier (scanned first): a move between tiers that a crash
             # cut short after the write and before the removal. Served from there; kept, this copy would be a file that
             # no tier accounts for (also when another instance put the same key into a shared tier below: same bytes).
-            _unlink(tier.path_for(hdr.key))
+            unlink_quietly(tier.path_for(hdr.key))
             report.duplicate_removed += 1
     for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed", "duplicate_removed", "left_alone"):
         if getattr(report, event):
             store.stats[t].count("rescan_" + event, getattr(report, event))
     report.duration_ms = (time.perf_counter_ns() - t0) / 1e6
     return report
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

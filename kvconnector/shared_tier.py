@@ -13,12 +13,22 @@ others) by the tier's capacity; the directory as a whole holds at most instances
 
 from __future__ import annotations
 
-import os
+from typing import Protocol, runtime_checkable
 
 from .entry_format import EntryHeader
 from .errors import CorruptEntryError
 from .tiers import DiskTier
 from .timed_io import IOMode, read_header
+
+
+@runtime_checkable
+class SharedTier(Protocol):
+    """A tier other instances write into too (a shared directory, Redis): an entry missing from this instance's index
+    may be there, and `probe` finds it."""
+
+    def probe(self, key: str) -> EntryHeader | None:
+        """The header of `key` if some instance put a valid entry there; else None."""
+        ...
 
 
 class SharedDirTier(DiskTier):
@@ -53,14 +63,3 @@ class SharedDirTier(DiskTier):
 
     def describe(self):
         return {**super().describe(), "shared": True}
-
-
-def is_shared(tier) -> bool:
-    return hasattr(tier, "probe")
-
-
-def remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -188,7 +188,7 @@ class TieredStore:
         with self._lock:
             self.events[event] += 1
 
-    def _limit(self, t: int, nbytes: int) -> float:
+    def _limit(self, t: int) -> float:
         cap = self.tiers[t].capacity_bytes
         # An empty tier may take one large entry; otherwise keep the target headroom.
         return self.large_entry_limit_ratio * cap if self._used[t] == 0 else self.target_usage_ratio * cap
@@ -198,7 +198,7 @@ class TieredStore:
         bottom = t == len(self.tiers) - 1
         while True:
             with self._lock:
-                if self._used[t] + nbytes <= self._limit(t, nbytes):
+                if self._used[t] + nbytes <= self._limit(t):
                     self._used[t] += nbytes
                     return True
                 victim = next((e for e in self._lru[t].values() if not (e.readers or e.pins or e.moving)), None)

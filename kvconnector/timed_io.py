@@ -1,17 +1,19 @@
 """Timed entry I/O that really reaches the device, with host and device time kept apart.
 
 Device time is the time spent inside the system calls that move or allocate data (`os.preadv`, `os.pwritev`,
-`os.fdatasync`, `posix_fallocate`); host time is everything else the operation costs (opening, header, checksum, copies, rename, page-cache advice).
-Both use `perf_counter_ns`.
+`os.fdatasync`, `posix_fallocate`); host time is everything else the operation costs (opening, header, checksum,
+copies, rename, page-cache advice). Both use `perf_counter_ns`.
 
 Two modes:
 - direct: O_DIRECT with page-aligned buffers and sizes; payload views that are already aligned (the benchmark's
   random buffer, LMCache's CPU buffers) go to the kernel with no copy; the tail is padded through a scratch page.
 - buffered: plain write + fdatasync; before each read posix_fadvise(DONTNEED) drops the file's (clean) pages, so the
   read is served by the device, not the page cache.
-Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen half-written.
+Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen
+half-written.
 A write may instead overwrite a spare file (a retired entry's file of the same size): its blocks are already allocated
-and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout trick).
+and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout
+trick).
 
 System calls release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
 """
@@ -24,21 +26,23 @@ import os
 import stat
 import threading
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from time import perf_counter_ns
 
 import xxhash
 
 from .entry_format import PAGE, EntryHeader, aligned, pack_header, probe_name, temp_path_for, unpack_header
 from .errors import CorruptEntryError, StorageFullError
+from .files import unlink_quietly
 
 # One system call moves at most this much; also the size of a thread's scratch buffer for reads with no destination.
 CHUNK_BYTES = 64 << 20
 _IOV_MAX = 1024
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
+# 0 where the platform has no O_DIRECT (`probe_direct` then says False).
+O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
-class IOMode(str, Enum):
+class IOMode(StrEnum):
     DIRECT = "direct"
     BUFFERED = "buffered"
 
@@ -75,7 +79,9 @@ def is_aligned(view: memoryview) -> bool:
     return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0 if len(view) else True
 
 
-class _Scratch(threading.local):
+class Scratch(threading.local):
+    """Page-aligned buffers of this thread: a header page, a tail page, and a data buffer that grows on demand."""
+
     def __init__(self) -> None:
         self.header = aligned_buffer(PAGE)
         self.tail = aligned_buffer(PAGE)
@@ -87,17 +93,18 @@ class _Scratch(threading.local):
         return self.data[:nbytes]
 
 
-_scratch = _Scratch()
+# Per thread: what the tiers read into when a caller gives no destination.
+scratch = Scratch()
 
 
 def probe_direct(directory: str) -> bool:
     """Whether the filesystem under `directory` accepts an aligned O_DIRECT write and read."""
-    if not _O_DIRECT:
+    if not O_DIRECT:
         return False
     path = os.path.join(directory, probe_name(os.getpid(), threading.get_ident()))
     buf = aligned_buffer(PAGE)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | _O_DIRECT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | O_DIRECT | os.O_CLOEXEC, 0o600)
         try:
             os.pwritev(fd, [buf], 0)
             os.preadv(fd, [buf], 0)
@@ -126,7 +133,7 @@ def write_entry(
     `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
     it is consumed (renamed into place, or removed on failure)."""
     t0 = perf_counter_ns()
-    sc = _scratch
+    sc = scratch
     nbytes = sum(len(c) for c in chunks)
     h = xxhash.xxh3_64()
     for c in chunks:
@@ -134,7 +141,7 @@ def write_entry(
     pack_header(sc.header, EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
     iov = [sc.header] + _payload_iov(chunks, nbytes, mode)
     tmp = spare or temp_path_for(path, os.getpid(), threading.get_ident())
-    flags = os.O_WRONLY | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
+    flags = os.O_WRONLY | os.O_CLOEXEC | (O_DIRECT if mode is IOMode.DIRECT else 0)
     device_ns = 0
     fd = -1
     try:
@@ -154,7 +161,7 @@ def write_entry(
     except OSError as exc:
         if fd >= 0:
             os.close(fd)
-        _unlink_quietly(tmp)
+        unlink_quietly(tmp)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StorageFullError(exc.errno, f"no space left for a {nbytes}-byte entry", path) from exc
         raise
@@ -175,7 +182,7 @@ def _preallocate(fd: int, nbytes: int) -> None:
 def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[memoryview]:
     """The payload as iovecs padded to a page multiple. In direct mode, aligned views go as they are; a tail that does
     not fill its page is copied into a zeroed scratch page; anything else misaligned is copied once into scratch."""
-    sc = _scratch
+    sc = scratch
     tail_len = nbytes % PAGE
     zero_copy = mode is IOMode.BUFFERED or all(
         is_aligned(c) and (len(c) % PAGE == 0 or i == len(chunks) - 1) for i, c in enumerate(chunks)
@@ -259,8 +266,8 @@ def read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: mem
     streams through a per-thread scratch buffer (what a benchmark needs: the bytes are read and checked, then dropped).
     Raises CorruptEntryError for a file that is short, has a bad header, another key, or a checksum mismatch."""
     t0 = perf_counter_ns()
-    sc = _scratch
-    flags = os.O_RDONLY | os.O_CLOEXEC | (_O_DIRECT if mode is IOMode.DIRECT else 0)
+    sc = scratch
+    flags = os.O_RDONLY | os.O_CLOEXEC | (O_DIRECT if mode is IOMode.DIRECT else 0)
     fd = os.open(path, flags)
     device_ns = 0
     try:
@@ -343,10 +350,3 @@ def read_header(path: str) -> EntryHeader:
     if st.st_size < hdr.file_nbytes:
         raise CorruptEntryError(f"{path}: truncated ({st.st_size} < {hdr.file_nbytes} bytes)")
     return hdr
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

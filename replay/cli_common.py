@@ -1,4 +1,4 @@
-"""What every `kvtier` subcommand answers the same way: a user's mistake, a signal, a size shown to a person.
+"""What every `kvtier` subcommand answers the same way: a user's mistake, a signal (sizes: kvconnector.units).
 
 - A mistake is one line on stderr, `kvtier SUB: what is wrong`, and exit 2 (argparse included: no page of usage).
 - SIGINT and SIGTERM mean the same thing: stop, write what was measured, clean up, exit 128 + the signal's number
@@ -64,11 +64,3 @@ def stop_signals_raise() -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-def human_bytes(n: float) -> str:
-    """1.5 GB, 20.0 MB, 512 KB: decimal units, as the size flags use (GB = 1e9)."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"

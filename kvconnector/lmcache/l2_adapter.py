@@ -66,7 +66,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             self._next_id += 1
             return self._next_id
 
-    # ---- store ---------------------------------------------------------------------------------------------------------
+    # ---- store -----------------------------------------------------------------------------------------------------
     def submit_store_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
         tid = self._task_id()
         keys = list(keys)
@@ -88,8 +88,8 @@ class KvtierL2Adapter(L2AdapterInterface):
         self._store_efd.notify()
 
     def _fan_out(self, pool, fn, items: list[tuple], finish) -> None:
-        """Run fn(*item) for every item on one of the backend's I/O pools (so a task's keys move in parallel, and no thread
-        blocks waiting for others); the last one to finish calls finish(results), a failure being None."""
+        """Run fn(*item) for every item on one of the backend's I/O pools (so a task's keys move in parallel, and no
+        thread blocks waiting for others); the last one to finish calls finish(results), a failure being None."""
         n = len(items)
         results: list = [None] * n
         left = [n]
@@ -189,7 +189,7 @@ class KvtierL2Adapter(L2AdapterInterface):
 
     def report_status(self) -> dict:
         return {
-            "is_healthy": not self.backend._closed,
+            "is_healthy": not self.backend.closed,
             "type": "KvtierL2Adapter",
             "tiers": self.backend.store.usage(),
             "events": self.backend.events_snapshot(),

@@ -108,7 +108,7 @@ class KvtierStoragePlugin(StoragePluginInterface):
     def remove(self, key, force: bool = True) -> bool:
         return self.backend.remove(key.to_string())
 
-    # ---- puts ----------------------------------------------------------------------------------------------------------
+    # ---- puts ------------------------------------------------------------------------------------------------------
     def batched_submit_put_task(
         self,
         keys: Sequence,
@@ -145,14 +145,14 @@ class KvtierStoragePlugin(StoragePluginInterface):
                 log.exception("kvtier: on_complete_callback failed")
         return ok
 
-    # ---- gets ----------------------------------------------------------------------------------------------------------
+    # ---- gets ------------------------------------------------------------------------------------------------------
     def get_blocking(self, key) -> MemoryObj | None:
         skey = key.to_string()
         info = self.backend.info(skey)
         if info is None or self.local_cpu_backend is None:
             self.backend.count("load_misses")
             return None
-        nbytes, shape, dtype_code, _tier = info
+        _nbytes, shape, dtype_code, _tier = info
         try:
             dtype, fmt = decode_dtype(dtype_code)
         except (KeyError, ValueError):

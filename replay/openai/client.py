@@ -126,7 +126,10 @@ class RequestRecord:
 
     def to_json(self, t0_ns: int) -> dict[str, Any]:
         """Detail row: timestamps relative to the run start (ns) plus the derived figures."""
-        rel = lambda v: v - t0_ns if v else None  # noqa: E731
+
+        def rel(v: int | None) -> int | None:
+            return v - t0_ns if v else None
+
         return {
             "request_id": self.request_id,
             "session_id": self.session_id,

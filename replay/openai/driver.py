@@ -264,7 +264,8 @@ class Driver:
             tasks.append(self._send_turn(wplan, [], t, 0, time.perf_counter_ns(), warmup=True))
         await asyncio.gather(*tasks)
 
-    async def _scrape_loop(self) -> None:
+    async def scrape_loop(self) -> None:
+        """Scrape the metrics endpoints every `metrics_interval_s` until the run is aborted (run it as a task)."""
         while not self._abort.is_set():
             try:
                 await asyncio.wait_for(self._abort.wait(), self.o.metrics_interval_s)
@@ -364,26 +365,26 @@ class Driver:
         self.s.t0_ns = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
         histories: dict[str, list[tuple[str, str]] | None] = {p.session_id: [] for p in plans}
         before = self.s.metrics_start
+
+        async def one(plan: SessionPlan, r: int, start: int) -> None:
+            hist = histories[plan.session_id]
+            if hist is None or r >= len(plan.turns):
+                return
+            rec = await self._send_turn(plan, hist, plan.turns[r], r, start, round_index=r)
+            if rec.success:
+                hist.append((plan.turns[r].user_text, rec.output_text))
+                rec.output_text = ""
+            else:
+                histories[plan.session_id] = None
+                if r + 1 < min(len(plan.turns), rounds):
+                    self.s.sessions_cut_by_error += 1
+
         for r in range(rounds):
             if self.aborted:
                 break
             start = max(time.perf_counter_ns(), self.s.t0_ns)
             await self._sleep_until(start)
-
-            async def one(plan: SessionPlan) -> None:
-                hist = histories[plan.session_id]
-                if hist is None or r >= len(plan.turns):
-                    return
-                rec = await self._send_turn(plan, hist, plan.turns[r], r, start, round_index=r)
-                if rec.success:
-                    hist.append((plan.turns[r].user_text, rec.output_text))
-                    rec.output_text = ""
-                else:
-                    histories[plan.session_id] = None
-                    if r + 1 < min(len(plan.turns), rounds):
-                        self.s.sessions_cut_by_error += 1
-
-            await self._finish([asyncio.create_task(one(p)) for p in plans])
+            await self._finish([asyncio.create_task(one(p, r, start)) for p in plans])
             end = time.perf_counter_ns()
             after = await self.snapshot()
             self.s.round_snapshots.append((r, start, end, before, after))

@@ -84,7 +84,7 @@ class TextMaker:
         except LookupError as exc:
             self.fallback_reason = str(exc)
             return
-        except (TimeoutError, aiohttp.ClientError, ValueError, TypeError, OSError) as exc:
+        except (aiohttp.ClientError, ValueError, TypeError, OSError) as exc:
             self.fallback_reason = f"/tokenize unavailable ({type(exc).__name__})"
             return
         self._cost = {w: max(1, c - empty) for w, c in zip(self._words, counts)}

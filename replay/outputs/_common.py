@@ -7,7 +7,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-GB = 1e9
+from kvconnector.units import GB
+
 OPS = ("read", "write")
 LATENCY_KEYS = ("mean", "p50", "p90", "p95", "p99", "p999", "max")
 

@@ -3,8 +3,9 @@
 The rules, for every command and every output file:
 - Each output path is checked before the run starts (`check_file`, `check_dir`): a directory given for a file, a
   device or FIFO, a parent that cannot be created or written, are one-line errors, and nothing is created yet.
-- A file is written whole or not at all: a temp file beside it, then one rename (`atomic_path`). Results are not
-  secrets: files get 0644 under the user's umask, like any file a command writes.
+- A file is written whole or not at all: a temp file beside it, then one rename (`atomic_path`, from
+  kvconnector.files, re-exported here). Results are not secrets: files get 0644 under the user's umask, like any file
+  a command writes.
 - A default name (`default_results_path`) never replaces an existing file: the name is taken with an exclusive link,
   and a `-2`, `-3`, ... suffix is added when two runs pick the same second.
 - If the requested path can no longer be written when the run ends (disk full, directory removed), the results go
@@ -13,36 +14,18 @@ The rules, for every command and every output file:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
-import shutil
 import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 
 from kvconnector.errors import ConfigError
+from kvconnector.files import atomic_path
 
 RESULTS_DIR = "results"
-
-
-def _umask() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # no /proc: read it the old way (set and restore)
-    os.umask(mask)
-    return mask
-
-
-def file_mode() -> int:
-    return 0o666 & ~_umask()
 
 
 def _nearest_existing(path: str) -> str:
@@ -107,29 +90,6 @@ def check_outputs(files: dict[str, str | None], dirs: dict[str, str | None] | No
             check_dir(path, what)
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, suffix: str = ".tmp", exclusive: bool = False) -> Iterator[str]:
-    """Yield a temp path next to `path`; on success it becomes `path` in one step, on failure it is removed, so a
-    reader never sees half a file. `exclusive`: never replace an existing file (FileExistsError instead)."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kvtier-", suffix=suffix)
-    os.close(fd)
-    try:
-        yield tmp
-        os.chmod(tmp, file_mode())
-        if exclusive:
-            _link_new(tmp, path)
-            os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 def _candidates(path: str) -> Iterator[str]:
     stem, ext = os.path.splitext(path)
     yield path
@@ -138,23 +98,9 @@ def _candidates(path: str) -> Iterator[str]:
 
 
 def free_name(path: str) -> str:
-    """`path`, or the first of path-2, path-3 ... that does not exist yet (a hint; `_link_new` is the guarantee)."""
+    """`path`, or the first of path-2, path-3 ... that does not exist yet (a hint: `atomic_path(exclusive=True)`
+    is the guarantee)."""
     return next(p for p in _candidates(path) if not os.path.lexists(p))
-
-
-def _link_new(tmp: str, path: str) -> None:
-    """Give `tmp` the name `path` only if no file has it (a hard link fails on an existing name, a rename would not)."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
-            raise
-        # A filesystem without hard links: create the name exclusively and copy into it.
-        with open(tmp, "rb") as src, open(path, "xb") as dst:
-            shutil.copyfileobj(src, dst)
-        os.chmod(path, file_mode())
 
 
 def default_results_path(suffix: str = ".json") -> str:

@@ -105,7 +105,8 @@ def open_regular(path) -> BinaryIO:
 
 def read_text(path, what: str) -> str:
     """The whole file as text: UTF-8 with or without a BOM. A multi-byte character cut by the end of a truncated file
-    is dropped (the loaders keep what precedes damage); any other undecodable byte is a WorkloadError naming the line."""
+    is dropped (the loaders keep what precedes damage); any other undecodable byte is a WorkloadError naming the
+    line."""
     try:
         with open_regular(path) as fh:
             data = fh.read()

@@ -13,9 +13,9 @@ import tempfile
 from kvconnector.errors import ConfigError
 from kvconnector.models import ModelSpec, resolve_model
 from kvconnector.store import TieredStore
-from kvconnector.tiers import GB, CPUTier, DiskTier, GPUTier, cuda_torch
+from kvconnector.tiers import CPUTier, DiskTier, GPUTier, cuda_torch
+from kvconnector.units import GB, human_bytes
 
-from ..cli_common import human_bytes
 from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo

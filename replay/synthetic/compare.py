@@ -10,13 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from kvconnector.errors import ConfigError
+from kvconnector.units import GB
 
 from ..cli_common import OneLineParser
 from ..outputs._common import sla_verdict_text
 from ..outputs.paths import atomic_path, check_outputs
 from ..sources.base import open_regular
-
-GB = 1e9
 
 EXAMPLES = """\
 examples:

@@ -228,7 +228,10 @@ class SyntheticDriver:
     def _window_report(self, timed_out: bool, stop_ns: int, cancelled_ns: int, end_ns: int, tasks: int) -> dict:
         """How long the run took beyond --duration, split by cause: the loop reaching the deadline late (too much
         work per loop turn), cancelling the users, and waiting for operations in flight to finish."""
-        s = lambda ns: round(ns / 1e9, 3)  # noqa: E731
+
+        def s(ns: int) -> float:
+            return round(ns / 1e9, 3)
+
         started = self._users_started_ns
         out = {
             "duration_s": self.cfg.duration,

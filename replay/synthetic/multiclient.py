@@ -20,11 +20,13 @@ import time
 
 import yaml
 
+from kvconnector.units import GB
+
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
 from . import sysinfo
 from .config import BenchConfig
 from .finish import _fail, finish
-from .results import GB, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
+from .results import fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
 from .view import STATUS_ENV, LiveView
 

@@ -9,7 +9,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from kvconnector.timed_io import _O_DIRECT
+from kvconnector.timed_io import O_DIRECT
 
 from .payload import RandomPayload
 
@@ -25,7 +25,7 @@ def precondition(
     files = [os.path.join(directory, f"precondition-{i}.bin") for i in range(max(1, -(-size_bytes // FILE_BYTES)))]
     written = [0]
     lock = threading.Lock()
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (_O_DIRECT if direct else 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | (O_DIRECT if direct else 0)
 
     stop = threading.Event()  # a signal or an error in any writer stops the others at their next write
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 from kvconnector.telemetry import OpStats, TierStats
+from kvconnector.units import GB
 
 from ..outputs.csv_out import figures_frame
 from ..sources.base import open_regular
@@ -29,7 +30,6 @@ from .driver import ClassStats, RequestStats
 if TYPE_CHECKING:
     import pandas as pd
 
-GB = 1e9
 PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -10,14 +11,15 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kvconnector.files import atomic_path
+from kvconnector.units import GB
+
 from ..outputs._common import sla_verdict_text
 
 # Set for each process of --num-clients: the file its live figures go to, for the parent's aggregate view.
 STATUS_ENV = "KVTIER_CLIENT_STATUS"
 
 _VERDICT = {"met": "met", "missed": "MISSED", "no data": "no data"}
-
-GB = 1e9
 
 
 class LiveView:
@@ -69,13 +71,9 @@ class LiveView:
 
 
 def write_status(path: str, snap: dict) -> None:
-    import json
-    import os
-
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    # Whole or not at all: the parent process reads these files while the client rewrites them.
+    with atomic_path(path, suffix=".status.tmp") as tmp, open(tmp, "w") as f:
         json.dump(snap, f)
-    os.replace(tmp, path)
 
 
 class SetupProgress:

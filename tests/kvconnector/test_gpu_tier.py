@@ -1,5 +1,5 @@
-"""The GPU tier on a real CUDA device. Skipped where there is none (every CI machine); run by benchmarks/gpu_check.sh on a
-machine with a GPU. No fake GPU: the CPU-only path is the tested default elsewhere."""
+"""The GPU tier on a real CUDA device. Skipped where there is none (every CI machine); run by benchmarks/gpu_check.sh
+on a machine with a GPU. No fake GPU: the CPU-only path is the tested default elsewhere."""
 
 import numpy as np
 import pytest

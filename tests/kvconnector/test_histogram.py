@@ -36,3 +36,18 @@ def test_summary_keys_and_empty_histogram():
     h = LatencyHistogram()
     h.record_ns(0)  # clamped, still counted
     assert h.count == 1
+
+
+def test_recorded_buckets_are_hdrh_recorded_iterator():
+    from hdrh.histogram import HdrHistogram
+
+    rng = random.Random(3)
+    values = [rng.randint(1, 10**10) for _ in range(2_000)] + [1, 1, 7]
+    h, ref = LatencyHistogram(), HdrHistogram(1, 3_600 * 1_000_000_000, 3)
+    for v in values:
+        h.record_ns(v)
+        ref.record_value(v)
+    high_ns, counts = h.recorded_buckets()
+    expected = [(it.value_iterated_to, it.count_at_value_iterated_to) for it in ref.get_recorded_iterator()]
+    assert list(zip(high_ns.tolist(), counts.tolist())) == expected
+    assert h.max_ns == ref.get_max_value() and LatencyHistogram().max_ns == 0

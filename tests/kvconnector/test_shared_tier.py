@@ -102,3 +102,12 @@ def test_probe_ignores_and_removes_corrupt_files_and_stale_tmp_only(tmp_path):
         assert rep["corrupt_removed"] == 1 and rep["stale_tmp_removed"] == 0 and young.exists()
     finally:
         b.close()
+
+
+def test_only_tiers_other_instances_write_are_shared_tiers():
+    from kvconnector.redis_tier import RedisTier
+    from kvconnector.shared_tier import SharedTier
+    from kvconnector.tiers import CPUTier, DiskTier
+
+    assert issubclass(SharedDirTier, SharedTier) and issubclass(RedisTier, SharedTier)
+    assert not issubclass(DiskTier, SharedTier) and not issubclass(CPUTier, SharedTier)

@@ -213,7 +213,6 @@ def test_invariants_under_concurrency(shm_tmp, per_thread, promote):
         ],
         promote_on_hit=promote,
     )
-    sizes = {}
     errors = []
     peak = [0, 0, 0]
 
@@ -246,7 +245,7 @@ def test_invariants_under_concurrency(shm_tmp, per_thread, promote):
     by_tier = s.keys_by_tier()
     all_keys = [k for keys in by_tier.values() for k in keys]
     assert len(all_keys) == len(set(all_keys)) == len(s)
-    for i, u in enumerate(s.usage()):
+    for u in s.usage():
         assert u["used_bytes"] == sum(int(k.rsplit("-", 1)[1]) * KB for k in by_tier[u["tier"]])
     s.promote_on_hit = False  # the checks below must not move entries
     on_disk = sorted(n for n in os.listdir(d / "disk") if n.endswith(".kv"))  # not spares, not the marker

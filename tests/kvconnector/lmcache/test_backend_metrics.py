@@ -39,6 +39,7 @@ def test_metrics_exporter_serves_tier_histograms_and_events_on_loopback(tmp_path
     snap = json.loads((tmp_path / "kvtier-stats.json").read_text())
     assert snap["tiers"][0]["stats"]["read"]["ops"] == 1 and snap["backend_events"]["load_hits"] == 1
     assert os.stat(tmp_path / "kvtier-stats.json").st_mode & 0o777 == 0o600
+    assert not [n for n in os.listdir(tmp_path) if "tmp" in n]  # written through a temp file that is gone
 
 
 def test_spare_writes_are_exported(tmp_path):

@@ -159,10 +159,10 @@ def test_broken_config_refuses_to_run_through_lmcache(tmp_path):
     # LMCache's plugin loader swallows constructor exceptions; a broken kvtier config must stop the process instead
     # (in a child process here, since that is what it does), with the cause at error level.
     script = (
-        "import sys; sys.path.insert(0, %r)\n"
+        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
         "import test_storage_plugin as t\n"
-        "t.manager(disk_dir=%r, io_mode='sideways')\n"
-        "print('STILL RUNNING')\n" % (os.path.dirname(__file__), str(tmp_path / "d"))
+        f"t.manager(disk_dir={str(tmp_path / 'd')!r}, io_mode='sideways')\n"
+        "print('STILL RUNNING')\n"
     )
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert p.returncode == EXIT_CONFIG, p.stderr[-2000:]
