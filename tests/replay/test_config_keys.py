@@ -3,6 +3,7 @@ is left without one (the MLPerf reference silently ignores several of its config
 
 import csv
 import os
+import threading
 
 import pytest
 from bench_helpers import FAST_TEMPLATES, prepared, run
@@ -10,9 +11,7 @@ from pydantic import BaseModel
 from test_bench_modes import write_burstgpt, write_sharegpt
 
 from kvconnector.errors import ConfigError
-from replay.synthetic.autoscaler import Autoscaler
-from replay.synthetic.config import AutoscalerConfig, BenchConfig
-from replay.synthetic.driver import SyntheticDriver
+from replay.synthetic.config import BenchConfig
 
 
 def all_keys() -> set[str]:
@@ -54,70 +53,118 @@ def probe(key):
     return register
 
 
-# ---- probes that need no I/O: the key reaches the component whose behaviour the other tests prove -----------------
+# ---- probes of the model and the tiers: each reads the key's effect on a short run --------------------------------
+def written_per_token(tmp, **kw) -> float:
+    """Bytes the run wrote per prompt token: one disk tier, no system prompt, and one user stopped by max_requests, so
+    every byte written belongs to a counted request."""
+    kw = {"cpu_mem_gb": 0, "disable_prefix_caching": True, "max_requests": 3, "num_users": 1, "duration": 20, **kw}
+    doc = run(tmp, **kw)
+    return doc["tiers"]["disk"]["write"]["bytes"] / doc["summary"]["prompt_tokens"]
+
+
 @probe("model")
 def p_model(tmp):
-    assert prepared(tmp, model="tiny-1b").bytes_per_token == 24_576
+    assert written_per_token(tmp, model="tiny-1b") == 24_576
 
 
 @probe("kv_dtype")
 def p_kv_dtype(tmp):
-    assert prepared(tmp, kv_dtype="fp8").bytes_per_token * 2 == prepared(tmp).bytes_per_token
+    assert written_per_token(tmp, kv_dtype="fp8") == 1024  # half the small model's 2,048 B/token in bf16
 
 
 @probe("model_configs")
 def p_model_configs(tmp):
-    assert (
-        prepared(tmp, model_configs={"small": {"num_layers": 8, "kv_heads": 2, "head_dim": 64}}).bytes_per_token == 4096
-    )
+    assert written_per_token(tmp, model_configs={"small": {"num_layers": 8, "kv_heads": 2, "head_dim": 64}}) == 4096
 
 
 @probe("gpu_mem_gb")
 def p_gpu_mem_gb(tmp):
     from kvconnector.tiers import cuda_torch
 
-    if cuda_torch() is None:
+    if cuda_torch() is None:  # the key asks for a GPU tier: without CUDA that is a one-line error, not a silent skip
         with pytest.raises(ConfigError, match="CUDA"):
             prepared(tmp, gpu_mem_gb=1)
     else:
-        assert prepared(tmp, gpu_mem_gb=1).tiers[0].kind == "gpu"
+        gpu = run(tmp, gpu_mem_gb=0.01, duration=0.5)["tiers"]["gpu"]
+        assert gpu["capacity_bytes"] == 10_000_000 and gpu["write"]["ops"] > 0
 
 
 @probe("cpu_mem_gb")
 def p_cpu_mem_gb(tmp):
-    assert prepared(tmp, cpu_mem_gb=0.5).tiers[0].capacity_bytes == 500_000_000
-    assert [t.kind for t in prepared(tmp, cpu_mem_gb=0).tiers] == ["disk"]
+    cpu = run(tmp, cpu_mem_gb=0.01, duration=0.5)["tiers"]["cpu"]
+    assert cpu["capacity_bytes"] == 10_000_000 and cpu["write"]["ops"] > 0 and cpu["used_bytes"] <= 10_000_000
+    assert list(run(tmp, cpu_mem_gb=0, duration=0.5)["tiers"]) == ["disk"]  # 0: no CPU tier at all
 
 
 @probe("cache_dir")
 def p_cache_dir(tmp):
-    b = prepared(tmp, cache_dir=str(tmp / "elsewhere"))
-    assert b.run_dir.startswith(str(tmp / "elsewhere"))
+    run(tmp, cache_dir=str(tmp / "elsewhere"), keep_cache=True, duration=0.5)
+    (run_dir,) = os.listdir(tmp / "elsewhere")
+    assert os.listdir(tmp / "elsewhere" / run_dir) and not (tmp / "cache").exists()
 
 
 @probe("storage_capacity_gb")
 def p_storage_capacity_gb(tmp):
-    assert prepared(tmp, storage_capacity_gb=0.3).tiers[-1].capacity_bytes == 300_000_000
+    doc = run(tmp, storage_capacity_gb=0.01, duration=1)  # ~0.15 GB is written in 1 s: the disk tier must evict
+    disk = doc["tiers"]["disk"]
+    assert disk["capacity_bytes"] == 10_000_000 and 0 < disk["used_bytes"] <= 10_000_000
+    assert disk["events"]["evictions"] > 0
+
+
+def entry_opens(tmp, **kw) -> list[int]:
+    """The flags of every open(2) of a cache entry during a run (not of the tier's directory or its marker file)."""
+    real_open, flags = os.open, []
+
+    def spy(path, f, *a, **k):
+        p = str(path)
+        if p.startswith(str(tmp / "cache")) and not os.path.basename(p).startswith(".") and not os.path.isdir(p):
+            flags.append(f)
+        return real_open(path, f, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "open", spy)
+        run(tmp, cpu_mem_gb=0, duration=0.5, **kw)
+    return flags
 
 
 @probe("io_mode")
 def p_io_mode(tmp):
-    assert prepared(tmp, io_mode="buffered").tiers[-1].io_mode.value == "buffered"
+    from kvconnector.timed_io import O_DIRECT, probe_direct
+
+    buffered = entry_opens(tmp, io_mode="buffered")
+    assert buffered and not any(f & O_DIRECT for f in buffered)
+    if O_DIRECT and probe_direct(str(tmp)):  # where O_DIRECT works, "direct" uses it for every entry
+        assert all(f & O_DIRECT for f in entry_opens(tmp, io_mode="direct"))
 
 
 @probe("promote_on_hit")
 def p_promote_on_hit(tmp):
-    assert prepared(tmp, promote_on_hit=True).store.promote_on_hit  # behaviour: test_store.py
+    # A 2 MB CPU tier over the disk tier: previous turns and decode reads hit on disk; promotion moves them back up.
+    def promotions(on):
+        return run(tmp, promote_on_hit=on, duration=1)["tiers"]["cpu"]["events"].get("promotions_in", 0)
+
+    assert promotions(True) > 0 == promotions(False)
+
+
+def cpu_used_max(doc) -> int:
+    return max(s["tiers"]["cpu"]["used_bytes"] for s in doc["timeline"])
 
 
 @probe("eviction.target_usage_ratio")
 def p_eviction_target_usage_ratio(tmp):
-    assert prepared(tmp, eviction={"target_usage_ratio": 0.5}).store.target_usage_ratio == 0.5  # behaviour: test_store
+    # A 20 MB CPU tier, filled many times over in a second; entries are at most ~2.3 MB.
+    half = run(tmp, cpu_mem_gb=0.02, eviction={"target_usage_ratio": 0.5}, duration=1)
+    full = run(tmp, cpu_mem_gb=0.02, eviction={"target_usage_ratio": 1.0}, duration=1)
+    assert cpu_used_max(half) <= 10_000_000 < cpu_used_max(full)
 
 
 @probe("eviction.large_entry_limit_ratio")
 def p_eviction_large_entry_limit_ratio(tmp):
-    assert prepared(tmp, eviction={"large_entry_limit_ratio": 0.5}).store.large_entry_limit_ratio == 0.5
+    # A 20 MB CPU tier that takes entries of at most 2% of it (400 kB): larger new entries go straight to disk.
+    run(tmp, cpu_mem_gb=0.02, eviction={"large_entry_limit_ratio": 0.02}, duration=1, io_trace_log=str(tmp / "ops.csv"))
+    puts = [r for r in csv.DictReader(open(tmp / "ops.csv")) if r["phase"] == "put"]
+    assert all(int(r["bytes"]) <= 400_000 for r in puts if r["tier"] == "cpu")
+    assert any(r["tier"] == "disk" for r in puts) and any(r["tier"] == "cpu" for r in puts)
 
 
 @probe("seed")
@@ -212,9 +259,16 @@ PROBES["burst_trace_path"] = p_use_burst_trace
 
 @probe("trace_speedup")
 def p_trace_speedup(tmp):
+    # The trace spans 1.1 s: replayed once as is, the run lasts that long; at 10x it ends after 0.11 s.
     trace = str(write_burstgpt(tmp / "t.csv"))
-    assert prepared(tmp, use_burst_trace=True, burst_trace_path=trace, trace_speedup=2).workload.timed
-    assert not prepared(tmp, use_burst_trace=True, burst_trace_path=trace, trace_speedup=0).workload.timed
+
+    def replay(speedup):
+        kw = {"use_burst_trace": True, "burst_trace_path": trace, "replay_cycles": 1, "duration": 20}
+        s = run(tmp, trace_speedup=speedup, **kw)["summary"]
+        assert s["total_requests"] == 12 and s["window"]["ended_by"] == "workload"
+        return s["elapsed_time"]
+
+    assert replay(1) >= 1.1 and 0.11 <= replay(10) < 0.8
 
 
 @probe("max_context_tokens")
@@ -226,98 +280,146 @@ def p_max_context_tokens(tmp):
 
 @probe("random_buffer_mb")
 def p_random_buffer_mb(tmp):
-    assert prepared(tmp, random_buffer_mb=32).payload.size == 32 << 20
+    # Payloads are page-aligned slices of the random buffer, so the entries written hold at most as many distinct
+    # 4 KiB pages as the buffer has: more than a 16 MiB buffer's 4,096 proves the 32 MiB one was used.
+    run(tmp, random_buffer_mb=32, cpu_mem_gb=0, keep_cache=True, duration=1)
+    pages = set()
+    for root, _, files in os.walk(tmp / "cache"):
+        for name in files:
+            data = open(os.path.join(root, name), "rb").read()
+            # page 0 is the entry header; the last page may be padded
+            pages.update(hash(data[i : i + 4096]) for i in range(4096, len(data) - 4096, 4096))
+    assert 4096 < len(pages) <= 8192
 
 
 @probe("io_workers")
 def p_io_workers(tmp):
-    b = prepared(tmp, io_workers=3)
-    d = SyntheticDriver(b.cfg, b.store, b.bytes_per_token, b.workload, b.payload, 1)
-    import asyncio
+    from kvconnector.store import TieredStore
 
-    async def pool_size():
-        from replay.synthetic.executor import PriorityExecutor
+    def storage_threads(workers):
+        """The threads that ran the store's operations during a run."""
+        real_get, real_put, seen = TieredStore.get, TieredStore.put, set()
 
-        d._pool = PriorityExecutor(b.cfg.io_workers)
-        n = d._pool.workers
-        d._pool.shutdown()
-        return n
+        def get(self, *a, **k):
+            seen.add(threading.get_ident())
+            return real_get(self, *a, **k)
 
-    assert asyncio.run(pool_size()) == 3
+        def put(self, *a, **k):
+            seen.add(threading.get_ident())
+            return real_put(self, *a, **k)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(TieredStore, "get", get)
+            mp.setattr(TieredStore, "put", put)
+            run(tmp, io_workers=workers, num_users=8, performance_profile="throughput", duration=1)
+        return len(seen)
+
+    assert storage_threads(1) == 1 and storage_threads(3) == 3
 
 
-def _scaler(**kw):
-    return Autoscaler(AutoscalerConfig(**kw), "qos", 0.8)
+# ---- autoscaler keys: each run autoscales every 0.2 s; the decisions recorded in the results show the key ----------
+def autoscaled(tmp, users, mode="qos", missed=False, target=0.95, **scaler) -> list[dict]:
+    """The autoscaler's steps over a 1.2 s run. `missed`: one QoS class whose SLA (1 us) every interval misses, so qos
+    mode scales down at each step; otherwise light load (saturation far below a 0.95 target) so qos mode scales up."""
+    kw = {}
+    if missed:
+        kw = {"qos_profiles": {"c": {"priority": 1, "target_p95_ms": 0.001, "target_p99_ms": 0.001}}}
+        kw["qos_distribution"] = {"c": 1.0}
+    tpl = {"t": {"context_tokens": [64, 64], "generate_tokens": [16, 16], "think_time_s": [0.04, 0.04]}}
+    steps = run(
+        tmp,
+        enable_autoscaling=True,
+        autoscaler_mode=mode,
+        autoscaler={"interval_s": 0.2, "cooldown_s": 0, **scaler},
+        target_saturation=target,
+        num_users=users,
+        user_templates=tpl,
+        duration=1.2,
+        **kw,
+    )["autoscaling_stats"]
+    assert len(steps) >= 3
+    return steps
 
 
 @probe("autoscaler.min_users")
 def p_autoscaler_min_users(tmp):
-    assert _scaler(min_users=5).decide(0, 6, 0, 1.0, []).users == 5
+    steps = autoscaled(tmp, 6, missed=True, min_users=5)
+    assert [s["next_users"] for s in steps] == [5] * len(steps)  # 6 * 0.8 = 4, held at 5
 
 
 @probe("autoscaler.max_users")
 def p_autoscaler_max_users(tmp):
-    assert _scaler(max_users=7).decide(0, 6, 0, 0.0, []).users == 7
+    steps = autoscaled(tmp, 6, max_users=7)
+    assert [s["next_users"] for s in steps] == [7] * len(steps)  # 6 * 1.2 = 8, held at 7
 
 
 @probe("autoscaler.scale_up_factor")
 def p_autoscaler_scale_up_factor(tmp):
-    assert _scaler(scale_up_factor=3).decide(0, 10, 0, 0.0, []).users == 30
+    assert autoscaled(tmp, 2, scale_up_factor=3, max_users=40)[0]["next_users"] == 6
 
 
 @probe("autoscaler.scale_down_factor")
 def p_autoscaler_scale_down_factor(tmp):
-    assert _scaler(scale_down_factor=0.5).decide(0, 10, 0, 1.0, []).users == 5
+    assert autoscaled(tmp, 8, missed=True, scale_down_factor=0.5)[0]["next_users"] == 4
 
 
 @probe("autoscaler.cooldown_s")
 def p_autoscaler_cooldown_s(tmp):
-    a = _scaler(cooldown_s=0)
-    a.decide(0, 10, 0, 1.0, [])
-    assert a.decide(0.1, 8, 0, 1.0, []).action == "scale_down"
+    steps = autoscaled(tmp, 8, missed=True, cooldown_s=30)
+    assert steps[0]["action"] == "scale_down" and {s["reason"] for s in steps[1:]} == {"cooldown"}
+    # without it (the helper's 0), every step scales down again
+    assert "cooldown" not in {s["reason"] for s in autoscaled(tmp, 8, missed=True)}
 
 
 @probe("autoscaler.band")
 def p_autoscaler_band(tmp):
-    assert _scaler(band=0.5).decide(0, 10, 0, 0.4, []).action == "hold"
-    assert _scaler(band=0.1).decide(0, 10, 0, 0.4, []).action == "scale_up"
+    # target 0.5 +- 0.5 holds any saturation; +- 0.01 holds none of a light load's (about 0.02)
+    assert all("within band" in s["reason"] for s in autoscaled(tmp, 4, target=0.5, band=0.5))
+    assert not any("within band" in s["reason"] for s in autoscaled(tmp, 4, target=0.5, band=0.01))
 
 
 @probe("target_saturation")
 def p_target_saturation(tmp):
-    assert Autoscaler(AutoscalerConfig(), "qos", 0.3).decide(0, 10, 0, 0.5, []).action == "scale_down"
+    # A light load is above a target of 0.001 (+- 0.0001): every step scales down; below 0.95 it scales up.
+    assert all("above band" in s["reason"] for s in autoscaled(tmp, 4, target=0.001, band=0.0001))
+    assert all("below band" in s["reason"] for s in autoscaled(tmp, 4, max_users=4))
 
 
 @probe("autoscaler_mode")
 def p_autoscaler_mode(tmp):
-    assert Autoscaler(AutoscalerConfig(), "capacity", 0.8).decide(0, 10, 5, 1.0, []).action == "scale_up"
-
-
-def _capacity(**kw):
-    a = Autoscaler(AutoscalerConfig(**kw), "capacity", 0.8)
-    a.decide(0, 10, 100, 0, [])
-    return a
+    assert autoscaled(tmp, 2, mode="capacity")[0]["reason"] == "first step"  # qos mode never says so
+    assert autoscaled(tmp, 2)[0]["reason"].startswith("saturation")
 
 
 @probe("autoscaler.ramp_factor")
 def p_autoscaler_ramp_factor(tmp):
-    assert _capacity(ramp_factor=4).decide(1, 10, 200, 0, []).users == 40
+    # capacity mode: the first step always ramps (growth from nothing is infinite)
+    assert autoscaled(tmp, 2, mode="capacity", ramp_factor=4)[0]["next_users"] == 8
 
 
 @probe("autoscaler.fine_factor")
 def p_autoscaler_fine_factor(tmp):
-    assert _capacity(fine_factor=1.1).decide(1, 10, 105, 0, []).users == 11
+    # growth never exceeds fast_growth 1000: from the second step on, the fine factor (5: 2 -> ramp 4 -> 20)
+    steps = autoscaled(tmp, 2, mode="capacity", fast_growth=1000, fine_factor=5)
+    assert steps[1]["next_users"] in (20, steps[1]["users"]) and steps[1]["action"] in ("scale_up", "peak_found")
+    assert steps[1]["action"] == "scale_up", steps  # throughput grew from 2 to 4 users at 40 ms think time
 
 
 @probe("autoscaler.fast_growth")
 def p_autoscaler_fast_growth(tmp):
-    assert _capacity(fast_growth=0.01).decide(1, 10, 105, 0, []).users == 20
+    # users double and so does throughput (+100%): below a 0.5 threshold it ramps again, above 1000 it fine-tunes
+    ramp = autoscaled(tmp, 2, mode="capacity", fast_growth=0.5, fine_factor=1.1)
+    assert ramp[1]["action"] == "scale_up" and ramp[1]["next_users"] == 8, ramp
+    fine = autoscaled(tmp, 2, mode="capacity", fast_growth=1000, fine_factor=1.1)
+    assert fine[1]["action"] == "scale_up" and fine[1]["next_users"] == 5, fine
 
 
 # ---- probes that run the benchmark briefly -------------------------------------------------------------------------
 @probe("duration")
 def p_duration(tmp):
-    assert 1.0 <= run(tmp, duration=1.0)["summary"]["elapsed_time"] < 2.5
+    # ended by the window, not before it; how far past it a loaded machine goes is the window report's business
+    s = run(tmp, duration=1.0)["summary"]
+    assert s["window"]["ended_by"] == "duration" and s["window"]["duration_s"] == 1.0 and s["elapsed_time"] >= 1.0
 
 
 @probe("num_users")
@@ -454,13 +556,19 @@ def p_replay_cycles(tmp):
 
 @probe("qos_profiles")
 def p_qos_profiles(tmp):
+    # Two classes of our own: one with a 1 us target no storage operation meets, one with a target of an hour.
     q = run(
         tmp,
-        qos_profiles={"interactive": {"priority": 9, "target_p95_ms": 1, "target_p99_ms": 2}},
-        qos_distribution={"interactive": 1.0},
+        qos_profiles={
+            "tight": {"priority": 9, "target_p95_ms": 0.001, "target_p99_ms": 0.002},
+            "loose": {"priority": 1, "target_p95_ms": 3.6e6, "target_p99_ms": 3.6e6},
+        },
+        qos_distribution={"tight": 0.5, "loose": 0.5},
         duration=1,
     )["summary"]["qos_metrics"]
-    assert q["interactive"]["priority"] == 9 and q["interactive"]["sla"]["target_p95_ms"] == 1
+    assert set(q) == {"tight", "loose"} and q["tight"]["requests"] > 0 and q["loose"]["requests"] > 0
+    assert q["tight"]["sla"]["met"] is False and q["tight"]["sla"]["verdict"] == "missed"
+    assert q["loose"]["sla"]["met"] is True and q["tight"]["priority"] == 9
 
 
 @probe("qos_scheduler")
@@ -543,12 +651,7 @@ def p_enable_latency_tracing(tmp):
     import shutil
 
     if os.geteuid() != 0 or not shutil.which("bpftrace"):
-        from bench_helpers import write_config
-
-        from replay.synthetic.cli import main
-
-        assert main(["--config", write_config(tmp, duration=0.5, enable_latency_tracing=True)]) == 2
-        return
+        pytest.skip("enable_latency_tracing runs bpftrace: needs root and bpftrace (CI has both)")
     doc = run(tmp, duration=1.5, enable_latency_tracing=True, cpu_mem_gb=0)
     lt = doc["latency_tracing"]
     assert "block" in lt["layers_on"] and lt["histograms"]
@@ -585,5 +688,5 @@ def test_config_key_changes_behaviour(key, tmp_path, capfd):
 def test_unknown_keys_are_errors(tmp_path):
     with pytest.raises(ConfigError, match="num_userz: Extra inputs are not permitted"):
         prepared(tmp_path, num_userz=3)
-    with pytest.raises(ConfigError, match="rag.top_kk"):
+    with pytest.raises(ConfigError, match=r"rag\.top_kk"):
         prepared(tmp_path, rag={"top_kk": 3})
