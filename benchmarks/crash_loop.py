@@ -96,7 +96,7 @@ def child(d: str, round_no: int, seed: int, log_path: str) -> None:
         os.fsync(fd)  # acknowledged: from here the entry must survive a kill
 
 
-# ---- the parent ---------------------------------------------------------------------------------------------------------
+# ---- the parent ---------------------------------------------------------------------------------------------------
 @dataclass
 class Figures:
     kills: int = 0
@@ -187,7 +187,7 @@ def check_restart(d: str, round_no: int, f: Figures, last_acked: str | None, ver
                     f.verified += 1
         if last_acked is not None and store.contains(last_acked) is None:
             f.acked_lost += 1
-        for t, (tier, usage) in enumerate(zip(store.tiers, store.usage())):
+        for tier, usage in zip(store.tiers, store.usage()):
             names = os.listdir(tier.directory)
             f.temp_survived += sum(1 for n in names if TEMP_NAME.fullmatch(n))
             entries = [n for n in names if ENTRY_NAME.fullmatch(n)]

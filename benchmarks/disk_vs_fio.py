@@ -140,7 +140,10 @@ def main() -> int:
         else:
             shutil.rmtree(fio_dir, ignore_errors=True)
             shutil.rmtree(kv_dir, ignore_errors=True)
-    med = lambda rows, k: statistics.median(x[k] for x in rows)  # noqa: E731
+
+    def med(rows, k):
+        return statistics.median(x[k] for x in rows)
+
     print(
         f"\n{a.object_mib} MiB objects, {a.workers} workers, {count * obj / GIB:.1f} GiB per op, {a.rounds} rounds "
         f"(medians), io-mode {tier.io_mode.value}, "

@@ -24,6 +24,7 @@ example (2-core VM, nothing else running):
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -34,10 +35,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replay.openai.fake_server import FakeServer, FakeServerConfig  # noqa: E402
+from replay.openai.fake_server import FakeServer, FakeServerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 VLLM_BENCH = (
     "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
@@ -233,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = ["kvtier"]
     if not args.skip_vllm:
         try:
-            import vllm.benchmarks.serve  # noqa: F401
-
+            importlib.import_module("vllm.benchmarks.serve")
             tools.append("vllm")
         except ImportError as exc:
             print(f"replayer_overhead: vllm bench unavailable ({exc}); kvtier only", file=sys.stderr)

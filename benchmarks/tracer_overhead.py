@@ -30,12 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tracing.distill import distill, render_job
+from tracing.histparse import parse_trace
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tracing.distill import distill, render_job  # noqa: E402
-from tracing.histparse import parse_trace  # noqa: E402
-
 SH = REPO / "tracing" / "storage_latency_stack.sh"
 
 JOBS = {

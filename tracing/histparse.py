@@ -245,7 +245,6 @@ def parse_text(text: str) -> Trace:
     tr = Trace()
     cur: Hist | None = None
     cur_name = ""
-    saw_map = False
     for raw in text.splitlines():
         line = raw.rstrip("\n")
         if cur is not None:
@@ -276,7 +275,6 @@ def parse_text(text: str) -> Trace:
             continue
         m = _HEADER_RE.match(line.strip())
         if m:
-            saw_map = True
             name, key, rest = m.group("name"), _norm_key(m.group("key")), m.group("rest").strip()
             slot = tr.maps.setdefault(name, {})
             if not rest:

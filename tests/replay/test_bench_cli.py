@@ -183,7 +183,7 @@ def test_signal_writes_partial_results_and_cleans_up(tmp_path, small_model, sig)
     )
     wait_for_entries(cache)
     p.send_signal(sig)
-    stdout, stderr = p.communicate(timeout=60)
+    _, stderr = p.communicate(timeout=60)
     assert p.returncode == 128 + sig, stderr
     doc = json.loads(out.read_text())
     assert doc["status"] == "interrupted" and doc["stop_signal"] == sig.name and doc["summary"]["elapsed_time"] < 50

@@ -77,5 +77,5 @@ def test_missing_inputs(tmp_path):
         load_burstgpt(tmp_path / "nope.csv")
     with pytest.raises(WorkloadError, match="matches no file"):
         load_burstgpt(str(tmp_path / "*.csv"))
-    with pytest.raises(WorkloadError, match="no \\*.csv"):
+    with pytest.raises(WorkloadError, match=r"no \*\.csv"):
         load_burstgpt(tmp_path)

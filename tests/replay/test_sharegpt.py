@@ -91,7 +91,7 @@ def test_errors_name_the_file(tmp_path):
         load_sharegpt(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text('{"not": "a list"}')
-    with pytest.raises(WorkloadError, match="bad.json"):
+    with pytest.raises(WorkloadError, match=r"bad\.json"):
         load_sharegpt(bad)
     empty = tmp_path / "empty.json"
     empty.write_text("[]")

@@ -99,7 +99,7 @@ def test_bssplit_uses_every_bucket_form():
     # the peer dropped [512, 1K), [0] and [1]; here [0] and [1] round up to one
     # sector and [512, 1K) is kept as 512
     tr = load("bucket_forms.txt")
-    split, notes = size_split(tr, "read")
+    split, _notes = size_split(tr, "read")
     sizes = dict(split)
     assert sizes[512] >= 80 * 100 // 100 - 3
     assert 4096 in sizes and (1 << 20) in sizes

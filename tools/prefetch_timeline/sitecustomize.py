@@ -99,11 +99,15 @@ def _patch_when_imported() -> None:
         time.sleep(0.05)
 
 
-def _gc_callback(phase: str, info: dict, _t=[0]) -> None:
+_gc_started_ns = 0
+
+
+def _gc_callback(phase: str, info: dict) -> None:
+    global _gc_started_ns
     if phase == "start":
-        _t[0] = time.time_ns()
-    elif time.time_ns() - _t[0] > 1_000_000:
-        _log("gc", f"gen{info.get('generation')}_{(time.time_ns() - _t[0]) / 1e6:.1f}ms")
+        _gc_started_ns = time.time_ns()
+    elif time.time_ns() - _gc_started_ns > 1_000_000:
+        _log("gc", f"gen{info.get('generation')}_{(time.time_ns() - _gc_started_ns) / 1e6:.1f}ms")
 
 
 if LOG and TARGET in " ".join(getattr(sys, "orig_argv", sys.argv)):

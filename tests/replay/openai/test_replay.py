@@ -44,7 +44,7 @@ def _within_2ms(s: dict) -> bool:
 def test_measured_latencies_match_injected_delays(tmp_path):
     cfg = FakeServerConfig(ttft_ms=20, itl_ms=5, default_max_tokens=8)
     # One retry: on a 2-core machine shared with other jobs, a burst of foreign load can shift a whole 1 s run.
-    for attempt in range(2):
+    for _ in range(2):
         with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
             rc, s = _replay(
                 srv.base_url,
@@ -94,7 +94,8 @@ def test_achieved_rate_at_200_per_second(tmp_path):
     assert rc == 0 and s["completed"] == 400
     assert abs(s["achieved_rate"] - 200) / 200 < 0.02
     assert s["send_lag_ms"]["count"] == 400 and "p99" in s["send_lag_ms"]
-    # Reported, and sane; its size depends on what else runs on the machine (benchmarks/replayer_overhead.py measures it).
+    # Reported, and sane; its size depends on what else runs on the machine (benchmarks/replayer_overhead.py
+    # measures it).
     assert 0 <= s["send_lag_ms"]["p50"] <= s["send_lag_ms"]["p99"] < 200
 
 
@@ -117,7 +118,10 @@ def test_poisson_schedule_is_seeded_and_close_to_its_rate(tmp_path):
         )
         _, a = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "a.jsonl"), name="a")
         _, b = _replay(srv.base_url, tmp_path, *args, "--detail", str(tmp_path / "b.jsonl"), name="b")
-    sched = lambda p: [json.loads(line)["scheduled_ns"] for line in p.read_text().splitlines()]  # noqa: E731
+
+    def sched(p):
+        return [json.loads(line)["scheduled_ns"] for line in p.read_text().splitlines()]
+
     assert sched(tmp_path / "a.jsonl") == sched(tmp_path / "b.jsonl")
     assert a["schedule_rate"] == b["schedule_rate"]
     # 80 sends are a short window; the 2% bound is test_achieved_rate_at_200_per_second's, over 400.

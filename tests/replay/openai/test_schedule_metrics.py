@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
@@ -19,7 +21,7 @@ def test_schedules_are_seeded_and_keep_the_mean_rate():
     assert _rate(a) == pytest.approx(100, rel=0.05)
     bursty = arrival_offsets_ns(5000, 100.0, "gamma", burstiness=0.25, seed=1)
     assert _rate(bursty) == pytest.approx(100, rel=0.1)
-    gaps = [b - a for a, b in zip(bursty, bursty[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(bursty)]
     mean = sum(gaps) / len(gaps)
     cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
     assert cv == pytest.approx(2.0, rel=0.15)  # gamma shape k: coefficient of variation 1/sqrt(k)
