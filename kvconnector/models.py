@@ -48,12 +48,6 @@ class ModelSpec:
             return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width
         return self.num_layers * 2 * self.kv_heads * self.head_dim * width
 
-    def kv_shape(self, tokens: int) -> tuple[int, ...]:
-        """The tensor an engine would hold for `tokens` tokens: (layers, 2, tokens, kv_heads, head_dim), MLA without the 2."""
-        if self.is_mla:
-            return (self.num_layers, tokens, self.kv_lora_rank + self.qk_rope_head_dim)
-        return (self.num_layers, 2, tokens, self.kv_heads, self.head_dim)
-
 
 CATALOG: dict[str, ModelSpec] = {
     m.name: m
