@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,12 @@ bench-crash: $(BASE_STAMP)
 system-deps:
 	bash deploy/install-system-deps.sh
 
-test: $(TEST_STAMP) system-deps
+# ruff with the settings in pyproject.toml: lint findings and unformatted files fail the build. `make test` runs it first.
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest
 
 clean:
