@@ -428,7 +428,7 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
         state.metrics_start = await drv.snapshot()
         if state.metrics_start is not None and not state.metrics_start.values:
             meta["metrics_warning"] = f"no metrics read: {'; '.join(state.metrics_start.errors)}"
-        scraper = asyncio.create_task(drv._scrape_loop()) if cfg.metrics_url else None
+        scraper = asyncio.create_task(drv.scrape_loop()) if cfg.metrics_url else None
         show = not cfg.quiet and sys.stderr.isatty()
         prog = asyncio.create_task(_progress(state, stop, meta.get("target_rate"))) if show else None
         window = loop.call_later(cfg.duration, drv.close_window) if cfg.duration else None

@@ -13,7 +13,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from ._common import GB, OPS, elapsed_s, flatten, scalar_text
+from kvconnector.units import GB
+
+from ._common import OPS, elapsed_s, flatten, scalar_text
 from .paths import atomic_path
 
 __all__ = ["COLUMNS", "figures", "figures_frame", "write_csv"]

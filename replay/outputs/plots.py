@@ -18,8 +18,9 @@ import os
 from pathlib import Path
 
 from kvconnector.histogram import LatencyHistogram
+from kvconnector.units import GB
 
-from ._common import GB, OPS, sla_verdict_text, timeline_series
+from ._common import OPS, sla_verdict_text, timeline_series
 
 __all__ = ["FIGURES", "cdf_points", "write_plots"]
 
@@ -53,18 +54,10 @@ def cdf_points(encoded: str) -> tuple[list[float], list[float], int]:
         return [], [], 0
     h = LatencyHistogram.decode(encoded)
     total = h.count
-    if not total or h._h.get_max_value() <= _ZERO_NS:
+    if not total or h.max_ns <= _ZERO_NS:
         return [], [], total
-    # The same points as hdrh's get_recorded_iterator(), which walks every bucket in Python (~0.1 s a histogram):
-    # only the non-empty buckets, found with numpy.
-    import numpy as np
-
-    hh = h._h
-    counts = np.ctypeslib.as_array(hh.counts)[: hh.counts_len]
-    idx = np.flatnonzero(counts)
-    cum = np.cumsum(counts[idx])
-    xs = [hh.get_highest_equivalent_value(hh.get_value_from_index(int(i))) / 1e6 for i in idx]
-    return xs, (cum / total).tolist(), total
+    high_ns, counts = h.recorded_buckets()
+    return (high_ns / 1e6).tolist(), (counts.cumsum() / total).tolist(), total
 
 
 def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...] | None = None) -> list[str]:
