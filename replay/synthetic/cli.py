@@ -13,8 +13,9 @@ from kvconnector.models import CATALOG
 
 from ..cli_common import Interrupted, OneLineParser, stop_signals_raise
 from ..outputs.paths import check_outputs, default_results_path
+from ..settings import documented
 from .bench import Bench
-from .config import BenchConfig, load_config
+from .config import BenchConfig, GenerationConfig, load_config
 from .finish import PROG, _fail, finish
 from .multiclient import run_clients
 from .view import STATUS_ENV, LiveView, SetupProgress
@@ -65,16 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,  # only flags given on the command line override config.yaml
     )
     add = p.add_argument
-    w = p.add_argument_group("workload").add_argument
+
+    def group(title: str):
+        return documented(p.add_argument_group(title).add_argument, BenchConfig, SECTION_FLAGS)
+
+    w = group("workload")
     w(
         "--model",
-        help=f"one of {', '.join(CATALOG)}, a name from config model_configs, or a Hugging Face config.json (default tiny-1b)",
+        help=f"one of {', '.join(CATALOG)}, a name from config model_configs, or a Hugging Face config.json",
     )
-    w("--kv-dtype", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="KV cache element type (default bf16)")
-    w("--num-users", type=int, help="simulated users (default 100)")
-    w("--duration", type=float, help="run window in seconds (default 60)")
-    w("--max-requests", type=int, help="stop after this many completed requests (default 0 = no limit)")
-    w("--request-rate", type=float, help="cap on requests started per second (default 0 = closed loop)")
+    w("--kv-dtype", choices=["bf16", "fp16", "fp8", "int8", "fp32"], help="KV cache element type")
+    w("--num-users", type=int, help="simulated users")
+    w("--duration", type=float, help="run window in seconds")
+    w("--max-requests", type=int, help="stop after this many completed requests; 0 = no limit")
+    w("--request-rate", type=float, help="cap on requests started per second; 0 = closed loop")
     w("--seed", type=int, help="seed for users, sizes and payloads (repeatable runs)")
     w(
         "--max-context-tokens",
@@ -86,13 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     w(
         "--generation-mode",
         choices=["none", "fast", "realistic"],
-        help="simulated GPU time per generated token: none 0 ms, fast 2 ms, realistic 30 ms (default none)",
+        help="simulated GPU time per generated token: "
+        + ", ".join(f"{mode} {ms:g} ms" for mode, ms in GenerationConfig().ms_per_token.items()),
     )
-    w("--decode-batch-size", type=int, help="tokens per decode read (default 32)")
+    w("--decode-batch-size", type=int, help="tokens per decode read")
     w(
         "--performance-profile",
         choices=["latency", "throughput"],
-        help="latency: users think between requests (default); throughput: back-to-back requests",
+        help="latency: users think between requests; throughput: back-to-back requests",
     )
     w("--prefill-only", action="store_true", help="writes only (a prefill node)")
     w("--decode-only", action="store_true", help="reads only, of num_users x 10 pre-populated entries (a decode node)")
@@ -101,52 +107,52 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="documents ingested as chunk entries; RAG queries read top-k chunks first",
     )
-    w("--rag-num-docs", type=int, help="documents to ingest (default 10)")
-    w("--rag-top-k", type=int, help="chunks read per RAG query (default 5)")
+    w("--rag-num-docs", type=int, help="documents to ingest")
+    w("--rag-top-k", type=int, help="chunks read per RAG query")
     w("--enable-autoscaling", action="store_true", help="start and stop users as the autoscaler decides")
     w(
         "--autoscaler-mode",
         choices=["qos", "capacity"],
         help="qos: hold saturation and SLAs; capacity: find peak throughput",
     )
-    w("--target-saturation", type=float, help="qos autoscaler's target I/O saturation (default 0.8)")
+    w("--target-saturation", type=float, help="qos autoscaler's target I/O saturation")
     w(
         "--qos-scheduler",
         choices=["fair", "strict"],
-        help="I/O queue between QoS classes: fair = weighted shares (no class starves), strict = priority (default fair)",
+        help="I/O queue between QoS classes: fair = weighted shares (no class starves), strict = priority",
     )
-    s = p.add_argument_group("workload sources").add_argument
+    s = group("workload sources")
     s("--dataset-path", help="ShareGPT JSON: replay real conversations (multi-turn)")
-    s("--max-conversations", type=int, help="ShareGPT conversations to load (default 500)")
+    s("--max-conversations", type=int, help="ShareGPT conversations to load")
     s("--use-burst-trace", action="store_true", help="replay a BurstGPT trace (needs --burst-trace-path)")
     s("--burst-trace-path", help="BurstGPT CSV file, directory or glob")
-    s("--trace-speedup", type=float, help="trace time scale: 1 real time, 10 ten times faster, 0 no delay (default 1)")
-    s("--replay-cycles", type=int, help="times to replay the dataset/trace (default 0 = until the run ends)")
-    t = p.add_argument_group("tiers").add_argument
+    s("--trace-speedup", type=float, help="trace time scale: 1 real time, 10 ten times faster, 0 no delay")
+    s("--replay-cycles", type=int, help="times to replay the dataset/trace; 0 = until the run ends")
+    t = group("tiers")
     t("--gpu-mem-gb", type=float, help="GPU tier size (default 16 with CUDA, 0 without)")
-    t("--cpu-mem-gb", type=float, help="CPU tier size (default 4; 0 disables)")
+    t("--cpu-mem-gb", type=float, help="CPU tier size; 0 disables")
     t("--cache-dir", help="where the disk tier writes (a fresh subdirectory per run; default a temp dir in /var/tmp)")
-    t("--storage-capacity-gb", type=float, help="disk tier size (default 0 = free space of the filesystem)")
+    t("--storage-capacity-gb", type=float, help="disk tier size; 0 = free space of the filesystem")
     t(
         "--io-mode",
         choices=["direct", "buffered"],
-        help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads (default direct)",
+        help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads",
     )
     t("--promote-on-hit", action="store_true", help="move entries hit in a lower tier back to the top tier")
-    t("--target-usage-ratio", type=float, help="evict to keep each tier below this fill (default 0.8)")
-    t("--large-entry-limit-ratio", type=float, help="entries larger than this share of a tier skip it (default 0.95)")
-    x = p.add_argument_group("execution").add_argument
-    x("--max-concurrent-allocs", type=int, help="limit on concurrent prefill writes (default 0 = no limit)")
-    x("--io-workers", type=int, help="threads doing storage I/O (default 8)")
+    t("--target-usage-ratio", type=float, help="evict to keep each tier below this fill")
+    t("--large-entry-limit-ratio", type=float, help="entries larger than this share of a tier skip it")
+    x = group("execution")
+    x("--max-concurrent-allocs", type=int, help="limit on concurrent prefill writes; 0 = no limit")
+    x("--io-workers", type=int, help="threads doing storage I/O")
     x(
         "--num-clients",
         type=int,
-        help="worker processes, each with its share of users and its own cache subdirectory (default 1)",
+        help="worker processes, each with its share of users and its own cache subdirectory",
     )
     x("--precondition", action="store_true", help="sequential writes before the run to reach SSD steady state")
-    x("--precondition-size-gb", type=float, help="preconditioning volume (default 0 = 2x the disk tier)")
-    x("--precondition-threads", type=int, help="preconditioning writers (default 0 = io-workers)")
-    o = p.add_argument_group("output").add_argument
+    x("--precondition-size-gb", type=float, help="preconditioning volume; 0 = 2x the disk tier")
+    x("--precondition-threads", type=int, help="preconditioning writers; 0 = --io-workers")
+    o = group("output")
     o("--output", help="results JSON (default results/<timestamp>.json)")
     o("--xlsx-output", help="also write an Excel workbook")
     o("--csv-output", help="also write a flat CSV of the metrics")
@@ -165,26 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cli_values(args: argparse.Namespace) -> tuple[dict, dict]:
+def cli_values(args: argparse.Namespace) -> dict:
+    """The config values given on the command line, by argparse dest (SECTION_FLAGS says which set a section key)."""
     values = {k: v for k, v in vars(args).items() if k not in ("config", "no_progress", "log_level")}
     if getattr(args, "no_progress", False):
         values["progress"] = False
-    sections: dict = {}
-    for flag, (section, key) in SECTION_FLAGS.items():
-        if flag in values:
-            sections.setdefault(section, {})[key] = values.pop(flag)
-    return values, sections
+    return values
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    values, sections = cli_values(args)
-    cfg = load_config(getattr(args, "config", None), values)
-    if sections:  # section flags override the section's keys, not the whole section
-        data = cfg.model_dump()
-        for section, keys in sections.items():
-            data[section].update(keys)
-        cfg = load_config(None, data)
-    return cfg
+    # A section flag overrides its key of the section and keeps the section's others (from config.yaml or defaults).
+    return load_config(getattr(args, "config", None), cli_values(args), SECTION_FLAGS)
 
 
 def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:

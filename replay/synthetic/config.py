@@ -1,4 +1,5 @@
-"""The one validated configuration of `kvtier bench`: defaults < YAML file (`--config`) < KVTIER_* env < CLI flags.
+"""The one validated configuration of `kvtier bench`: defaults < YAML file (`--config`) < KVTIER_* env < CLI flags,
+merged by replay.settings (the same loader as `kvtier replay`).
 
 Top-level keys are the MLPerf Storage KV Cache benchmark's flags (underscored); sections are its config.yaml sections
 (user_templates, qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode,
@@ -7,15 +8,11 @@ generation, sharegpt, model_configs). Unknown keys are errors, and every key is 
 
 from __future__ import annotations
 
-import os
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvconnector.errors import ConfigError
-
-from ..sources.base import open_regular
+from ..settings import load_settings
 
 
 class _Section(BaseModel):
@@ -251,80 +248,10 @@ class BenchConfig(_Section):
         return self.generation.ms_per_token.get(self.generation_mode, 0.0)
 
 
-def _flag(loc: tuple) -> str:
-    head = str(loc[0])
-    if (
-        len(loc) == 1
-        and head in BenchConfig.model_fields
-        and not isinstance(BenchConfig.model_fields[head].default, BaseModel)
-    ):
-        return "--" + head.replace("_", "-")
-    return ".".join(str(p) for p in loc)
+ENV_PREFIX = "KVTIER_"
 
 
-def describe_validation_error(exc: ValidationError, where: str | None = None) -> str:
-    """One line for the first error; `where` names the source of the value when it was not a flag."""
-    err = exc.errors()[0]
-    msg = err["msg"].removeprefix("Value error, ")
-    if not err["loc"]:
-        return msg
-    if where and len(err["loc"]) == 1 and where.startswith("environment"):
-        return f"{where}: {msg}"
-    if where:
-        return f"{where}: {'.'.join(str(p) for p in err['loc'])}: {msg}"
-    return f"{_flag(err['loc'])}: {msg}"
-
-
-def _env_overrides() -> dict[str, tuple[str, object]]:
-    """KVTIER_<TOP_LEVEL_KEY>=value (scalars only), parsed as YAML scalars: KVTIER_NUM_USERS=50.
-    Returns {key: (variable name, value)}."""
-    out = {}
-    for key in BenchConfig.model_fields:
-        var = "KVTIER_" + key.upper()
-        raw = os.environ.get(var)
-        if raw is None:
-            continue
-        try:
-            val = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"environment {var}={raw!r}: not a valid value") from exc
-        if isinstance(val, (list, dict)):
-            raise ConfigError(f"environment {var}={raw!r}: expected a single value")
-        out[key] = (var, val)
-    return out
-
-
-def load_config(yaml_path: str | None, cli: dict) -> BenchConfig:
-    """Merge defaults, a YAML file, KVTIER_* env and explicit CLI values; raise ConfigError with one clear line
-    that names where the bad value came from (the flag, the environment variable or the config file)."""
-    data: dict = {}
-    if yaml_path:
-        try:
-            with open_regular(yaml_path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except OSError as exc:
-            raise ConfigError(f"--config {yaml_path}: {exc.strerror}") from exc
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"--config {yaml_path}: not a text file") from exc
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"--config {yaml_path}{where}: not valid YAML") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config {yaml_path}: expected a mapping of keys at the top")
-        data.update(loaded)
-    env = _env_overrides()
-    data.update({k: v for k, (_, v) in env.items()})
-    data.update(cli)
-    try:
-        return BenchConfig(**data)
-    except ValidationError as exc:
-        loc = exc.errors()[0]["loc"]
-        key = str(loc[0]) if loc else None
-        where = None
-        if key is not None and key not in cli:
-            if key in env:
-                where = f"environment {env[key][0]}={os.environ[env[key][0]]!r}"
-            elif yaml_path:
-                where = f"--config {yaml_path}"
-        raise ConfigError(describe_validation_error(exc, where)) from exc
+def load_config(yaml_path: str | None, cli: dict, flag_paths: dict[str, tuple[str, ...]] | None = None) -> BenchConfig:
+    """Defaults < the YAML file < KVTIER_<KEY> env < the flags in `cli` (by argparse dest; `flag_paths` maps a
+    dest that sets a section key to its path). ConfigError with one line naming the flag, variable or file."""
+    return load_settings(BenchConfig, config_path=yaml_path, env_prefix=ENV_PREFIX, flags=cli, flag_paths=flag_paths)

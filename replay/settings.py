@@ -1,0 +1,183 @@
+"""How `kvtier bench` and `kvtier replay` load their configuration: one way, for both.
+
+Layers, later ones win: the pydantic model's defaults < the `--config` YAML file < environment variables
+(`<PREFIX><KEY>`, e.g. KVTIER_NUM_USERS=50 for bench, KVTIER_REPLAY_SEED=3 for replay) < command-line flags.
+The model validates the merged values once; its types and `Field` constraints are the only checks.
+
+Each value remembers the layer it came from, so a bad one is one line (kvconnector.validation's format) that
+blames its source:
+    --num-users: Input should be greater than or equal to 1
+    environment KVTIER_NUM_USERS='0': Input should be greater than or equal to 1
+    --config run.yaml: rag.top_k: Input should be greater than 0
+
+`documented()` writes each flag's "(default X)" from the model, so help texts cannot drift from the defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kvconnector.errors import ConfigError
+from kvconnector.validation import describe_validation_error
+
+from .sources.base import open_regular
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = ["documented", "env_layer", "flag_name", "load_settings", "read_yaml", "shown_default"]
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def read_yaml(path: str) -> dict:
+    """The top-level mapping of a YAML config file; ConfigError (one line naming the file) for anything else."""
+    try:
+        with open_regular(path) as f:
+            loaded = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config {path}: not a text file") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"--config {path}{where}: not valid YAML") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of keys at the top")
+    return loaded
+
+
+def env_layer(model: type[BaseModel], prefix: str) -> dict[str, tuple[str, Any]]:
+    """`<prefix><TOP_LEVEL_KEY>=value` for the model's top-level keys, each parsed as a YAML scalar (so `50` is a
+    number and `true` a boolean; the model converts further). Returns {key: (source description, value)}."""
+    out = {}
+    for key in model.model_fields:
+        var = prefix + key.upper()
+        raw = os.environ.get(var)
+        if raw is None:
+            continue
+        where = f"environment {var}={raw!r}"
+        try:
+            val = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where}: not a valid value") from exc
+        if isinstance(val, (list, dict)):
+            raise ConfigError(f"{where}: expected a single value")
+        out[key] = (where, val)
+    return out
+
+
+def _set_path(data: dict, path: tuple[str, ...], value: Any) -> None:
+    """Set a (possibly nested) key; a section is copied, keeping its other keys. A section that is not a mapping
+    is left as it is: validation then reports it, blamed on the layer that gave it."""
+    if len(path) == 1:
+        data[path[0]] = value
+        return
+    section = data.get(path[0], {})
+    if isinstance(section, dict):
+        section = dict(section)
+        _set_path(section, path[1:], value)
+        data[path[0]] = section
+
+
+def load_settings(
+    model: type[M],
+    *,
+    config_path: str | None = None,
+    env_prefix: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+    flag_paths: Mapping[str, tuple[str, ...]] | None = None,
+    missing_hint: str = "",
+) -> M:
+    """Merge the layers and validate once. `flags` are the command line's values by argparse dest (only those the
+    user gave); `flag_paths` maps a dest to the nested key it sets (`rag_top_k` -> ('rag', 'top_k')): it overrides
+    that key of the section and keeps the section's others. Raises ConfigError with one line."""
+    data: dict = {}
+    origin: dict[tuple, str] = {}  # path of a value -> where it came from
+    if config_path:
+        loaded = read_yaml(config_path)
+        data.update(loaded)
+        origin.update({(k,): f"--config {config_path}" for k in loaded})
+    for key, (where, val) in (env_layer(model, env_prefix) if env_prefix else {}).items():
+        data[key] = val
+        origin[(key,)] = where
+    for dest, val in (flags or {}).items():
+        path = (flag_paths or {}).get(dest, (dest,))
+        _set_path(data, path, val)
+        origin[path] = flag_name(dest)
+    try:
+        return model(**data)
+    except ValidationError as exc:
+        missing = [flag_name(str(e["loc"][0])) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1]
+        if missing:
+            raise ConfigError(f"missing {', '.join(missing)}{missing_hint}") from None
+        raise ConfigError(_blame(exc, origin)) from None
+
+
+def _blame(exc: ValidationError, origin: Mapping[tuple, str]) -> str:
+    """The error's line, naming the layer of the longest prefix of its location that a layer set."""
+    loc = tuple(exc.errors()[0]["loc"])
+    for n in range(len(loc), 0, -1):
+        where = origin.get(loc[:n])
+        if where is not None:
+            # A flag or a variable names its key; a file does not, so its line keeps the whole path.
+            named = 0 if where.startswith("--config ") else n
+            return describe_validation_error(exc, where, skip=named)
+    return describe_validation_error(exc)
+
+
+# ---- help texts -------------------------------------------------------------------------------------------------
+
+
+def _default(model: type[BaseModel], path: tuple[str, ...]) -> Any:
+    """The model's default for a (possibly nested) key; None when the key has none or is not in the model."""
+    field = model.model_fields.get(path[0])
+    if field is None or field.is_required():
+        return None
+    value = field.get_default(call_default_factory=True)
+    for key in path[1:]:
+        value = getattr(value, key, None)
+    return value
+
+
+def shown_default(model: type[BaseModel], path: tuple[str, ...]) -> str | None:
+    """How the default of `path` reads in a help text, or None when it says nothing a help text should repeat (no
+    default, a boolean switch, a section, an empty collection)."""
+    value = _default(model, path)
+    if value is None or isinstance(value, (bool, BaseModel, dict, list)) or value == ():
+        return None
+    if isinstance(value, tuple):
+        return ",".join(_scalar(v) for v in value)
+    return _scalar(value)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:g}"
+    return str(value)
+
+
+def documented(
+    add_argument: Callable[..., Any],
+    model: type[BaseModel],
+    flag_paths: Mapping[str, tuple[str, ...]] | None = None,
+) -> Callable[..., Any]:
+    """`add_argument` (of a parser or a group) whose help texts end with the model's default for the flag's key,
+    `(default 600)`; help texts never write a model default by hand."""
+
+    def add(*names: str, **kwargs: Any) -> Any:
+        dest = kwargs.get("dest") or next((n for n in names if n.startswith("--")), names[0]).lstrip("-")
+        dest = dest.replace("-", "_")
+        shown = shown_default(model, (flag_paths or {}).get(dest, (dest,)))
+        if shown is not None and kwargs.get("help"):
+            kwargs["help"] = f"{kwargs['help']} (default {shown})"
+        return add_argument(*names, **kwargs)
+
+    return add
