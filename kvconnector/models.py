@@ -19,6 +19,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError
+from .validation import describe_validation_error, error_path
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
@@ -118,12 +119,11 @@ def spec_from_hf_config(cfg, name: str, source: str | None = None) -> ModelSpec:
         hf = _HFConfig.model_validate(cfg)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"])
         if err["type"] == "missing":
             raise ConfigError(
-                f"{where}: lacks '{field}' (need num_hidden_layers, num_attention_heads, hidden_size)"
+                f"{where}: lacks '{error_path(err['loc'])}' (need num_hidden_layers, num_attention_heads, hidden_size)"
             ) from None
-        raise ConfigError(f"{where}: {field} = {err.get('input')!r}: {err['msg'].lower()}") from None
+        raise ConfigError(describe_validation_error(exc, where, show_input=True)) from None
     context = hf.max_position_embeddings or 0
     if hf.kv_lora_rank:
         if not hf.qk_rope_head_dim:
