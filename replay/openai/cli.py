@@ -9,20 +9,21 @@ import os
 import random
 import signal
 import sys
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from kvconnector.errors import ConfigError
 from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
-from replay.openai.report import build_summary, parse_slo, summary_table, write_csv, write_detail_jsonl, write_plots
+from replay.openai.report import build_summary, summary_table, write_csv, write_detail_jsonl, write_plots
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
-from replay.sources.base import WorkloadError, open_regular
+from replay.sources.base import WorkloadError
 
 from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
 from ..outputs.paths import atomic_path, check_outputs, write_results
+from ..settings import documented, load_settings
 
 PROG = "kvtier replay"
 
@@ -40,6 +41,8 @@ EXAMPLES = """examples:
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --input-len 512 --output-len 64 \\
       --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
 The API key, if the server needs one, comes from $OPENAI_API_KEY (or the variable named by --api-key-env).
+Options come from flags, KVTIER_REPLAY_<KEY> environment variables (KVTIER_REPLAY_SEED=3) and a --config YAML file
+(seed: 3); precedence: defaults < --config < environment < flags. A bad value is one line naming where it came from.
 --base-url is the server root; the OpenAI SDK's form with a trailing /v1 is accepted too.
 
 exit status: 0 when at least one request completed and no more requests failed than completed (requests the run
@@ -51,10 +54,51 @@ written; every output path is checked before the run); 3 when the run stopped ea
 """
 
 
-class ReplayConfig(BaseModel):
-    """Every option of a replay, validated once; unknown keys (from --config YAML) are errors."""
+def _comma_list(v: Any) -> Any:
+    """'50,90,99' (a flag, a variable) -> ['50', '90', '99']; a YAML list passes; one number is a list of one."""
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return [v] if isinstance(v, (int, float)) else v
 
-    model_config = ConfigDict(extra="forbid")
+
+def _key_values(v: Any) -> Any:
+    """'ttft_ms=500,tpot_ms=50' -> {'ttft_ms': '500', 'tpot_ms': '50'}; a YAML mapping passes."""
+    if not isinstance(v, str):
+        return v
+    out = {}
+    for part in filter(None, (p.strip() for p in v.split(","))):
+        key, sep, val = part.partition("=")
+        if not sep:
+            raise ValueError(f"expected KEY=MS pairs like ttft_ms=500,tpot_ms=50, got {part!r}")
+        out[key.strip()] = val.strip()
+    return out
+
+
+def _dataset_or_count(v: Any) -> Any:
+    """max_tokens: 'dataset' or a whole number of tokens >= 1 (a flag gives it as text). Checked here, before the
+    union, so a bad value is one message rather than one per member of the union."""
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    if v != "dataset" and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        raise ValueError(f"must be 'dataset' or a whole number >= 1, got {v!r}")
+    return v
+
+
+def _one_or_many(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v
+
+
+Count = Annotated[int, Field(ge=1)]
+Percentile = Annotated[float, Field(gt=0, lt=100)]
+SloKey = Literal["ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"]
+
+
+class ReplayConfig(BaseModel):
+    """Every option of a replay, validated once; loaded by replay.settings as bench's is (defaults < --config YAML <
+    KVTIER_REPLAY_<KEY> environment < flags). Unknown keys are errors; inf and nan are no value's (request_rate's
+    inf, 'all at once', excepted)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     base_url: str
     model: str
@@ -63,36 +107,41 @@ class ReplayConfig(BaseModel):
     source: Literal["sharegpt", "burstgpt", "synthetic"] = "synthetic"
     dataset_path: str | None = None
     trace_path: str | None = None
-    trace_speedup: float = 1.0
-    num_requests: int | None = None
-    duration: float | None = None
-    request_rate: float = math.inf
+    trace_speedup: float = Field(1.0, gt=0)
+    num_requests: Count | None = None
+    duration: float | None = Field(None, gt=0)
+    request_rate: float = Field(math.inf, ge=0, allow_inf_nan=True)
     arrival: Literal["poisson", "gamma", "constant"] | None = None
-    burstiness: float = 1.0
-    max_concurrency: int | None = None
-    users: int | None = None
-    think_time_ms: float = 0.0
-    rounds: int | None = None
-    concurrency: int | None = None
-    output_len: int = 128
-    input_len: int = 256
-    range_ratio: float = 0.0
-    prefix_len: int = 0
-    prefix_groups: int = 1
-    turns: int = 1
-    max_tokens: str = "dataset"
-    max_tokens_cap: int | None = 2048
+    burstiness: float = Field(1.0, gt=0)
+    max_concurrency: Count | None = None
+    users: Count | None = None
+    think_time_ms: float = Field(0.0, ge=0)
+    rounds: Count | None = None
+    concurrency: Count | None = None
+    output_len: Count = 128
+    input_len: Count = 256
+    range_ratio: float = Field(0.0, ge=0)
+    prefix_len: int = Field(0, ge=0)
+    prefix_groups: Count = 1
+    turns: Count = 1
+    max_tokens: Annotated[Literal["dataset"] | int, BeforeValidator(_dataset_or_count)] = "dataset"
+    max_tokens_cap: Count | None = 2048
     ignore_eos: bool = False
-    metrics_url: list[str] = []
-    metrics_interval: float = 5.0
-    kv_bytes_per_token: float | None = None
+    metrics_url: Annotated[list[str], BeforeValidator(_one_or_many)] = []
+    metrics_interval: float = Field(5.0, gt=0)
+    kv_bytes_per_token: float | None = Field(None, gt=0)
     kv_bytes_metric: str | None = None
-    block_size: int | None = None
-    slo: str | None = None
-    percentiles: str = "50,90,95,99"
-    warmup: int = 0
-    seed: int = 0
-    request_timeout: float = 600.0
+    block_size: Count | None = None
+    slo: Annotated[dict[SloKey, Annotated[float, Field(gt=0)]], BeforeValidator(_key_values)] = {}
+    percentiles: Annotated[tuple[Percentile, ...], Field(min_length=1), BeforeValidator(_comma_list)] = (
+        50.0,
+        90.0,
+        95.0,
+        99.0,
+    )
+    warmup: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0)
+    request_timeout: float = Field(600.0, gt=0)
     no_continuous_usage: bool = False
     output: str
     detail: str | None = None
@@ -119,142 +168,101 @@ class ReplayConfig(BaseModel):
                 raise ValueError("--rounds needs --concurrency C (the number of sessions)")
             if self.source == "burstgpt":
                 raise ValueError("--rounds works with --source synthetic or sharegpt, not burstgpt")
-        for name, v in self:
-            if isinstance(v, float) and math.isnan(v):
-                raise ValueError(f"--{name.replace('_', '-')} must be a number, got nan")
-        for name in ("request_timeout", "duration"):
-            v = getattr(self, name)
-            if v is not None and not 0 < v < math.inf:
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, got {v:g}")
-        for name in ("trace_speedup", "burstiness"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-        for name in ("num_requests", "max_concurrency", "users", "rounds", "concurrency"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.request_rate < 0:
-            raise ValueError("--request-rate must be >= 0 (inf = all at once)")
-        if self.max_tokens != "dataset" and not self.max_tokens.isdigit():
-            raise ValueError(f"--max-tokens must be 'dataset' or a number, got {self.max_tokens!r}")
-        parse_slo(self.slo)
-        self.percentile_tuple()
         return self
 
-    def percentile_tuple(self) -> tuple[float, ...]:
-        try:
-            p = tuple(float(x) for x in self.percentiles.split(",") if x.strip())
-        except ValueError:
-            raise ValueError(f"--percentiles: expected numbers like 50,90,99, got {self.percentiles!r}") from None
-        if not p or any(not 0 < x < 100 for x in p):
-            raise ValueError("--percentiles must be in (0, 100)")
-        return p
+
+ENV_PREFIX = "KVTIER_REPLAY_"
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog=EXAMPLES
     )
-    g = ap.add_argument_group("server")
-    g.add_argument("--base-url", help="server root, e.g. http://127.0.0.1:8000")
-    g.add_argument("--model", help="model name the server serves")
-    g.add_argument(
-        "--endpoint", choices=["chat", "completions"], help="/v1/chat/completions (default) or /v1/completions"
-    )
-    g.add_argument("--api-key-env", help="environment variable holding the API key (default OPENAI_API_KEY)")
-    g.add_argument("--request-timeout", type=float, help="seconds without data before a request fails (600)")
-    g.add_argument(
+
+    def group(title: str):
+        return documented(ap.add_argument_group(title).add_argument, ReplayConfig)
+
+    g = group("server")
+    g("--base-url", help="server root, e.g. http://127.0.0.1:8000")
+    g("--model", help="model name the server serves")
+    g("--endpoint", choices=["chat", "completions"], help="chat: /v1/chat/completions; completions: /v1/completions")
+    g("--api-key-env", help="environment variable holding the API key")
+    g("--request-timeout", type=float, help="seconds without data before a request fails")
+    g(
         "--no-continuous-usage",
         action="store_true",
         default=None,
         help="do not ask for per-chunk usage (for servers that reject stream_options.continuous_usage_stats)",
     )
-    g = ap.add_argument_group("workload")
-    g.add_argument("--source", choices=["sharegpt", "burstgpt", "synthetic"])
-    g.add_argument("--dataset-path", help="ShareGPT JSON file")
-    g.add_argument("--trace-path", help="BurstGPT CSV file, directory or glob")
-    g.add_argument("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
-    g.add_argument("--num-requests", type=int, help="stop after this many requests (turns)")
-    g.add_argument(
+    g = group("workload")
+    g("--source", choices=["sharegpt", "burstgpt", "synthetic"], help="where the requests come from")
+    g("--dataset-path", help="ShareGPT JSON file")
+    g("--trace-path", help="BurstGPT CSV file, directory or glob")
+    g("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
+    g("--num-requests", type=int, help="stop after this many requests (turns)")
+    g(
         "--duration",
         type=float,
         help="run window in seconds: nothing is scheduled or started after it; requests in flight get 2 s",
     )
-    g.add_argument("--input-len", type=int, help="synthetic: input tokens per turn (256)")
-    g.add_argument("--output-len", type=int, help="synthetic and long sessions: output tokens (128)")
-    g.add_argument("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r) (0 = fixed)")
-    g.add_argument("--prefix-len", type=int, help="synthetic: shared prefix tokens per group (0)")
-    g.add_argument("--prefix-groups", type=int, help="synthetic: number of shared-prefix groups (1)")
-    g.add_argument("--turns", type=int, help="synthetic: turns per session (1)")
-    g.add_argument("--max-tokens", help="'dataset' (the dataset's answer length) or a fixed number")
-    g.add_argument("--max-tokens-cap", type=int, help="upper bound on max_tokens from the dataset (2048)")
-    g.add_argument("--ignore-eos", action="store_true", default=None, help="force the full output length (vLLM)")
-    g = ap.add_argument_group("arrivals")
-    g.add_argument("--request-rate", type=float, help="sessions per second (inf = all at once; the default)")
-    g.add_argument(
+    g("--input-len", type=int, help="synthetic: input tokens per turn")
+    g("--output-len", type=int, help="synthetic and long sessions: output tokens")
+    g("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r); 0 = fixed")
+    g("--prefix-len", type=int, help="synthetic: shared prefix tokens per group")
+    g("--prefix-groups", type=int, help="synthetic: number of shared-prefix groups")
+    g("--turns", type=int, help="synthetic: turns per session")
+    g("--max-tokens", help="'dataset' (the dataset's answer length) or a fixed number")
+    g("--max-tokens-cap", type=int, help="upper bound on max_tokens from the dataset")
+    g("--ignore-eos", action="store_true", default=None, help="force the full output length (vLLM)")
+    g = group("arrivals")
+    g("--request-rate", type=float, help="sessions per second; inf = all at once")
+    g(
         "--arrival",
         choices=["poisson", "gamma", "constant"],
         help="arrival process (poisson; gamma when --burstiness != 1)",
     )
-    g.add_argument("--burstiness", type=float, help="gamma shape: <1 burstier, >1 smoother than Poisson (1)")
-    g.add_argument("--max-concurrency", type=int, help="at most this many requests in flight; the wait is queue_ms")
-    g.add_argument("--users", type=int, help="closed loop: this many users, each sending its next turn after an answer")
-    g.add_argument("--think-time-ms", type=float, help="pause between an answer and the session's next turn (0)")
-    g.add_argument("--rounds", type=int, help="long-session mode: rounds per session")
-    g.add_argument("--concurrency", type=int, help="long-session mode: number of sessions")
-    g.add_argument("--warmup", type=int, help="warm-up requests before the measured run (excluded)")
-    g.add_argument("--seed", type=int, help="seed for the schedule and sampling (0)")
-    g = ap.add_argument_group("metrics and outputs")
-    g.add_argument("--metrics-url", action="append", help="Prometheus /metrics URL to scrape (repeatable)")
-    g.add_argument("--metrics-interval", type=float, help="seconds between scrapes (5)")
-    g.add_argument("--kv-bytes-per-token", type=float, help="turn lmcache:num_stored_tokens into bytes written")
-    g.add_argument("--kv-bytes-metric", help="counter of bytes written to the KV tier (default: kvtier/LMCache names)")
-    g.add_argument(
+    g("--burstiness", type=float, help="gamma shape: <1 burstier, >1 smoother than Poisson")
+    g("--max-concurrency", type=int, help="at most this many requests in flight; the wait is queue_ms")
+    g("--users", type=int, help="closed loop: this many users, each sending its next turn after an answer")
+    g("--think-time-ms", type=float, help="pause between an answer and the session's next turn")
+    g("--rounds", type=int, help="long-session mode: rounds per session")
+    g("--concurrency", type=int, help="long-session mode: number of sessions")
+    g("--warmup", type=int, help="warm-up requests before the measured run (excluded)")
+    g("--seed", type=int, help="seed for the schedule and sampling")
+    g = group("metrics and outputs")
+    g("--metrics-url", action="append", help="Prometheus /metrics URL to scrape (repeatable)")
+    g("--metrics-interval", type=float, help="seconds between scrapes")
+    g("--kv-bytes-per-token", type=float, help="turn lmcache:num_stored_tokens into bytes written")
+    g("--kv-bytes-metric", help="counter of bytes written to the KV tier (default: kvtier/LMCache names)")
+    g(
         "--block-size",
         type=int,
         help="server KV block size in tokens, for the ideal hit rate (default: vLLM's cache_config_info, else 16)",
     )
-    g.add_argument("--slo", help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (also e2el_ms, itl_ms)")
-    g.add_argument("--percentiles", help="comma list (50,90,95,99)")
-    g.add_argument("--output", help="JSON summary file")
-    g.add_argument("--detail", help="per-request JSONL file")
-    g.add_argument("--csv", help="per-request CSV file (and NAME.rounds.csv in long-session mode)")
-    g.add_argument("--plots", help="directory for PNG plots")
-    g.add_argument("--config", help="YAML file with the same keys (underscored); flags override it")
-    g.add_argument("--quiet", action="store_true", default=None, help="no live progress")
+    g("--slo", help="goodput SLOs, e.g. ttft_ms=500,tpot_ms=50 (also e2el_ms, itl_ms)")
+    g("--percentiles", help="comma list")
+    g("--output", help="JSON summary file")
+    g("--detail", help="per-request JSONL file")
+    g("--csv", help="per-request CSV file (and NAME.rounds.csv in long-session mode)")
+    g("--plots", help="directory for PNG plots")
+    g(
+        "--config",
+        help=f"YAML file with the same keys (underscored); {ENV_PREFIX}<KEY> variables override it, flags both",
+    )
+    g("--quiet", action="store_true", default=None, help="no live progress")
     return ap
 
 
 def _config(argv: list[str]) -> ReplayConfig:
-    ap = build_parser()
-    args = vars(ap.parse_args(argv))
-    data: dict = {}
+    args = vars(build_parser().parse_args(argv))
     cfg_path = args.pop("config")
-    if cfg_path:
-        import yaml
-
-        try:
-            with open_regular(cfg_path) as fh:
-                loaded = yaml.safe_load(fh)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise WorkloadError(f"--config {cfg_path}: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise WorkloadError(f"--config {cfg_path}: expected a mapping of option names")
-        data.update(loaded)
-    data.update({k: v for k, v in args.items() if v is not None})
-    if "metrics_url" in data and isinstance(data["metrics_url"], str):
-        data["metrics_url"] = [data["metrics_url"]]
-    missing = [f"--{k.replace('_', '-')}" for k in ("base_url", "model", "output") if k not in data]
-    if missing:
-        raise WorkloadError(f"missing {', '.join(missing)} (see kvtier replay --help)")
-    return ReplayConfig(**data)
-
-
-def _first_error(exc: ValidationError) -> str:
-    e = exc.errors()[0]
-    loc = ".".join(str(x) for x in e.get("loc", ()))
-    msg = e.get("msg", "invalid").removeprefix("Value error, ")
-    return f"--{loc.replace('_', '-')}: {msg}" if loc else msg
+    return load_settings(
+        ReplayConfig,
+        config_path=cfg_path,
+        env_prefix=ENV_PREFIX,
+        flags={k: v for k, v in args.items() if v is not None},  # only what the command line gave
+        missing_hint=" (see kvtier replay --help)",
+    )
 
 
 async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: RunState):
@@ -271,7 +279,7 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
                 "at 4 characters per token",
                 file=sys.stderr,
             )
-    fixed = None if cfg.max_tokens == "dataset" else int(cfg.max_tokens)
+    fixed = None if cfg.max_tokens == "dataset" else cfg.max_tokens
     meta: dict = {
         "source": cfg.source,
         "endpoint": cfg.endpoint,
@@ -458,8 +466,8 @@ def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
     summary = build_summary(
         state,
         meta,
-        percentiles=cfg.percentile_tuple(),
-        slo=parse_slo(cfg.slo),
+        percentiles=cfg.percentiles,
+        slo=cfg.slo,
         block_size=cfg.block_size,
         kv_bytes_per_token=cfg.kv_bytes_per_token,
         kv_bytes_metric=cfg.kv_bytes_metric,
@@ -482,8 +490,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _config(argv)
         check_outputs({"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv}, {"--plots": cfg.plots})
-    except ValidationError as exc:
-        return fail(PROG, _first_error(exc))
     except (WorkloadError, ConfigError) as exc:
         return fail(PROG, str(exc))
     state = RunState()
