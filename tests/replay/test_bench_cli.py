@@ -11,6 +11,7 @@ import pytest
 
 from kvconnector.histogram import LatencyHistogram
 from replay.synthetic.cli import main
+from replay.synthetic.sysinfo import block_device_of
 
 KVTIER = [sys.executable, "-m", "replay.cli", "bench"]
 
@@ -52,8 +53,9 @@ def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
     assert rc == 0, capsys.readouterr().err
     s = doc["summary"]
     assert doc["status"] == "completed" and s["total_requests"] > 0
-    # the window is honoured: no operation starts after it, in-flight ones finish quickly at these sizes
-    assert 3.0 <= s["elapsed_time"] < 3.0 + 2.0
+    # the window is honoured: the duration ended it and in-flight operations only finish (the margin is for a loaded
+    # machine; how late a run ends is a figure for benchmarks, not a test)
+    assert s["window"]["ended_by"] == "duration" and 3.0 <= s["elapsed_time"] < 3.0 + 10.0
     for key in ("end_to_end_latency_ms", "storage_io_latency_ms"):
         assert set(s[key]) >= {"mean", "p50", "p95", "p99", "p999"}
         assert s[key]["p50"] <= s[key]["p99"]
@@ -71,9 +73,13 @@ def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
     # waterfall: the small CPU tier overflowed into the disk tier, which never exceeded its capacity
     assert doc["tiers"]["cpu"]["events"].get("demotions_out", 0) > 0
     assert disk["used_bytes"] <= disk["capacity_bytes"]
-    # the device's own counters saw the reads (O_DIRECT reached the block device)
-    if doc["block_device"]:
-        assert doc["block_device"]["read_bytes"] >= 0.9 * disk["read"]["bytes"]
+    # the device's own counters saw the reads (O_DIRECT reached the block device); no device (tmpfs): no counters
+    dev = block_device_of(str(tmp_path / "cache"))
+    if dev is None:
+        assert doc["block_device"] is None
+    else:
+        assert doc["block_device"]["device"] == dev
+        assert doc["block_device"]["read_bytes"] >= 0.9 * disk["read"]["bytes"] > 0
     assert doc["config"]["seed"] == 3 and doc["environment"]["filesystem"]["fs_type"]
     assert doc["timeline"] and doc["timeline"][-1]["requests"] == s["total_requests"]
     assert not os.listdir(tmp_path / "cache")  # the run's entries are removed
