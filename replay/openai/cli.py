@@ -16,13 +16,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from kvconnector.errors import ConfigError
 from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
-from replay.openai.report import build_summary, summary_table, write_csv, write_detail_jsonl, write_plots
+from replay.openai.report import build_summary, request_rows
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
 from replay.sources.base import WorkloadError
 
 from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
-from ..outputs.paths import atomic_path, check_outputs, write_results
+from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
+from ..outputs.paths import check_outputs, write_results
 from ..settings import documented, load_settings
 
 PROG = "kvtier replay"
@@ -476,12 +477,11 @@ def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
     if moved:
         print(f"{PROG}: {moved}; results written to {summary['results_path']} instead", file=sys.stderr)
     if cfg.detail:
-        with atomic_path(cfg.detail, suffix=".jsonl.tmp") as tmp:
-            write_detail_jsonl(state, tmp)
+        write_jsonl(request_rows(state, warmup=True), cfg.detail)
     if cfg.csv:
-        write_csv(state, cfg.csv, summary.get("rounds"))
+        write_requests_csv(request_rows(state), cfg.csv, summary.get("rounds"))
     if cfg.plots:
-        summary["plots"] = write_plots(state, summary, cfg.plots)
+        summary["plots"] = write_replay_plots(summary, request_rows(state), cfg.plots)
     return summary
 
 
@@ -518,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
 
         console = Console(stderr=False)
-        for t in summary_table(summary):
+        for t in replay_tables(summary):
             console.print(t)
         console.print(f"results: {summary['results_path']}" + (f", {cfg.detail}" if cfg.detail else ""))
     return code

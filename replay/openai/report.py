@@ -1,16 +1,14 @@
-"""Results: the JSON summary (vLLM bench's metric names where they mean the same), per-request JSONL and CSV,
-per-round rows for long sessions, goodput against SLOs, PNG plots and the closing table.
+"""Results of a replay: the JSON summary (vLLM bench's metric names where they mean the same), per-round rows for
+long sessions, goodput against SLOs, and the per-request rows the detail files are written from.
 
 Every percentile comes from a mergeable HDR histogram (`kvconnector.histogram.LatencyHistogram`); per-request figures
-appear only in the detail files.
+appear only in the detail files. The files themselves (JSONL, CSV, PNG) and the closing table are written by
+replay/outputs/, which `kvtier bench` uses too.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import os
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from kvconnector.histogram import LatencyHistogram
@@ -18,15 +16,7 @@ from replay.openai.client import RequestRecord
 from replay.openai.driver import RunState
 from replay.openai.server_metrics import derive
 
-__all__ = [
-    "build_summary",
-    "parse_slo",
-    "run_failure",
-    "summary_table",
-    "write_csv",
-    "write_detail_jsonl",
-    "write_plots",
-]
+__all__ = ["build_summary", "parse_slo", "request_rows", "run_failure"]
 
 _SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
 
@@ -269,171 +259,8 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
     return rows
 
 
-def write_detail_jsonl(state: RunState, path: str | os.PathLike) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for r in state.warmup_records + state.records:
-            fh.write(json.dumps(r.to_json(state.t0_ns)) + "\n")
-
-
-_CSV_COLS = (
-    "request_id",
-    "session_id",
-    "turn",
-    "round",
-    "success",
-    "error_kind",
-    "http_status",
-    "prompt_tokens",
-    "output_tokens",
-    "max_tokens",
-    "target_prompt_tokens",
-    "ttft_ms",
-    "tpot_ms",
-    "e2el_ms",
-    "send_lag_ms",
-    "queue_ms",
-    "scheduled_ns",
-    "sent_ns",
-    "first_token_ns",
-    "last_chunk_ns",
-)
-
-
-def write_csv(state: RunState, path: str | os.PathLike, rounds: list[dict] | None = None) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(_CSV_COLS)
-        for r in state.records:
-            row = r.to_json(state.t0_ns)
-            w.writerow([row[c] for c in _CSV_COLS])
-    if rounds:
-        p = Path(path)
-        with open(p.with_name(p.stem + ".rounds.csv"), "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rounds[0]))
-            w.writeheader()
-            w.writerows(rounds)
-
-
-def write_plots(state: RunState, summary: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    grid = [i / 2 for i in range(1, 200)] + [99.9]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "Inter-token latency")):
-        h = LatencyHistogram.decode(summary["histograms"][key])
-        if h.count:
-            ax.plot([h.percentile_ms(p) for p in grid], [p / 100 for p in grid])
-        ax.set_xlabel(f"{title} (ms)")
-        ax.set_ylabel("fraction of requests" if key == "ttft_ms" else "fraction of tokens")
-        ax.set_title(f"{title} CDF (n={h.count})")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=110)
-    plt.close(fig)
-    written.append(str(out / "latency_cdf.png"))
-
-    recs = [r for r in state.records if r.sent_ns]
-    if recs:
-        fig, ax = plt.subplots(figsize=(10, 4))
-        t0 = state.t0_ns
-        for r in recs:
-            end = r.last_chunk_ns or r.first_byte_ns or r.sent_ns
-            color = "tab:blue" if r.success else "tab:red"
-            ax.plot([(r.sent_ns - t0) / 1e9, (end - t0) / 1e9], [r.request_id, r.request_id], color=color, lw=1)
-            if r.first_token_ns:
-                ax.plot([(r.first_token_ns - t0) / 1e9], [r.request_id], ".", color="black", ms=2)
-        ax.set_xlabel("time since start (s)")
-        ax.set_ylabel("request id")
-        ax.set_title("Request timeline (line: sent to last chunk, dot: first token, red: failed)")
-        fig.tight_layout()
-        fig.savefig(out / "timeline.png", dpi=110)
-        plt.close(fig)
-        written.append(str(out / "timeline.png"))
-
-    rounds = summary.get("rounds")
-    if rounds:
-        xs = [r["round"] for r in rounds]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        axes[0].plot(
-            xs,
-            [r["hit_rate"] if r["hit_rate"] is not None else float("nan") for r in rounds],
-            "o-",
-            label="measured (server /metrics)",
-        )
-        axes[0].plot(
-            xs,
-            [r["ideal_hit_rate"] if r["ideal_hit_rate"] is not None else float("nan") for r in rounds],
-            "s--",
-            label="ideal (reusable prefix)",
-        )
-        axes[0].set_ylim(0, 1.05)
-        axes[0].set_xlabel("round")
-        axes[0].set_ylabel("prefix hit rate")
-        axes[0].legend()
-        axes[0].grid(alpha=0.3)
-        axes[1].plot(xs, [r["ttft_p50_ms"] for r in rounds], "o-", label="p50")
-        axes[1].plot(xs, [r["ttft_p95_ms"] for r in rounds], "s-", label="p95")
-        axes[1].set_xlabel("round")
-        axes[1].set_ylabel("TTFT (ms)")
-        axes[1].legend()
-        axes[1].grid(alpha=0.3)
-        from matplotlib.ticker import MaxNLocator
-
-        for ax in axes:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.suptitle("Per-round prefix reuse and TTFT")
-        fig.tight_layout()
-        fig.savefig(out / "rounds.png", dpi=110)
-        plt.close(fig)
-        written.append(str(out / "rounds.png"))
-    return written
-
-
-def summary_table(summary: dict[str, Any]):
-    from rich.table import Table
-
-    t = Table(title="kvtier replay", show_header=True)
-    t.add_column("metric")
-    for c in ("mean", "p50", "p90", "p99"):
-        t.add_column(c, justify="right")
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms"):
-        v = summary[key]
-        t.add_row(key, *(f"{v.get(c, 0):.2f}" for c in ("mean", "p50", "p90", "p99")))
-    t.caption = (
-        f"completed {summary['completed']}  failed {summary['failed']}  "
-        f"req/s {summary['request_throughput']:.2f}  out tok/s {summary['output_throughput']:.1f}  "
-        f"achieved rate {summary['achieved_rate'] or 0:.2f}"
-    )
-    if summary.get("errors_by_kind"):
-        errs = sorted(summary["errors_by_kind"].items(), key=lambda kv: -kv[1])
-        t.caption += "\nerrors: " + ", ".join(f"{k} {n}" for k, n in errs)
-    if summary.get("run_failed"):
-        t.caption += f"\nRUN FAILED: {summary['run_failed']}"
-    tables = [t]
-    if summary.get("rounds"):
-        rt = Table(title="per round", show_header=True)
-        cols = (
-            "round",
-            "hit_rate",
-            "ideal_hit_rate",
-            "ttft_p50_ms",
-            "ttft_p95_ms",
-            "recomputed_tokens_per_request",
-            "kv_written_bytes",
-            "wall_s",
-        )
-        heads = ("round", "hit", "ideal", "TTFT p50 ms", "TTFT p95 ms", "recomputed/req", "KV written B", "wall s")
-        for h in heads:
-            rt.add_column(h, justify="right")
-        for r in summary["rounds"]:
-            rt.add_row(
-                *("-" if r[c] is None else (f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c])) for c in cols)
-            )
-        tables.append(rt)
-    return tables
+def request_rows(state: RunState, *, warmup: bool = False) -> Iterator[dict[str, Any]]:
+    """One detail row per request (timestamps relative to the run's start), made as they are read: the warm-up
+    requests first when `warmup` (the JSONL has them, the CSV and the plots do not)."""
+    for r in (state.warmup_records + state.records) if warmup else state.records:
+        yield r.to_json(state.t0_ns)

@@ -1,5 +1,7 @@
 """Figures of a results document, as PNG files: what a person would rather look at than read.
 
+`kvtier bench` (`write_plots`, FIGURES):
+
     latency_cdf.png          per tier and operation, the share of operations done within x ms (log x)
     request_latency_cdf.png  the same for whole requests: end to end, storage I/O, queue wait, generation
     throughput.png           requests/s and read/write GB/s over time (from the timeline's cumulative counters)
@@ -7,7 +9,14 @@
     autoscaling.png          users and tokens/s at each autoscaler step (runs with autoscaling only)
     qos_latency.png          per QoS class, p95/p99 latency against the class's SLA targets (QoS runs only)
 
-A figure whose data is absent from the document (an older file, a run without that feature) is skipped, with an
+`kvtier replay` (`write_replay_plots`, REPLAY_FIGURES), from its summary and per-request rows:
+
+    latency_cdf.png          TTFT (share of requests) and inter-token latency (share of tokens) within x ms (log x)
+    timeline.png             each request from sent to last chunk, its first token marked, failed ones in red
+    rounds.png               per round, measured against ideal prefix hit rate, and TTFT p50/p95 (runs in rounds)
+
+Both draw with the same frame (log-ms CDF axes with p50/p99 guides, step curves from the histograms, the run's
+label in the corner). A figure whose data is absent (an older file, a run without that feature) is skipped, with an
 INFO log line on the `kvtier.outputs` logger saying why. matplotlib is imported only when plots are asked for.
 """
 
@@ -15,14 +24,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from kvconnector.histogram import LatencyHistogram
 from kvconnector.units import GB
 
 from ._common import OPS, sla_verdict_text, timeline_series
 
-__all__ = ["FIGURES", "cdf_points", "write_plots"]
+__all__ = ["FIGURES", "REPLAY_FIGURES", "cdf_points", "write_plots", "write_replay_plots"]
 
 log = logging.getLogger("kvtier.outputs")
 
@@ -34,6 +45,7 @@ FIGURES = (
     "autoscaling.png",
     "qos_latency.png",
 )
+REPLAY_FIGURES = ("latency_cdf.png", "timeline.png", "rounds.png")
 
 _DPI = 110
 _OP_STYLE = {"read": "-", "write": "--"}
@@ -66,6 +78,37 @@ def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...
     unknown = set(figures or ()) - set(FIGURES)
     if unknown:
         raise ValueError(f"unknown figures {sorted(unknown)}; known: {', '.join(FIGURES)}")
+    draws = (
+        ("latency_cdf.png", _tier_cdf),
+        ("request_latency_cdf.png", _request_cdf),
+        ("throughput.png", _throughput),
+        ("tier_occupancy.png", _occupancy),
+        ("autoscaling.png", _autoscaling),
+        ("qos_latency.png", _qos),
+    )
+    chosen = [(name, draw) for name, draw in draws if figures is None or name in figures]
+    return _save_figures(directory, _run_title(doc), chosen, doc)
+
+
+def write_replay_plots(
+    summary: dict[str, Any], requests: Iterable[dict[str, Any]], directory: str | os.PathLike
+) -> list[str]:
+    """Write REPLAY_FIGURES that the run has data for into `directory` (created if needed); return their paths.
+    `requests`: the per-request detail rows (timestamps in ns since the run's start), read once."""
+    spans = _request_spans(requests)
+    title = f"kvtier replay {summary.get('model', '?')}, {summary.get('source', '?')} workload"
+    draws = (
+        ("latency_cdf.png", _replay_cdf),
+        ("timeline.png", lambda plt, s: _timeline(plt, spans)),
+        ("rounds.png", _rounds),
+    )
+    return _save_figures(directory, title, draws, summary)
+
+
+def _save_figures(
+    directory: str | os.PathLike, title: str, draws: Iterable[tuple[str, Callable[[Any, Any], Any]]], data: Any
+) -> list[str]:
+    """Draw each figure (`draw(plt, data)`: a figure, or why it is skipped), label it with `title`, save as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,19 +117,9 @@ def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
-    title = _run_title(doc)
-    for name, draw in (
-        ("latency_cdf.png", _tier_cdf),
-        ("request_latency_cdf.png", _request_cdf),
-        ("throughput.png", _throughput),
-        ("tier_occupancy.png", _occupancy),
-        ("autoscaling.png", _autoscaling),
-        ("qos_latency.png", _qos),
-    ):
-        if figures is not None and name not in figures:
-            continue
+    for name, draw in draws:
         with plt.style.context("default"):
-            fig = draw(plt, doc)
+            fig = draw(plt, data)
             if isinstance(fig, str):
                 log.info("plots: skipped %s (%s)", name, fig)
                 continue
@@ -113,10 +146,12 @@ def _fmt_ms(ms: float) -> str:
 
 def _ms_axis(ax) -> None:
     """Log x axis in ms with readable tick labels (0.001 ms ... 10,000 ms) instead of powers of ten."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogFormatter
 
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    # An axis spanning less than a decade labels minor ticks: plain numbers there too, not 4.2 x 10^0.
+    ax.xaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
 
 
 def _cdf_frame(ax, xlabel: str, ylabel: str, title: str) -> None:
@@ -435,3 +470,82 @@ def _qos(plt, doc: dict):
 def _qos_label(name: str, c: dict) -> str:
     verdict = {"met": "SLA met", "missed": "SLA missed"}.get(sla_verdict_text(c), "no data")
     return f"{name}\npriority {c.get('priority', '?')}, {c.get('requests', 0):,} req\n{verdict}"
+
+
+# ---------------------------------------------------------------- kvtier replay
+
+
+def _replay_cdf(plt, summary: dict):
+    """TTFT and inter-token latency CDFs side by side (always drawn: an empty panel says the run had no data)."""
+    hists = summary.get("histograms") or {}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6))
+    for ax, key, what, share in (
+        (axes[0], "ttft_ms", "TTFT", "requests"),
+        (axes[1], "itl_ms", "Inter-token latency", "tokens"),
+    ):
+        xs, ys, n = cdf_points(hists.get(key) or "")
+        if xs:
+            _draw_cdf(ax, xs, ys, color="tab:blue", lw=1.8)
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="0.45")
+        _cdf_frame(ax, f"{what} (ms, log scale)", f"fraction of {share} within x", f"{what} CDF (n={n:,})")
+    fig.tight_layout()
+    return fig
+
+
+def _request_spans(rows: Iterable[dict[str, Any]]) -> list[tuple[int, float, float, float | None, bool]]:
+    """(request id, sent s, end s, first token s or None, success) of each request that was sent."""
+    spans = []
+    for r in rows:
+        if r.get("sent_ns") is None:
+            continue
+        end = next(v for v in (r.get("last_chunk_ns"), r.get("first_byte_ns"), r["sent_ns"]) if v is not None)
+        first = r.get("first_token_ns")
+        spans.append(
+            (r["request_id"], r["sent_ns"] / 1e9, end / 1e9, None if first is None else first / 1e9, r["success"])
+        )
+    return spans
+
+
+def _timeline(plt, spans: list[tuple[int, float, float, float | None, bool]]):
+    if not spans:
+        return "no request was sent"
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for rid, sent, end, first, ok in spans:
+        ax.plot([sent, end], [rid, rid], color="tab:blue" if ok else "tab:red", lw=1)
+        if first is not None:
+            ax.plot([first], [rid], ".", color="black", ms=2)
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("request id")
+    ax.set_title("Request timeline (line: sent to last chunk, dot: first token, red: failed)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _rounds(plt, summary: dict):
+    rounds = summary.get("rounds")
+    if not rounds:
+        return "not a run in rounds"
+    from matplotlib.ticker import MaxNLocator
+
+    def values(key):
+        return [float("nan") if r[key] is None else r[key] for r in rounds]
+
+    xs = [r["round"] for r in rounds]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    axes[0].plot(xs, values("hit_rate"), "o-", label="measured (server /metrics)")
+    axes[0].plot(xs, values("ideal_hit_rate"), "s--", label="ideal (reusable prefix)")
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("prefix hit rate")
+    axes[1].plot(xs, values("ttft_p50_ms"), "o-", label="p50")
+    axes[1].plot(xs, values("ttft_p95_ms"), "s-", label="p95")
+    axes[1].set_ylabel("TTFT (ms)")
+    for ax in axes:
+        ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle("Per-round prefix reuse and TTFT")
+    fig.tight_layout()
+    return fig

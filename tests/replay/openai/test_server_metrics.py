@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
+from rich.console import Console
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
 from kvconnector.metrics import BackendCollector
 from replay.openai.fake_server import free_port
 from replay.openai.server_metrics import Snapshot, derive, metric_selector, parse_prometheus, scrape
+from replay.outputs.tables import replay_tables
 
 N = 50_000
 
@@ -64,6 +66,17 @@ def test_bytes_per_tier_from_a_real_kvtier_exporter(tmp_path):
     disk = 'kvtier_bytes_total{tier="disk",op="write"}'
     d_disk = derive(Snapshot(0, parse_prometheus(before_text)), Snapshot(1, parse_prometheus(after_text)), None, disk)
     assert d_disk["kv_written_bytes"] == expected["disk"] and d_disk["kv_written_bytes_source"] == disk
+    # and the closing table shows the tiers with the bytes written to each
+    summary = {k: {} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms")}
+    summary.update(completed=1, failed=0, request_throughput=1.0, output_throughput=1.0, achieved_rate=None)
+    summary["server_metrics"] = d
+    console = Console(record=True, width=120)
+    for t in replay_tables(summary):
+        console.print(t)
+    text = console.export_text()
+    assert "kvtier bytes per tier" in text
+    for tier, n in expected.items():
+        assert tier in text and f"{n:,}" in text
 
 
 # Label values that a regex over `{[^}]*}` and `label="([^"]*)"` misreads: a brace ends its label set early (the line

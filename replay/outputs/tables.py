@@ -1,0 +1,84 @@
+"""The closing tables a person reads in the terminal (rich), from a results document.
+
+`kvtier replay`: latency percentiles per metric with the run's counts in the caption; a per-round table for a run in
+rounds; bytes per kvtier tier when the server's /metrics had kvtier's exporter (which tier the KV cache really went
+to). `kvtier bench`'s tables are in replay/synthetic/view.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+
+__all__ = ["cell_text", "replay_tables", "rows_table"]
+
+_LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms")
+_LATENCY_COLS = ("mean", "p50", "p90", "p99")
+_ROUND_COLS = (
+    ("round", "round"),
+    ("hit_rate", "hit"),
+    ("ideal_hit_rate", "ideal"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p95_ms", "TTFT p95 ms"),
+    ("recomputed_tokens_per_request", "recomputed/req"),
+    ("kv_written_bytes", "KV written B"),
+    ("wall_s", "wall s"),
+)
+
+
+def cell_text(value: Any) -> str:
+    """A table cell: '-' for a missing value, floats with 4 decimals, anything else as str()."""
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def rows_table(title: str, rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> Table:
+    """A right-aligned table of `rows`, one column per (key, heading) of `columns`."""
+    t = Table(title=title, show_header=True)
+    for _, head in columns:
+        t.add_column(head, justify="right")
+    for r in rows:
+        t.add_row(*(cell_text(r.get(key)) for key, _ in columns))
+    return t
+
+
+def replay_tables(summary: dict[str, Any]) -> list[Table]:
+    """The tables of a `kvtier replay` summary, in print order."""
+    t = Table(title="kvtier replay", show_header=True)
+    t.add_column("metric")
+    for c in _LATENCY_COLS:
+        t.add_column(c, justify="right")
+    for key in _LATENCY_KEYS:
+        v = summary[key]
+        t.add_row(key, *(f"{v.get(c, 0):.2f}" for c in _LATENCY_COLS))
+    t.caption = (
+        f"completed {summary['completed']}  failed {summary['failed']}  "
+        f"req/s {summary['request_throughput']:.2f}  out tok/s {summary['output_throughput']:.1f}  "
+        f"achieved rate {summary['achieved_rate'] or 0:.2f}"
+    )
+    if summary.get("errors_by_kind"):
+        errs = sorted(summary["errors_by_kind"].items(), key=lambda kv: -kv[1])
+        t.caption += "\nerrors: " + ", ".join(f"{k} {n}" for k, n in errs)
+    if summary.get("run_failed"):
+        t.caption += f"\nRUN FAILED: {summary['run_failed']}"
+    tables = [t]
+    if summary.get("rounds"):
+        tables.append(rows_table("per round", summary["rounds"], _ROUND_COLS))
+    by_tier = (summary.get("server_metrics") or {}).get("kv_bytes_by_tier")
+    if by_tier:
+        tables.append(tier_bytes_table(by_tier))
+    return tables
+
+
+def tier_bytes_table(by_tier: dict[str, dict[str, float]]) -> Table:
+    """Bytes written and read per kvtier tier over the run (deltas of `kvtier_bytes_total{tier,op}`)."""
+    ops = sorted({op for v in by_tier.values() for op in v}, key=lambda op: ({"write": 0, "read": 1}.get(op, 2), op))
+    rows = [{"tier": tier, **{op: f"{int(v.get(op, 0)):,}" for op in ops}} for tier, v in by_tier.items()]
+    t = rows_table(
+        "kvtier bytes per tier (server /metrics)", rows, [("tier", "tier")] + [(op, f"{op} B") for op in ops]
+    )
+    t.columns[0].justify = "left"
+    return t
