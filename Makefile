@@ -58,5 +58,11 @@ lint: $(TEST_STAMP)
 test: lint $(TEST_STAMP) system-deps
 	$(BIN)/python -m pytest
 
+# The inner loop: unit and in-process tests spread over every core (pytest-xdist), nothing marked slow or e2e; under a
+# minute here. `make test` stays the whole suite, as CI runs it.
+.PHONY: test-fast
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m pytest -m "not slow and not e2e" -n auto -q
+
 clean:
 	rm -rf $(VENV) results

@@ -37,6 +37,7 @@ def test_fifty_kills_serve_nothing_torn_and_lose_nothing_acknowledged(tmp_path):
     assert f.ok
 
 
+@pytest.mark.slow
 def test_the_figures_catch_a_rescan_that_adopts_torn_entries(tmp_path):
     # Header-only rescans adopt entries whose payload was damaged by hand: the read-back must count them.
     f = crash_loop.run_loop(str(tmp_path / "loop"), kills=3, seed=1, corrupt_every=1, max_acks=20, verify_payload=False)

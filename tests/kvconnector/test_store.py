@@ -199,6 +199,7 @@ ops = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(per_thread=st.lists(ops, min_size=2, max_size=6), promote=st.booleans())
 def test_invariants_under_concurrency(shm_tmp, per_thread, promote):

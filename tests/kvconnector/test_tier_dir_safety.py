@@ -165,6 +165,7 @@ def test_marker_of_another_format_or_not_ours_is_refused(tmp_path):
         DiskTier(str(d), 1 << 20, IOMode.BUFFERED)
 
 
+@pytest.mark.slow
 def test_a_marker_cut_short_by_a_crash_is_completed(tmp_path):
     d = tmp_path / "t"
     d.mkdir()

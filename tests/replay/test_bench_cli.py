@@ -32,6 +32,7 @@ def run_bench(tmp_path, *extra):
     return rc, (json.loads(out.read_text()) if out.exists() else None)
 
 
+@pytest.mark.slow
 def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
     rc, doc = run_bench(
         tmp_path,
@@ -87,6 +88,7 @@ def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
     assert "request latency" in out and "tier operations" in out
 
 
+@pytest.mark.slow
 def test_max_requests_stops_the_run(tmp_path, small_model):
     rc, doc = run_bench(
         tmp_path,
@@ -104,6 +106,7 @@ def test_max_requests_stops_the_run(tmp_path, small_model):
     assert rc == 0 and 5 <= doc["summary"]["total_requests"] <= 8 and doc["summary"]["elapsed_time"] < 30
 
 
+@pytest.mark.slow
 def test_generation_mode_adds_generation_time(tmp_path, small_model):
     rc, doc = run_bench(
         tmp_path,
@@ -161,6 +164,7 @@ def wait_for_entries(cache: "os.PathLike", timeout_s: float = 60) -> None:
     raise AssertionError("the run never wrote an entry")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_writes_partial_results_and_cleans_up(tmp_path, small_model, sig):
     out, cache = tmp_path / "r.json", tmp_path / "c"
@@ -197,6 +201,7 @@ def test_signal_writes_partial_results_and_cleans_up(tmp_path, small_model, sig)
     assert list(cache.iterdir()) == []  # the run's directory is gone
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, small_model):
     if os.geteuid() != 0:

@@ -99,6 +99,7 @@ def test_burstgpt_sessions_become_conversations_and_timestamps_are_honoured(tmp_
         assert doc["workload"]["timed"] and s["elapsed_time"] >= 1.1 / speedup
 
 
+@pytest.mark.slow
 def test_missing_trace_empty_glob_and_conflicting_flags_are_clear_errors(tmp_path):
     cases = [
         (["--use-burst-trace", "--burst-trace-path", str(tmp_path / "none.csv")], "not found"),
@@ -127,6 +128,7 @@ def test_missing_trace_empty_glob_and_conflicting_flags_are_clear_errors(tmp_pat
     assert p.returncode == 2 and "bad.csv:2" in p.stderr
 
 
+@pytest.mark.slow
 def test_prefix_caching_hits_after_first_write_and_can_be_disabled(tmp_path):
     doc = run(tmp_path, duration=2, num_users=6, prefix_cache={"probability": 1.0})
     pc = doc["summary"]["prefix_cache_stats"]
@@ -136,6 +138,7 @@ def test_prefix_caching_hits_after_first_write_and_can_be_disabled(tmp_path):
     assert off["hits"] == off["misses"] == 0
 
 
+@pytest.mark.slow
 def test_rag_reads_top_k_chunks_as_a_burst_and_ingest_is_excluded(tmp_path):
     doc = run(
         tmp_path,
@@ -159,6 +162,7 @@ def test_rag_reads_top_k_chunks_as_a_burst_and_ingest_is_excluded(tmp_path):
     assert writes - (s["total_requests"] + demotions + rag["chunk_misses"]) in (0, 1)
 
 
+@pytest.mark.slow
 def test_prefill_only_and_decode_only(tmp_path):
     pre = run(tmp_path, "--prefill-only", duration=1.5)
     assert pre["summary"]["decode_stats"]["reads"] == 0 and pre["summary"]["total_requests"] > 0
@@ -172,6 +176,7 @@ def test_prefill_only_and_decode_only(tmp_path):
     assert dec["summary"]["decode_stats"]["reads"] > 0
 
 
+@pytest.mark.slow
 def test_precondition_runs_first_and_is_not_counted(tmp_path):
     doc = run(tmp_path, "--precondition", "--precondition-size-gb", "0.05", "--precondition-threads", "2", duration=1)
     pc = doc["setup"]["precondition"]
@@ -179,6 +184,7 @@ def test_precondition_runs_first_and_is_not_counted(tmp_path):
     assert sum(t["write"]["bytes"] for t in doc["tiers"].values()) < pc["bytes"] or doc["summary"]["total_requests"] > 0
 
 
+@pytest.mark.slow
 def test_qos_classes_have_sla_verdicts(tmp_path):
     doc = run(
         tmp_path,
@@ -240,6 +246,7 @@ def test_autoscaler_capacity_mode_finds_the_peak():
     assert a.decide(4, 8, 200, 0, []).action == "hold"
 
 
+@pytest.mark.slow
 def test_autoscaling_really_starts_and_stops_users(tmp_path):
     doc = run(
         tmp_path,
@@ -257,6 +264,7 @@ def test_autoscaling_really_starts_and_stops_users(tmp_path):
     assert doc["summary"]["autoscaling_summary"]["steps"] == len(steps)
 
 
+@pytest.mark.slow
 def test_multi_client_merges_histograms_not_percentiles(tmp_path):
     doc = run(tmp_path, "--num-clients", "2", duration=2, num_users=4)
     assert doc["_rc"] == 0 and doc["summary"]["num_clients"] == 2 and len(doc["clients"]) == 2
@@ -275,6 +283,7 @@ def test_multi_client_merges_histograms_not_percentiles(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_multi_client_ctrl_c_reaches_every_client_and_partial_results_merge(tmp_path):
     import signal
     import time

@@ -121,6 +121,7 @@ def test_bench_cuts_a_huge_sharegpt_message_to_the_model_context(tmp_path):
     assert doc["summary"]["prompt_tokens"] <= 2000 + 10
 
 
+@pytest.mark.slow
 def test_entries_are_bounded_by_the_largest_tier(tmp_path):
     # No context length known for this model: the tiers (0.2 GB disk) bound the entries, counted as such.
     tpl = {"t": {"context_tokens": [400_000, 400_000], "generate_tokens": [1, 1], "think_time_s": [0, 0]}}
@@ -134,6 +135,7 @@ def _kvtier():
     return [sys.executable, "-m", "replay.cli", "bench"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_huge_request_leaves_the_loop_free_for_signals(tmp_path, sig):
     trace = write_trace(tmp_path / "t.csv", [(0, "1e12", 10), (0.1, "1e12", 10), (0.2, 5, 5)])
@@ -158,6 +160,7 @@ def test_a_huge_request_leaves_the_loop_free_for_signals(tmp_path, sig):
     assert doc["status"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_bench_with_a_huge_burstgpt_row_keeps_the_window(tmp_path):
     trace = write_trace(tmp_path / "t.csv", [(0, "1e12", 10), (0.1, 5, 5)])
     t0 = time.monotonic()
@@ -167,6 +170,7 @@ def test_bench_with_a_huge_burstgpt_row_keeps_the_window(tmp_path):
     assert doc["workload"]["truncated_requests"]["over_tier_capacity"] >= 1
 
 
+@pytest.mark.slow
 def test_100000_users_keep_the_window_and_say_why(tmp_path):
     cfg = write_config(tmp_path, num_users=100_000, duration=3)
     t0 = time.monotonic()
@@ -209,6 +213,7 @@ def test_bad_model_config_is_one_line_naming_the_file(tmp_path, capfd, content, 
     assert not os.listdir(tmp_path / "cache") if (tmp_path / "cache").exists() else True
 
 
+@pytest.mark.slow
 def test_model_context_length_bounds_requests_and_flag_lowers_it(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**GOOD, "max_position_embeddings": 300}))

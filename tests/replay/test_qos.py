@@ -6,6 +6,7 @@ import statistics
 import threading
 import time
 
+import pytest
 from bench_helpers import FAST_TEMPLATES, run
 from rich.console import Console
 
@@ -103,6 +104,7 @@ def saturated_run(tmp_path, **overrides) -> dict:
     return run(tmp_path, **cfg)
 
 
+@pytest.mark.slow
 def test_saturated_bench_completes_requests_in_every_class(tmp_path):
     doc = saturated_run(tmp_path)
     q = doc["summary"]["qos_metrics"]

@@ -269,6 +269,7 @@ def test_report_table_names_every_layer(capsys):
     assert "NOT traced:" in capsys.readouterr().out  # layers left out are said
 
 
+@pytest.mark.slow
 def test_report_plots(tmp_path):
     pytest.importorskip("matplotlib")
     from tracing.report import main as report_main

@@ -53,6 +53,7 @@ def ensure_tracefs():
         subprocess.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], check=False)
 
 
+@pytest.mark.slow
 @_live
 @pytest.mark.parametrize("drop", [None, "owner", "queue", "requeue", "merge", "syscalls", "block"])
 def test_script_compiles_without_attaching(tmp_path, drop):

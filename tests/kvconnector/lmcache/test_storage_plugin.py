@@ -155,6 +155,7 @@ def test_restart_persistence_and_corrupt_files(tmp_path):
         m2.close()
 
 
+@pytest.mark.slow
 def test_broken_config_refuses_to_run_through_lmcache(tmp_path):
     # LMCache's plugin loader swallows constructor exceptions; a broken kvtier config must stop the process instead
     # (in a child process here, since that is what it does), with the cause at error level.

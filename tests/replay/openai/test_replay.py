@@ -41,6 +41,7 @@ def _within_2ms(s: dict) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_measured_latencies_match_injected_delays(tmp_path):
     cfg = FakeServerConfig(ttft_ms=20, itl_ms=5, default_max_tokens=8)
     # One retry: on a 2-core machine shared with other jobs, a burst of foreign load can shift a whole 1 s run.
@@ -73,6 +74,7 @@ def test_measured_latencies_match_injected_delays(tmp_path):
     assert s["total_output_tokens"] == 40 * 8  # from usage
 
 
+@pytest.mark.slow
 def test_achieved_rate_at_200_per_second(tmp_path):
     with FakeServer(FakeServerConfig(default_max_tokens=4), process=True) as srv:
         rc, s = _replay(
@@ -99,6 +101,7 @@ def test_achieved_rate_at_200_per_second(tmp_path):
     assert 0 <= s["send_lag_ms"]["p50"] <= s["send_lag_ms"]["p99"] < 200
 
 
+@pytest.mark.slow
 def test_poisson_schedule_is_seeded_and_close_to_its_rate(tmp_path):
     # The server in its own process: in-thread it shares the client's GIL, and CI saw sends fall behind (146 of 207/s).
     with FakeServer(FakeServerConfig(default_max_tokens=2), process=True) as srv:
@@ -287,6 +290,7 @@ def test_multi_turn_sends_server_answers_in_history(tmp_path):
     assert bodies[-1]["stream_options"]["include_usage"] is True
 
 
+@pytest.mark.slow
 def test_long_session_rounds_table(tmp_path):
     with FakeServer(FakeServerConfig(block_size=4)) as srv:
         rc, s = _replay(
@@ -390,6 +394,7 @@ def test_closed_loop_users_and_goodput(tmp_path):
     assert s["goodput"]["good_requests"] == 0  # every TTFT is >= 10 ms, above the 5 ms SLO
 
 
+@pytest.mark.slow
 def test_warmup_excluded(tmp_path):
     with FakeServer() as srv:
         rc, s = _replay(
@@ -458,6 +463,7 @@ def test_help_has_examples(capsys):
     assert "examples:" in out and "--rounds" in out and "--trace-speedup" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_writes_partial_results(tmp_path, sig):
     """SIGINT and SIGTERM stop a replay alike: partial results, exit 128 + signal."""
@@ -596,6 +602,7 @@ def srv_requests(base_url: str) -> int:
     return 0
 
 
+@pytest.mark.slow
 def test_duration_closes_the_window_for_closed_loop_users(tmp_path):
     import time
 

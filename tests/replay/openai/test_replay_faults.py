@@ -60,6 +60,7 @@ def test_exit_status_rule_more_failed_than_completed(every, rc_expected, tmp_pat
     assert (s["run_failed"] is None) == (rc_expected == 0)
 
 
+@pytest.mark.slow
 def test_window_cancellations_are_not_failures_but_nothing_completed_is(tmp_path):
     # Requests take 4 s; the window closes at 0.3 s and the 2 s grace cancels them: nothing completed, exit 1.
     with FakeServer(FakeServerConfig(ttft_ms=5, itl_ms=2000, default_max_tokens=3)) as srv:

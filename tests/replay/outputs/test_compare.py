@@ -58,6 +58,7 @@ def test_ratios_and_json(tmp_path, two_runs, sample_doc, capsys):
     assert "2.00x" in disk_line
 
 
+@pytest.mark.slow
 def test_labels_three_runs_and_qos_rows(tmp_path, two_runs, full_doc, capsys):
     """The third run has QoS classes and a prefix cache, the first two not: their cells are empty."""
     a, b = two_runs

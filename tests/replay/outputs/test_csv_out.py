@@ -80,6 +80,7 @@ def test_every_row_matches_the_json(tmp_path, sample_doc):
     assert gbps["tiers.disk.read"] == pytest.approx(cache["tier_storage_read_bandwidth_gbps"], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_qos_autoscaling_and_clients_sections(tmp_path, full_doc):
     path = tmp_path / "run.csv"
     write_csv(full_doc, path)

@@ -115,6 +115,7 @@ def test_sections_a_run_lacks_say_so(tmp_path, sample_doc):
     assert _rows(wb["autoscaling"])[1][0] == "no autoscaling in this run"
 
 
+@pytest.mark.slow
 def test_clients_sheet(tmp_path, full_doc):
     write_xlsx(full_doc, tmp_path / "run.xlsx")
     wb = openpyxl.load_workbook(tmp_path / "run.xlsx")
