@@ -23,6 +23,7 @@ import yaml
 from kvconnector.units import GB
 
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
+from ..outputs.paths import os_reason
 from . import sysinfo
 from .config import BenchConfig
 from .finish import _fail, finish
@@ -69,6 +70,11 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
     cache_base = (
         os.path.abspath(cfg.cache_dir) if cfg.cache_dir else tempfile.mkdtemp(prefix="kvtier-clients-", dir="/var/tmp")
     )
+    try:  # the block device is looked up from the directory, so it must exist before the clients make it
+        os.makedirs(cache_base, exist_ok=True)
+    except OSError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return _fail(f"--cache-dir {cfg.cache_dir}: cannot create it ({os_reason(exc)})")
     procs: list[subprocess.Popen] = []
     env_dev = sysinfo.block_device_of(cache_base)
     disk0 = sysinfo.disk_counters(env_dev)
@@ -80,7 +86,10 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
                 path = os.path.join(workdir, f"client-{i}.yaml")
                 with open(path, "w") as f:
                     yaml.safe_dump(client_config(cfg, i, workdir, cache_base), f)
-                env = dict(os.environ, **{STATUS_ENV: os.path.join(workdir, f"client-{i}.status")})
+                # The parent already folded KVTIER_* variables into the clients' configs; inherited, they would
+                # override each client's share (KVTIER_NUM_USERS would undo the split of users).
+                env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+                env[STATUS_ENV] = os.path.join(workdir, f"client-{i}.status")
                 procs.append(
                     subprocess.Popen(
                         [sys.executable, "-m", "replay.cli", "bench", "--config", path],
@@ -98,7 +107,7 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
         for i in range(cfg.num_clients):
             try:
                 with open(os.path.join(workdir, f"client-{i}.json")) as f:
-                    docs.append(json.load(f))
+                    docs.append({"client": i, **json.load(f)})
             except (OSError, json.JSONDecodeError):
                 pass
     except Interrupted as exc:
@@ -237,14 +246,14 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         "workload": first["workload"],
         "config": cfg.model_dump(mode="json"),
         "environment": first["environment"] | {"cache_dir": os.path.dirname(first["environment"]["cache_dir"])},
-        "setup": {f"client-{i}": d.get("setup", {}) for i, d in enumerate(docs)},
+        "setup": {f"client-{d['client']}": d.get("setup", {}) for d in docs},
         "summary": summary,
         "tiers": tiers,
         "store_events": events,
         "block_device": block,
         "fallbacks": fallbacks(tiers),
         "request_histograms": request_histograms(req),
-        "autoscaling_stats": [dict(s, client=i) for i, d in enumerate(docs) for s in d.get("autoscaling_stats", [])],
+        "autoscaling_stats": [dict(s, client=d["client"]) for d in docs for s in d.get("autoscaling_stats", [])],
         "timeline": timeline,
         "clients": [{k: v for k, v in d.items() if k != "timeline"} for d in docs],
     }
