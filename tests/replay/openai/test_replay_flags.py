@@ -571,7 +571,12 @@ def test_every_flag_has_a_probe(capsys):
     assert set(PROBES) - flags == set()  # and no probe of a flag that no longer exists
 
 
-@pytest.mark.parametrize("flag", sorted(PROBES))
+SLOW_FLAGS = {"--metrics-interval"}  # waits for several scrapes: out of the fast tier
+
+
+@pytest.mark.parametrize(
+    "flag", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_FLAGS else f for f in sorted(PROBES)]
+)
 def test_flag_changes_behaviour(flag, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
