@@ -164,33 +164,18 @@ def wait_for_entries(cache: "os.PathLike", timeout_s: float = 60) -> None:
     raise AssertionError("the run never wrote an entry")
 
 
+def start_bench(model: str, cache, out, *extra: str) -> subprocess.Popen:
+    """`kvtier bench` as a real process: 4 users, a 60 s window, no GPU tier, a disk tier under `cache`."""
+    args = ["--model", model, "--duration", "60", "--num-users", "4", "--no-progress", "--gpu-mem-gb", "0"]
+    args += ["--cache-dir", str(cache), "--output", str(out), *extra]
+    return subprocess.Popen(KVTIER + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_writes_partial_results_and_cleans_up(tmp_path, small_model, sig):
     out, cache = tmp_path / "r.json", tmp_path / "c"
-    p = subprocess.Popen(
-        KVTIER
-        + [
-            "--model",
-            small_model,
-            "--duration",
-            "60",
-            "--num-users",
-            "4",
-            "--no-progress",
-            "--gpu-mem-gb",
-            "0",
-            "--cpu-mem-gb",
-            "0",
-            "--cache-dir",
-            str(cache),
-            "--output",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    p = start_bench(small_model, cache, out, "--cpu-mem-gb", "0")
     wait_for_entries(cache)
     p.send_signal(sig)
     _, stderr = p.communicate(timeout=60)
@@ -211,29 +196,7 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mnt)], check=True)
     try:
         out = tmp_path / "r.json"
-        p = subprocess.Popen(
-            KVTIER
-            + [
-                "--model",
-                small_model,
-                "--duration",
-                "60",
-                "--num-users",
-                "4",
-                "--no-progress",
-                "--gpu-mem-gb",
-                "0",
-                "--cpu-mem-gb",
-                "0",
-                "--cache-dir",
-                str(mnt),
-                "--output",
-                str(out),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        p = start_bench(small_model, mnt, out, "--cpu-mem-gb", "0")
         wait_for_entries(mnt)  # the run has begun (not still setting up)
         # Someone else fills the filesystem under the running benchmark.
         subprocess.run(
@@ -251,32 +214,8 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
 def test_sigterm_during_precondition_stops_promptly_and_removes_its_files(tmp_path, small_model):
     """Set-up I/O (here 20 GB of preconditioning by one writer) stops within one write when SIGTERM comes."""
     out, cache = tmp_path / "r.json", tmp_path / "c"
-    p = subprocess.Popen(
-        KVTIER
-        + [
-            "--model",
-            small_model,
-            "--duration",
-            "5",
-            "--no-progress",
-            "--gpu-mem-gb",
-            "0",
-            "--io-mode",
-            "buffered",
-            "--precondition",
-            "--precondition-size-gb",
-            "20",
-            "--precondition-threads",
-            "1",
-            "--cache-dir",
-            str(cache),
-            "--output",
-            str(out),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    precondition = ["--precondition", "--precondition-size-gb", "20", "--precondition-threads", "1"]
+    p = start_bench(small_model, cache, out, "--io-mode", "buffered", *precondition)
     deadline = time.monotonic() + 60
     while not any(f.startswith("precondition-") for _, _, fs in os.walk(cache) for f in fs):
         assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else "slow"
