@@ -246,14 +246,16 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         "workload": first["workload"],
         "config": cfg.model_dump(mode="json"),
         "environment": first["environment"] | {"cache_dir": os.path.dirname(first["environment"]["cache_dir"])},
-        "setup": {f"client-{d['client']}": d.get("setup", {}) for d in docs},
+        "setup": {f"client-{d.get('client', i)}": d.get("setup", {}) for i, d in enumerate(docs)},
         "summary": summary,
         "tiers": tiers,
         "store_events": events,
         "block_device": block,
         "fallbacks": fallbacks(tiers),
         "request_histograms": request_histograms(req),
-        "autoscaling_stats": [dict(s, client=d["client"]) for d in docs for s in d.get("autoscaling_stats", [])],
+        "autoscaling_stats": [
+            dict(s, client=d.get("client", i)) for i, d in enumerate(docs) for s in d.get("autoscaling_stats", [])
+        ],
         "timeline": timeline,
         "clients": [{k: v for k, v in d.items() if k != "timeline"} for d in docs],
     }

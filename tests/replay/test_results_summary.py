@@ -83,7 +83,7 @@ def test_merged_counts_are_the_clients_sums(clients):
     pooled = LatencyHistogram()
     for c in clients:
         pooled.merge(LatencyHistogram.decode(c["request_histograms"]["storage_io"]))
-    assert s["storage_io_latency_ms"]["p99"] == pytest.approx(pooled.percentile_ms(99))
+    assert s["storage_io_latency_ms"]["p99"] == pytest.approx(pooled.percentile_ms(99), abs=1e-4)  # summaries round
 
 
 def _same(a, b, path=""):
