@@ -18,17 +18,13 @@ from time import perf_counter_ns
 
 import numpy as np
 
+from .cpu_pool import BufferPool, PoolBuffer
 from .entry_format import file_name_for, file_nbytes, spare_name
 from .errors import ConfigError, EntryNotFound
 from .persistence import claim_dir
-from .timed_io import CHUNK_BYTES, IOMode, OpTiming, aligned_buffer, probe_direct, read_entry, scratch, write_entry
+from .timed_io import CHUNK_BYTES, PAGE, IOMode, OpTiming, probe_direct, read_entry, scratch, write_entry
 
 log = logging.getLogger(__name__)
-
-
-def _copy(dst: memoryview, src: memoryview) -> None:
-    """memcpy through numpy: 2-3x faster than memoryview slice assignment here, and it releases the GIL."""
-    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
 
 
 class Tier(ABC):
@@ -67,55 +63,138 @@ class Tier(ABC):
         """Release what the tier holds (memory, file handles, connections); the store calls it once, at its end."""
 
 
+class _CPUEntry:
+    """An entry in the CPU tier: the page-multiple body in a pooled buffer, the last partial page (if any) in a
+    bytearray beside it. `readers` and `deleted` keep a buffer out of the pool while a read copies from it."""
+
+    __slots__ = ("body", "buf", "deleted", "readers", "tail")
+
+    def __init__(self, buf: PoolBuffer | None, tail_len: int) -> None:
+        self.buf = buf
+        self.body = buf.arr[: buf.length] if buf is not None else None
+        self.tail = np.zeros(tail_len, dtype=np.uint8) if tail_len else None
+        self.readers = 0
+        self.deleted = False
+
+    def segments(self) -> list[np.ndarray]:
+        return [a for a in (self.body, self.tail) if a is not None]
+
+
 class CPUTier(Tier):
-    """Host memory: each entry is one page-aligned anonymous mapping (so it can feed O_DIRECT writes on demotion)."""
+    """Host memory from a size-classed buffer pool (kvconnector/cpu_pool.py): a put copies into a buffer mapped
+    earlier, a delete hands the buffer back for the next entry of its size class, so writes are bound by memcpy, not
+    by faulting in fresh pages.
+
+    Capacity holds in real memory: the pool keeps every page it has faulted in (buffers in use, their slack, free
+    buffers) plus the entries' tails within `capacity_bytes`, releasing free buffers and slack to make room. An
+    entry's body is its length rounded down to a page and lives page-aligned in a pooled buffer (so it can feed
+    O_DIRECT writes on demotion); the rest (< 4 KiB) is a small array counted at its length. What an entry holds in
+    memory is thus exactly the store's count of it, and slack and free buffers only ever use what the store leaves
+    free. Entries whose length is a page multiple (the KV chunks of every catalog model but the MLA one) have no
+    tail, and view() hands them to a demotion in place.
+    """
 
     kind = "cpu"
 
     def __init__(self, capacity_bytes: int, name: str = "cpu") -> None:
         super().__init__(name, capacity_bytes)
-        self._data: dict[str, memoryview] = {}
+        self.pool = BufferPool(self.capacity_bytes, self.counters)
+        self._data: dict[str, _CPUEntry] = {}
         self._lock = threading.Lock()
 
     def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
         t0 = perf_counter_ns()
-        buf = aligned_buffer(nbytes)[:nbytes]
-        t1 = perf_counter_ns()
-        pos = 0
-        for c in chunks:
-            _copy(buf[pos : pos + len(c)], c)
-            pos += len(c)
-        t2 = perf_counter_ns()
+        tail_len = nbytes % PAGE
+        buf = self.pool.acquire(nbytes - tail_len, tail_len)
+        try:
+            entry = _CPUEntry(buf, tail_len)
+            t1 = perf_counter_ns()
+            if len(chunks) == 1 and not tail_len:
+                np.copyto(entry.body, np.frombuffer(chunks[0], dtype=np.uint8))
+            else:
+                _scatter([np.frombuffer(c, dtype=np.uint8) for c in chunks], entry.segments())
+            t2 = perf_counter_ns()
+        except BaseException:
+            self.pool.release(buf, tail_len)
+            raise
         with self._lock:
-            self._data[key] = buf
+            old = self._data.pop(key, None)
+            self._data[key] = entry
+            if old is not None:  # the store never writes a key it holds; should anyone, the old bytes go back
+                old.deleted = True
+                old = old if not old.readers else None
+        if old is not None:
+            self._release(old)
         return OpTiming(host_ns=(t1 - t0) + (perf_counter_ns() - t2), device_ns=t2 - t1, nbytes=nbytes)
 
     def read(self, key, nbytes, dest=None):
         t0 = perf_counter_ns()
         with self._lock:
-            src = self._data[key]
+            entry = self._data[key]
+            entry.readers += 1
         t1 = perf_counter_ns()
-        if dest is not None:
-            _copy(dest[:nbytes], src)
-        else:
-            for pos in range(0, nbytes, CHUNK_BYTES):
-                n = min(CHUNK_BYTES, nbytes - pos)
-                _copy(scratch.data_buffer(n), src[pos : pos + n])
-        t2 = perf_counter_ns()
+        try:
+            if dest is not None:
+                _scatter(entry.segments(), [np.frombuffer(dest, dtype=np.uint8)[:nbytes]])
+            else:
+                for seg in entry.segments():
+                    for pos in range(0, len(seg), CHUNK_BYTES):
+                        n = min(CHUNK_BYTES, len(seg) - pos)
+                        np.copyto(np.frombuffer(scratch.data_buffer(n), dtype=np.uint8), seg[pos : pos + n])
+            t2 = perf_counter_ns()
+        finally:
+            with self._lock:
+                entry.readers -= 1
+                retire = entry.deleted and entry.readers == 0
+            if retire:
+                self._release(entry)
         return OpTiming(host_ns=t1 - t0, device_ns=t2 - t1, nbytes=nbytes)
 
     def view(self, key):
+        # Valid until the entry is deleted: the store deletes no entry while it moves it, which is when it asks.
         with self._lock:
-            return self._data.get(key)
+            entry = self._data.get(key)
+            return entry.buf.data() if entry is not None and entry.tail is None and entry.buf is not None else None
 
     def delete(self, key):
-        # Dropping the last reference unmaps the memory; an in-flight reader keeps its own reference.
         with self._lock:
-            self._data.pop(key, None)
+            entry = self._data.pop(key, None)
+            if entry is None:
+                return
+            entry.deleted = True
+            if entry.readers:
+                return  # the last reader releases it
+        self._release(entry)
+
+    def _release(self, entry: _CPUEntry) -> None:
+        buf, tail_len = entry.buf, len(entry.tail) if entry.tail is not None else 0
+        entry.buf = entry.body = entry.tail = None
+        self.pool.release(buf, tail_len)
+
+    def describe(self):
+        return {**super().describe(), **self.pool.describe()}
 
     def close(self):
         with self._lock:
-            self._data.clear()
+            keys = list(self._data)
+        for key in keys:
+            self.delete(key)
+        self.pool.close()
+
+
+def _scatter(src: list[np.ndarray], dst: list[np.ndarray]) -> None:
+    """Copy the concatenation of `src` into the concatenation of `dst` (same total length)."""
+    di, dpos = 0, 0
+    for s in src:
+        spos = 0
+        while spos < len(s):
+            d = dst[di]
+            n = min(len(s) - spos, len(d) - dpos)
+            np.copyto(d[dpos : dpos + n], s[spos : spos + n])
+            spos += n
+            dpos += n
+            if dpos == len(d):
+                di, dpos = di + 1, 0
 
 
 class DiskTier(Tier):

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""CPU-tier put and get against a plain numpy copy of the same bytes, per entry size, in one run.
+
+The CPU tier should be bound by memcpy, not by allocation (issue 12, section 3). Three sides, in alternating rounds
+(medians reported, so a neighbour's burst on this shared VM hits every side alike):
+- memcpy: np.copyto from the source into destination buffers mapped and touched beforehand (the floor);
+- tier: CPUTier in its steady state: full of entries, each put first deletes the oldest (as the store's eviction
+  does), so the put reuses the pooled buffer the delete gave back; a get reads an entry into a warm destination;
+- mmap per entry: what CPUTier did before its pool, a fresh MAP_POPULATE mapping per put (writes only).
+Every side copies a working set several times the last-level cache, cycling through distinct buffers, so no side
+copies cache-hot bytes. Sizes are those of real KV entries: 128 KiB to 32 MiB chunks, and whole-request entries of
+hundreds of MB whose sizes vary from put to put (tokens x 24 KiB, tiny-1b's bytes per token), as `kvtier bench`
+makes them, so the pool's size classes and their slack are exercised.
+
+  python benchmarks/cpu_tier_vs_memcpy.py                      # all sizes, 5 rounds, about a minute
+  python benchmarks/cpu_tier_vs_memcpy.py --sizes 1M,32M --rounds 9 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from kvconnector.tiers import CPUTier
+from kvconnector.timed_io import aligned_buffer
+from kvconnector.units import GB
+
+KiB, MiB = 1024, 1024 * 1024
+TOKEN_BYTES = 24576  # tiny-1b, bf16
+WHOLE = "whole"  # whole-request entries: 8k-16k tokens, 192-384 MiB, size varies per put
+
+
+def parse_size(text: str) -> int | str:
+    if text == WHOLE:
+        return WHOLE
+    units = {"K": KiB, "M": MiB, "G": 1024 * MiB}
+    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
+
+
+def label(size: int | str) -> str:
+    if size == WHOLE:
+        return "192-384 MiB (whole request)"
+    return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB"
+
+
+def sizes_for(size: int | str, count: int, rng: random.Random) -> list[int]:
+    if size == WHOLE:
+        return [rng.randint(8192, 16384) * TOKEN_BYTES for _ in range(count)]
+    return [size] * count
+
+
+def copy(dst: memoryview, src: memoryview) -> None:
+    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+
+
+class Case:
+    """One entry size: the source bytes, the warm destinations, and a tier in its steady state."""
+
+    def __init__(self, size: int | str, working_set: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        top = 16384 * TOKEN_BYTES if size == WHOLE else size
+        self.count = max(3, -(-working_set // top))
+        self.sizes = sizes_for(size, self.count, self.rng)
+        # Source: one region as large as the working set, random bytes (the bench's payload buffer does the same).
+        src = aligned_buffer(sum(self.sizes))
+        np.frombuffer(src, dtype=np.uint8)[:] = np.random.default_rng(seed).integers(0, 256, len(src), dtype=np.uint8)
+        offsets = np.cumsum([0, *self.sizes])
+        self.src = [src[offsets[i] : offsets[i] + n] for i, n in enumerate(self.sizes)]
+        self.dst = [aligned_buffer(n)[:n] for n in self.sizes]  # MAP_POPULATE: faulted in, warm
+        self.tier = CPUTier(int(sum(self.sizes) * 1.3))
+        self.seq = 0
+        self.live: list[tuple[str, int]] = []  # (key, index of its source), oldest first
+        for i in range(self.count):  # fill, then one full cycle so every buffer has been reused once
+            self._put(i)
+        for i in range(self.count):
+            self._put(i)
+        self.maps_after_fill = self.tier.counters["pool_maps"]
+
+    def _put(self, i: int) -> None:
+        if len(self.live) >= self.count:
+            self.tier.delete(self.live.pop(0)[0])
+        key = f"k{self.seq}"
+        self.seq += 1
+        self.tier.write(key, [self.src[i]], len(self.src[i]))
+        self.live.append((key, i))
+
+    # ---- sides: each returns seconds for one pass over the working set ------------------------------------------
+    def memcpy_put(self) -> float:
+        t0 = time.perf_counter_ns()
+        for i in range(self.count):
+            copy(self.dst[i], self.src[i])
+        return (time.perf_counter_ns() - t0) / 1e9
+
+    def tier_put(self) -> float:
+        t0 = time.perf_counter_ns()
+        for i in range(self.count):
+            self._put(i)
+        return (time.perf_counter_ns() - t0) / 1e9
+
+    def mmap_put(self) -> float:
+        t0 = time.perf_counter_ns()
+        for i in range(self.count):
+            buf = aligned_buffer(len(self.src[i]))[: len(self.src[i])]
+            copy(buf, self.src[i])
+            del buf
+        return (time.perf_counter_ns() - t0) / 1e9
+
+    def tier_get(self) -> float:
+        t0 = time.perf_counter_ns()
+        for key, i in self.live:
+            self.tier.read(key, self.sizes[i], self.dst[i])
+        return (time.perf_counter_ns() - t0) / 1e9
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python benchmarks/cpu_tier_vs_memcpy.py\n"
+        "  python benchmarks/cpu_tier_vs_memcpy.py --sizes 1M,32M --rounds 9",
+    )
+    ap.add_argument("--sizes", default="128K,1M,8M,32M,whole", help="entry sizes (K/M/G suffixes) and 'whole'")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per size (median reported)")
+    ap.add_argument("--working-set-mb", type=int, default=256, help="bytes each side copies per round")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    rows = []
+    print(
+        f"{'entry size':<28} {'memcpy GB/s':>11} {'put GB/s':>9} {'put/memcpy':>10} {'get GB/s':>9} "
+        f"{'get/memcpy':>10} {'mmap-per-entry put':>18} {'pool maps':>9}"
+    )
+    for size in sizes:
+        case = Case(size, args.working_set_mb * MiB, args.seed)
+        nbytes = sum(case.sizes)
+        sides = {"memcpy": case.memcpy_put, "put": case.tier_put, "get": case.tier_get, "mmap": case.mmap_put}
+        secs: dict[str, list[float]] = {k: [] for k in sides}
+        for r in range(args.rounds):
+            order = list(sides) if r % 2 == 0 else list(reversed(sides))
+            for k in order:
+                secs[k].append(sides[k]())
+        gbps = {k: nbytes / GB / statistics.median(v) for k, v in secs.items()}
+        spread = {k: (max(v) - min(v)) / statistics.median(v) for k, v in secs.items()}
+        maps = case.tier.counters["pool_maps"] - case.maps_after_fill
+        row = {
+            "size": label(size),
+            "entries": case.count,
+            "bytes_per_round": nbytes,
+            "memcpy_gbps": gbps["memcpy"],
+            "put_gbps": gbps["put"],
+            "get_gbps": gbps["get"],
+            "mmap_put_gbps": gbps["mmap"],
+            "put_ratio": gbps["put"] / gbps["memcpy"],
+            "get_ratio": gbps["get"] / gbps["memcpy"],
+            "mmap_put_ratio": gbps["mmap"] / gbps["memcpy"],
+            "spread": spread,
+            "pool_maps_in_rounds": maps,
+            "pool": case.tier.describe(),
+        }
+        rows.append(row)
+        print(
+            f"{row['size']:<28} {gbps['memcpy']:>11.2f} {gbps['put']:>9.2f} {row['put_ratio']:>10.2f} "
+            f"{gbps['get']:>9.2f} {row['get_ratio']:>10.2f} {gbps['mmap']:>10.2f} ({row['mmap_put_ratio']:.2f}x) "
+            f"{maps:>9}",
+            flush=True,
+        )
+        case.close()
+    worst = max(max(r["spread"].values()) for r in rows)
+    print(f"rounds {args.rounds}; worst (max-min)/median of a side's round times: {worst:.0%}")
+    if args.json:
+        doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "args": vars(args), "rows": rows}
+        Path(args.json).write_text(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
