@@ -125,6 +125,21 @@ class KvtierBackend:
         self.count("lookup_hits" if hit else "lookup_misses")
         return hit
 
+    @property
+    def has_shared_tiers(self) -> bool:
+        """Whether a key missing from this instance's index may still be found (in a shared tier, by a probe)."""
+        return bool(self._shared)
+
+    def lookup_indexed(self, keys: list[str], pin: bool = False) -> list[bool]:
+        """Which keys are in this instance's index (pinned if asked), from memory alone: no I/O, no pool, only the
+        store's and the counters' short locks. A key missing here may still be in a shared tier (`lookup` probes
+        it); the caller decides whether to ask. Hits are counted here, misses by whoever has the final word."""
+        hits = [self.store.pin(k) if pin else self.store.contains(k) is not None for k in keys]
+        n = sum(hits)
+        if n:
+            self.count("lookup_hits", n)
+        return hits
+
     def _adopt_shared(self, key: str) -> bool:
         for t in self._shared:
             hdr = self.store.tiers[t].probe(key)

@@ -4,9 +4,11 @@
                    "class_name":"KvtierL2Adapter","adapter_params":{"disk_dir":"/var/cache/kvtier", ...}}'
 
 `adapter_params` are the keys of `kvconnector.backend_config.BackendConfig` (bare or `kvtier.`-prefixed).
-A thin layer: keys become strings, memory objects become byte views, every key of a task runs on the backend's I/O
-pool, and the last one to finish completes the task and signals its event fd. Lookup-and-lock pins the entries found
-(so no eviction or demotion moves them before the load); unlock unpins them.
+A thin layer: keys become strings, memory objects become byte views, every key of a store or load task runs on one of
+the backend's I/O pools, and the last one to finish completes the task and signals its event fd. Lookup-and-lock is
+answered from the in-memory index on the caller's thread (LMCache asks it on every request, L1 hits included, so it
+does no I/O and waits for no pool; only keys to be probed in a shared tier go to the read pool) and pins the entries
+found, so no eviction or demotion moves them before the load; unlock unpins them.
 """
 
 from __future__ import annotations
@@ -125,18 +127,42 @@ class KvtierL2Adapter(L2AdapterInterface):
     def submit_lookup_and_lock_task(
         self, keys: list[ObjectKey], group_layout_descs: dict[int, MemoryLayoutDesc]
     ) -> L2TaskId:
+        """Answered on the caller's thread from the in-memory index (pinning what it finds), and signalled before
+        returning. LMCache sends every lookup here, L1 hits included (it drops the locks again with submit_unlock
+        when L1 serves), so this path does no I/O and never waits for a pool. Only keys missing from the index, with
+        a shared tier configured, go to the read pool to be probed there (file or Redis I/O)."""
         tid = self._task_id()
-        self.backend.read_pool.submit(self._run_lookup, tid, list(keys))
+        keys = list(keys)
+        bitmap = Bitmap(len(keys))
+        missing: list[int] = []
+        try:
+            for i, hit in enumerate(self.backend.lookup_indexed([object_key_str(k) for k in keys], pin=True)):
+                if hit:
+                    bitmap.set(i)
+                else:
+                    missing.append(i)
+        except Exception:
+            log.exception("kvtier: lookup task %d failed", tid)
+            missing = []
+        if missing and self.backend.has_shared_tiers:
+            self.backend.read_pool.submit(self._probe_shared, tid, keys, missing, bitmap)
+        else:
+            if missing:
+                self.backend.count("lookup_misses", len(missing))
+            self._finish_lookup(tid, bitmap)
         return tid
 
-    def _run_lookup(self, tid: L2TaskId, keys) -> None:
-        bitmap = Bitmap(len(keys))
+    def _probe_shared(self, tid: L2TaskId, keys, missing: list[int], bitmap: Bitmap) -> None:
+        """The keys the index did not have, looked up in the shared tiers (another instance may have put them)."""
         try:
-            for i, key in enumerate(keys):
-                if self.backend.lookup(object_key_str(key), pin=True):
+            for i in missing:
+                if self.backend.lookup(object_key_str(keys[i]), pin=True):
                     bitmap.set(i)
         except Exception:
             log.exception("kvtier: lookup task %d failed", tid)
+        self._finish_lookup(tid, bitmap)
+
+    def _finish_lookup(self, tid: L2TaskId, bitmap: Bitmap) -> None:
         with self._lock:
             self._done_lookup[tid] = bitmap
         self._lookup_efd.notify()
