@@ -5,10 +5,13 @@ into memory already mapped reaches); LMCache keeps a pinned pool for the same re
 goes back to its size class when its entry is deleted and is handed to the next entry of that class.
 
 Size classes: a page multiple up to 64 KiB is its own class; above that, eight classes per doubling (sizes rounded up
-to 1/8 of the power of two below them, so at most 12.5% larger than asked). The rounding is virtual address space
-only: a buffer's pages are faulted in as far as its holder's length (`MADV_POPULATE_WRITE`), and only pages faulted
-in count. So a buffer reused by a shorter entry keeps the longer entry's pages resident past the new length: that
-slack is real memory and counts in full until it is released.
+to 1/8 of the power of two below them, so at most 12.5% larger than asked). An entry takes the free buffer of its
+class, or else the best-fitting free one up to twice its class (fewest pages to fault in, then least slack).
+Buffers of 1 MiB and more are mapped with 50% headroom, so that whole-request entries, whose sizes vary from one to
+the next, can reuse each other's buffers. Class rounding and headroom are address space only: a buffer's pages are
+faulted in as far as its holder's length (`MADV_POPULATE_WRITE`), and only pages faulted in count. A buffer reused by
+a shorter entry keeps the longer one's pages resident past the new length: that slack is real memory, counts in
+full, and is the second thing released when room is needed.
 
 Invariants (all state under the pool's lock):
 - `resident_bytes` (every page the pool has faulted in and not released, in buffers in use or free, plus the
@@ -44,6 +47,7 @@ from .timed_io import PAGE
 # taking one fault per page during the first copy. Python 3.11's mmap module does not name it.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _EXACT_CLASS_LIMIT = 16 * PAGE
+_HEADROOM_FROM = 1 << 20
 
 
 def size_class(nbytes: int) -> int:
@@ -57,13 +61,15 @@ def size_class(nbytes: int) -> int:
 @dataclass(eq=False, slots=True)
 class PoolBuffer:
     """One mapping of `size` bytes; `resident` bytes from its start are faulted in and counted; `length` is the
-    holder's (0 while free). `arr` is the whole mapping as a uint8 array; the holder's bytes are arr[:length]."""
+    holder's (0 while free). `arr` is the whole mapping as a uint8 array; `held` is arr[:length], the holder's bytes
+    (kept across holders of one length, so the steady state builds no array per entry)."""
 
     mm: mmap.mmap
     arr: np.ndarray
     size: int
     resident: int = 0
     length: int = 0
+    held: np.ndarray | None = None
 
     def data(self) -> memoryview:
         """The holder's bytes, page-aligned."""
@@ -94,11 +100,26 @@ class BufferPool:
         if nbytes % PAGE or nbytes < 0 or extra_bytes < 0:
             raise ValueError(f"acquire({nbytes}, {extra_bytes}): nbytes must be a non-negative page multiple")
         size = size_class(nbytes) if nbytes else 0
+        with self._lock:
+            # The steady state of a tier of one entry size: the last buffer freed in this class fits exactly.
+            free = self._free.get(size)
+            if free and free[-1].resident == nbytes and self.resident_bytes + extra_bytes <= self.limit_bytes:
+                buf = free.pop()
+                if not free:
+                    del self._free[size]
+                del self._free_order[buf]
+                buf.length = nbytes
+                if buf.held is None or len(buf.held) != nbytes:
+                    buf.held = buf.arr[:nbytes]
+                self.resident_bytes += extra_bytes
+                self.in_use_bytes += nbytes + extra_bytes
+                self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+                self.counters["pool_reuses"] += 1
+                return buf
         deadline = None
         with self._lock:
             while True:
-                free = self._free.get(size) if size else None
-                buf = free[-1] if free else None
+                buf = self._pick(nbytes, size) if size else None
                 grow = max(nbytes - buf.resident, 0) if buf is not None else nbytes
                 if self._make_room(grow + extra_bytes, keep=buf):
                     break
@@ -126,18 +147,27 @@ class BufferPool:
                 self.counters["pool_maps"] += 1
                 populate_from = 0
             else:
-                free.pop()
+                free = self._free[buf.size]
+                free.pop()  # _pick takes the last of a class
+                if not free:
+                    del self._free[buf.size]
                 del self._free_order[buf]
                 self.counters["pool_reuses"] += 1
                 populate_from = buf.resident if grow else nbytes
                 buf.resident = max(buf.resident, nbytes)
                 buf.length = nbytes
+                buf.held = buf.arr[:nbytes]
                 if buf.resident > nbytes:
                     self._slack[buf] = None
         # Outside the lock: the counted pages are ours; mapping and faulting them in takes time.
         if buf is None:
+            # Large buffers are mapped with headroom: address space only (pages past `nbytes` are not faulted in),
+            # so a later, longer entry can reuse the buffer by faulting in just the difference.
+            if nbytes >= _HEADROOM_FROM:
+                size = size_class(nbytes + nbytes // 2)
             mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            buf = PoolBuffer(mm, np.frombuffer(mm, dtype=np.uint8), size, nbytes, nbytes)
+            arr = np.frombuffer(mm, dtype=np.uint8)
+            buf = PoolBuffer(mm, arr, size, nbytes, nbytes, arr[:nbytes])
             with self._lock:
                 self._held[buf] = None
         if populate_from < nbytes:
@@ -182,6 +212,20 @@ class BufferPool:
             }
 
     # ---- under the lock --------------------------------------------------------------------------------------------
+    def _pick(self, nbytes: int, size: int) -> PoolBuffer | None:
+        """The free buffer to reuse for `nbytes`: one at least that large and at most twice its size class, with the
+        fewest pages to fault in, then the least slack. Caller holds the lock."""
+        best, best_cost = None, None
+        for cls, free in self._free.items():
+            if nbytes <= cls <= 2 * size:
+                b = free[-1]  # the most recently freed of its class
+                cost = (max(nbytes - b.resident, 0), abs(b.resident - nbytes))
+                if best_cost is None or cost < best_cost:
+                    best, best_cost = b, cost
+                    if cost == (0, 0):
+                        break
+        return best
+
     def _make_room(self, need: int, keep: PoolBuffer | None) -> bool:
         """Release free buffers (not `keep`), then slack, until `need` more bytes fit. Caller holds the lock."""
         while self.resident_bytes + need > self.limit_bytes:
@@ -200,7 +244,10 @@ class BufferPool:
 
     def _drop_free(self, buf: PoolBuffer) -> None:
         del self._free_order[buf]
-        self._free[buf.size].remove(buf)
+        free = self._free[buf.size]
+        free.remove(buf)
+        if not free:
+            del self._free[buf.size]
         self._held.pop(buf, None)
         if buf.resident:
             self._advise(buf.mm, 0, buf.resident, mmap.MADV_DONTNEED)

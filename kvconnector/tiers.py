@@ -71,7 +71,7 @@ class _CPUEntry:
 
     def __init__(self, buf: PoolBuffer | None, tail_len: int) -> None:
         self.buf = buf
-        self.body = buf.arr[: buf.length] if buf is not None else None
+        self.body = buf.held if buf is not None else None
         self.tail = np.zeros(tail_len, dtype=np.uint8) if tail_len else None
         self.readers = 0
         self.deleted = False
@@ -172,7 +172,8 @@ class CPUTier(Tier):
         self.pool.release(buf, tail_len)
 
     def describe(self):
-        return {**super().describe(), **self.pool.describe()}
+        counters = {k: n for k, n in self.counters.items() if k.startswith("pool_")}
+        return {**super().describe(), **self.pool.describe(), **counters}
 
     def close(self):
         with self._lock:
