@@ -13,6 +13,7 @@ nanoseconds, so a client that logs its own send times to the same file gives one
 This is how the TTFT gap of kvconnector/README.md was traced to a metrics scrape right before each timed request.
 """
 
+import functools
 import gc
 import os
 import sys
@@ -31,11 +32,29 @@ def _log(event: str, extra: object = "") -> None:
 def _wrap(cls, name: str, only_results: bool = False) -> None:
     orig = getattr(cls, name)
 
+    @functools.wraps(orig)  # keeps the attributes LMCache's @request_handler sets (its handler registry reads them)
     def wrapper(self, *a, **k):
         r = orig(self, *a, **k)
         if not only_results or r is not None:
             _log(f"{cls.__name__}.{name}", r if isinstance(r, int) else "")
         return r
+
+    setattr(cls, name, wrapper)
+
+
+def _wrap_span(cls, name: str) -> None:
+    """`<name>.begin` when the call starts, `<name>.end <duration_us>` when it returns (or raises)."""
+    orig = getattr(cls, name)
+    label = f"{cls.__name__}.{name}"
+
+    @functools.wraps(orig)
+    def wrapper(self, *a, **k):
+        t0 = time.time_ns()
+        _log(label + ".begin")
+        try:
+            return orig(self, *a, **k)
+        finally:
+            _log(label + ".end", (time.time_ns() - t0) // 1000)
 
     setattr(cls, name, wrapper)
 
@@ -71,7 +90,33 @@ _PATCHES = [
             _wrap(c, "submit_load_task"),
             _wrap(c, "query_lookup_and_lock_result", True),
             _wrap(c, "query_load_result", True),
+            _wrap(c, "submit_store_task"),
+            _wrap(c, "submit_unlock"),
+            _wrap_span(c, "_probe_shared"),
+            _wrap(c, "_finish_store"),
+            _wrap(c, "_finish_load"),
         ],
+    ),
+    (
+        "kvconnector.backend",
+        "KvtierBackend",
+        lambda c: [
+            _wrap_span(c, "put"),
+            _wrap_span(c, "get_into"),
+            _wrap_span(c, "lookup"),
+            _wrap_span(c, "lookup_indexed"),
+            _wrap_span(c, "unpin"),
+        ],
+    ),
+    (
+        "lmcache.v1.multiprocess.modules.lookup",
+        "LookupModule",
+        lambda c: [_wrap_span(c, "lookup"), _wrap(c, "query_prefetch_status", True)],
+    ),
+    (
+        "lmcache.v1.multiprocess.modules.lmcache_driven_transfer",
+        "LMCacheDrivenTransferModule",
+        lambda c: [_wrap_span(c, "store"), _wrap_span(c, "retrieve")],
     ),
     (
         "lmcache.v1.distributed.l2_adapters.fs_l2_adapter",
@@ -81,6 +126,8 @@ _PATCHES = [
             _wrap(c, "submit_load_task"),
             _wrap(c, "query_lookup_and_lock_result", True),
             _wrap(c, "query_load_result", True),
+            _wrap(c, "submit_store_task"),
+            _wrap(c, "submit_unlock"),
         ],
     ),
     ("kvconnector.metrics", "BackendCollector", _wrap_collect),
