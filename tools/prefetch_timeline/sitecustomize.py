@@ -2,15 +2,20 @@
 
 With this directory on PYTHONPATH and PFTRACE_LOG set, an LMCache MP server process
 (`python -m lmcache.v1.multiprocess.http_server`) appends one line per event to $PFTRACE_LOG:
-`<time.time_ns()> <thread> <event> [id]`. Events: PrefetchController.submit_prefetch_request /
-_transition_to_load_phase / _finish_request / query_prefetch_result (when it returns a result), the L2 adapter's
-submit_lookup_and_lock_task / submit_load_task / query_* (kvtier's and LMCache's fs adapter), kvtier's metrics
-collection (collect start/end) and garbage collections over 1 ms. Every other process ignores it. Wall-clock
-nanoseconds, so a client that logs its own send times to the same file gives one timeline.
+`<time.time_ns()> <thread> <event> [id]`. Events: LMCache's LookupModule.lookup (vLLM's lookup arriving, begin/end)
+and query_prefetch_status (when it returns a result), LMCacheDrivenTransferModule.store / retrieve (begin/end),
+PrefetchController.submit_prefetch_request / _transition_to_load_phase / _finish_request / query_prefetch_result,
+the L2 adapter's submit_lookup_and_lock_task / submit_load_task / submit_store_task / submit_unlock / query_*
+(kvtier's and LMCache's fs adapter), kvtier's task completions and backend calls (put, get_into, lookup,
+lookup_indexed, unpin: begin, end with the duration in us), kvtier's metrics collection (collect start/end) and
+garbage collections over 1 ms. Every other process ignores it. Wall-clock nanoseconds, so a client that logs its own
+send times to the same file gives one timeline (`benchmarks/ttft_kvtier_vs_lmcache.py --timeline FILE` does;
+`phases.py FILE` splits each request into its phases).
 
   PFTRACE_LOG=/tmp/pf.log PYTHONPATH=$PWD/tools/prefetch_timeline deploy/run-stack.sh up --model DIR --kv-dir DIR ...
 
-This is how the TTFT gap of kvconnector/README.md was traced to a metrics scrape right before each timed request.
+This is how the TTFT gap of kvconnector/README.md was traced to a metrics scrape right before each timed request,
+and how issue 12's "L1 hits" were found to be L2 re-reads (every one of them submitted a load task to kvtier).
 """
 
 import functools
