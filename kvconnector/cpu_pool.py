@@ -11,13 +11,14 @@ Buffers of 1 MiB and more are mapped with 50% headroom, so that whole-request en
 the next, can reuse each other's buffers. Class rounding and headroom are address space only: a buffer's pages are
 faulted in as far as its holder's length (`MADV_POPULATE_WRITE`), and only pages faulted in count. A buffer reused by
 a shorter entry keeps the longer one's pages resident past the new length: that slack is real memory, counts in
-full, and is the second thing released when room is needed.
+full, and is released when room is needed and the free buffers have given theirs.
 
 Invariants (all state under the pool's lock):
 - `resident_bytes` (every page the pool has faulted in and not released, in buffers in use or free, plus the
   `extra_bytes` callers charge for memory they keep beside a buffer) never exceeds `limit_bytes`. Room for a new or
-  longer buffer is made first: free buffers are released (least recently freed first), then the slack of buffers in
-  use (the pages past their holder's length, which the holder never touches). If that is still not enough, acquire
+  longer buffer is made first from free buffers (least recently freed first; a buffer gives up only as many of its
+  last pages as are needed, and is dropped once it has none), then from the slack of buffers in use (the pages past
+  their holder's length, which the holder never touches). If that is still not enough, acquire
   waits for a release: the store gives bytes back to its count just before it deletes the entry that held them, so a
   put may briefly run ahead of the delete that makes its room. A wait is counted (`pool_waits`); one longer than
   `wait_s` fails with StorageFullError rather than exceed the limit.
@@ -231,7 +232,15 @@ class BufferPool:
         while self.resident_bytes + need > self.limit_bytes:
             victim = next((b for b in self._free_order if b is not keep), None)
             if victim is not None:
-                self._drop_free(victim)
+                # Only as many of its pages as the shortfall: the rest stay faulted in for the next entry.
+                cut = -(-(self.resident_bytes + need - self.limit_bytes) // PAGE) * PAGE
+                if cut >= victim.resident:
+                    self._drop_free(victim)
+                else:
+                    self._advise(victim.mm, victim.resident - cut, cut, mmap.MADV_DONTNEED)
+                    victim.resident -= cut
+                    self.resident_bytes -= cut
+                    self.counters["pool_trims"] += 1
                 continue
             if not self._slack:
                 return False
