@@ -170,11 +170,11 @@ def test_chunk_with_several_tokens_spreads_its_gap():
     assert rec.success and rec.chunk_tokens == [4, 4, 4]
     gaps = list(rec.itl_ns())
     assert len(gaps) == 8  # two later chunks x four tokens each
-    # Each chunk's gap is spread evenly over its 4 tokens (not one long ITL and three zeros), whatever the gap was.
+    # Each chunk's gap is spread evenly over its 4 tokens (not one long ITL and three zeros), whatever the gap was:
+    # a loaded client may read two chunks in one go, so the gaps' sizes are the server's and the machine's business.
     for c in (1, 2):
         chunk_gap = rec.chunk_ns[c] - rec.chunk_ns[c - 1]
-        spread = gaps[4 * (c - 1) : 4 * c]
-        assert spread == [chunk_gap // 4] * 4 and chunk_gap >= 6e6 * 4 - 1e6, (chunk_gap, spread)
+        assert gaps[4 * (c - 1) : 4 * c] == [chunk_gap // 4] * 4, (chunk_gap, gaps)
     assert rec.tpot_ms() == pytest.approx((rec.last_chunk_ns - rec.first_token_ns) / 1e6 / 11)
 
 
