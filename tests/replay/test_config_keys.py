@@ -259,7 +259,8 @@ PROBES["burst_trace_path"] = p_use_burst_trace
 
 @probe("trace_speedup")
 def p_trace_speedup(tmp):
-    # The trace spans 1.1 s: replayed once as is, the run lasts that long; at 10x it ends after 0.11 s.
+    # The trace spans 1.1 s: at 0.2x (five times slower) the run lasts at least 5.5 s, at 2x about 0.55 s plus the
+    # requests' own time, which a loaded machine stretches alike for both (so compare the two, with room for that).
     trace = str(write_burstgpt(tmp / "t.csv"))
 
     def replay(speedup):
@@ -268,7 +269,8 @@ def p_trace_speedup(tmp):
         assert s["total_requests"] == 12 and s["window"]["ended_by"] == "workload"
         return s["elapsed_time"]
 
-    assert replay(1) >= 1.1 and 0.11 <= replay(10) < 0.8
+    slow, fast = replay(0.2), replay(2)
+    assert slow >= 5.5 and 0.55 <= fast < slow - 3, (slow, fast)
 
 
 @probe("max_context_tokens")
@@ -281,8 +283,11 @@ def p_max_context_tokens(tmp):
 @probe("random_buffer_mb")
 def p_random_buffer_mb(tmp):
     # Payloads are page-aligned slices of the random buffer, so the entries written hold at most as many distinct
-    # 4 KiB pages as the buffer has: more than a 16 MiB buffer's 4,096 proves the 32 MiB one was used.
-    run(tmp, random_buffer_mb=32, cpu_mem_gb=0, keep_cache=True, duration=1)
+    # 4 KiB pages as the buffer has: more than a 16 MiB buffer's 4,096 proves the 32 MiB one was used. One request
+    # whose entry (20,000 tokens of the test model's 2 KiB: 40 MiB) is larger than the buffer wraps around all of it.
+    tpl = {"t": {"context_tokens": [20000, 20000], "generate_tokens": [1, 1], "think_time_s": [0, 0]}}
+    kw = {"num_users": 1, "max_requests": 1, "user_templates": tpl, "disable_prefix_caching": True}
+    run(tmp, random_buffer_mb=32, cpu_mem_gb=0, keep_cache=True, duration=30, **kw)
     pages = set()
     for root, _, files in os.walk(tmp / "cache"):
         for name in files:
@@ -343,14 +348,16 @@ def autoscaled(tmp, users, mode="qos", missed=False, target=0.95, **scaler) -> l
 
 @probe("autoscaler.min_users")
 def p_autoscaler_min_users(tmp):
-    steps = autoscaled(tmp, 6, missed=True, min_users=5)
-    assert [s["next_users"] for s in steps] == [5] * len(steps)  # 6 * 0.8 = 4, held at 5
+    # 6 * 0.8 = 4, held at 5 (an interval that completed nothing on a loaded machine may step up instead)
+    users = [s["next_users"] for s in autoscaled(tmp, 6, missed=True, min_users=5)]
+    assert min(users) == 5, users
 
 
 @probe("autoscaler.max_users")
 def p_autoscaler_max_users(tmp):
-    steps = autoscaled(tmp, 6, max_users=7)
-    assert [s["next_users"] for s in steps] == [7] * len(steps)  # 6 * 1.2 = 8, held at 7
+    # 6 * 1.2 = 8, held at 7 (a loaded machine may push saturation over the band and step down sometimes)
+    users = [s["next_users"] for s in autoscaled(tmp, 6, max_users=7)]
+    assert max(users) == 7, users
 
 
 @probe("autoscaler.scale_up_factor")
@@ -381,8 +388,14 @@ def p_autoscaler_band(tmp):
 @probe("target_saturation")
 def p_target_saturation(tmp):
     # A light load is above a target of 0.001 (+- 0.0001): every step scales down; below 0.95 it scales up.
-    assert all("above band" in s["reason"] for s in autoscaled(tmp, 4, target=0.001, band=0.0001))
-    assert all("below band" in s["reason"] for s in autoscaled(tmp, 4, max_users=4))
+    # (by majority: on a loaded machine a single interval may land on the other side)
+    def sides(steps):
+        return sum("above band" in s["reason"] for s in steps), sum("below band" in s["reason"] for s in steps)
+
+    above, below = sides(autoscaled(tmp, 4, target=0.001, band=0.0001))
+    assert above > below, (above, below)
+    above, below = sides(autoscaled(tmp, 4, max_users=4))
+    assert below > above, (above, below)
 
 
 @probe("autoscaler_mode")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -107,7 +108,8 @@ def run_fio(args: list[str], out_json: Path) -> subprocess.Popen:
 
 
 def fio_summary(path: Path) -> dict:
-    job = json.loads(path.read_text())["jobs"][0]
+    text = path.read_text()  # a stopped fio puts "fio: terminating on signal 2" before its JSON
+    job = json.loads(text[text.index("{") :])["jobs"][0]
     r, w = job["read"], job["write"]
     return {
         "read_ios": r["total_ios"],
@@ -140,7 +142,7 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
                 "--iodepth=8",
                 "--thread",
                 "--time_based",
-                "--runtime=7",
+                "--runtime=60",  # stopped once the trace is taken: bpftrace may take seconds to attach under load
             ],
             orig_json,
         )
@@ -164,6 +166,7 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
             text=True,
             timeout=60,
         )
+        fio.send_signal(signal.SIGINT)  # fio stops and writes its JSON results
         fio.wait(timeout=60)
         assert p.returncode == 0, p.stderr
         assert "layers_off:" in p.stderr  # what was not traced is said
