@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench-tracer: $(BASE_STAMP) system-deps
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
+
+bench-cpu: $(BASE_STAMP)
+	$(BIN)/python benchmarks/cpu_tier_vs_memcpy.py
 
 bench-crash: $(BASE_STAMP)
 	$(BIN)/python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash-$$$$
