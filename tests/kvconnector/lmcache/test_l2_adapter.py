@@ -55,6 +55,18 @@ def test_report_status_is_unhealthy_once_the_backend_is_closed(adapter):
     assert not adapter.report_status()["is_healthy"]
 
 
+def test_io_workers_run_before_the_first_request(tmp_path):
+    # The first cold L2 hit of a fresh stack must not start threads (ThreadPoolExecutor starts them lazily).
+    before = set(threading.enumerate())
+    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3, "io_workers": 3})
+    try:
+        new = [t.name for t in set(threading.enumerate()) - before]
+        assert sum(n.startswith("kvtier-io") for n in new) == 3 and sum(n.startswith("kvtier-read") for n in new) == 3
+        assert "pool_start_incomplete" not in a.backend.events_snapshot()
+    finally:
+        a.close()
+
+
 def test_event_fds_are_distinct(adapter):
     fds = {adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()}
     assert len(fds) == 3
