@@ -37,12 +37,14 @@ servers' prefetch path (tools/prefetch_timeline/sitecustomize.py) and the client
 file; tools/prefetch_timeline/phases.py splits each request into its phases. Needs root (drop_caches,
 /proc/PID/io); stops the stack even on errors.
 
-example (2 cores, virtio disk, tiny model, 185 s; kvconnector/README.md says how to read it):
-  $ sudo .venv/bin/python benchmarks/ttft_kvtier_vs_lmcache.py --dir /var/tmp/ttft-lvk
-  backend     L2 adapter                  uncached p50  L1-hit p50  L2-hit p50  L2-hit p90  L2 hits ok
-  kvtier      kvtier disk (O_DIRECT)           46.9 ms     41.7 ms     40.7 ms     58.1 ms     20/20
-  lmcache-fs  LMCache fs (use_odirect)         45.4 ms     39.3 ms     43.7 ms     50.3 ms     20/20
-  ratio L2-hit kvtier / lmcache-fs: p50 0.93x, p90 1.16x (< 1: kvtier faster)
+example (2 cores, virtio disk, tiny model, 310 s; benchmarks/README.md says how to read it):
+  $ sudo .venv/bin/python benchmarks/ttft_kvtier_vs_lmcache.py --dir /var/tmp/ttft-h12a --rounds 4
+  backend     L2 adapter                uncached  L1-hit  L1-hit  L2-hit  L2-hit L2 again  samples ok
+                                             p50     p50     p90     p50     p90      p50  L1/L2
+  kvtier      kvtier disk (O_DIRECT)        36.9    31.8    34.3    37.5    43.1     34.0  40/40 40/40
+  lmcache-fs  LMCache fs (use_odirect)      38.3    32.1    35.6    39.7    50.0     35.3  40/40 40/40
+  ratio L1-hit kvtier / lmcache-fs: p50 0.99x, p90 0.96x (< 1: kvtier faster)
+  ratio L2-hit kvtier / lmcache-fs: p50 0.94x, p90 0.86x (< 1: kvtier faster)
 """
 
 from __future__ import annotations
