@@ -113,9 +113,11 @@ def test_generation_mode_adds_generation_time(tmp_path, small_model):
         "--model",
         small_model,
         "--duration",
-        "2",
+        "6",  # a document-profile request simulates up to 1.6 s of generation: room for several to finish
         "--num-users",
-        "2",
+        "4",
+        "--seed",
+        "3",
         "--generation-mode",
         "fast",
         "--gpu-mem-gb",
