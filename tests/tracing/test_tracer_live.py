@@ -184,11 +184,10 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
         # replay the distilled job on a temp file; its mix matches the original's
         d = distill(tr, runtime_s=3, size="128m")
         # fio keeps 8 requests in flight. The block layer counts a request from insert to completion, and when the
-        # virtio queue is full it requeues (thousands of requeue_reqs in some runs here), so the depth it sees
-        # ranges from 8 to about 2x; both estimates (Little's law, the sampled edge) follow it. Tightening this to
-        # fio's own depth is issue 13's estimator work.
-        assert 6 <= d.figures["iodepth_little"] <= 18, d.figures
-        assert 6 <= d.iodepth <= 18, d.figures
+        # virtio queue is full it requeues (about 3,000 requeue_reqs in 2.3 s in some runs here), so the depth it sees
+        # is 8 or more: Little's law read 8, 15 and 25 in three runs on this disk. Only the lower bound holds here;
+        # a depth that matches fio's own is issue 13's estimator work.
+        assert d.figures["iodepth_little"] >= 6 and d.iodepth >= 6, d.figures
         job = render_job(d, source="test", tr=tr)
         (tmp_path / "replay.fio").write_text(job)
         rep_json = tmp_path / "replay.json"
