@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np
 import xxhash
 
-from kvconnector.entry_format import ENTRY_NAME, PAGE, TEMP_NAME
+from kvconnector.entry_format import ENTRY_NAME, PAGE, TEMP_NAME, file_name_for
 from kvconnector.persistence import rescan_dir
 from kvconnector.shared_tier import SharedDirTier
 from kvconnector.store import TieredStore
@@ -138,13 +138,16 @@ def read_log(path: str) -> list[tuple[str, int]]:
     return [(k, int(s)) for k, s in (line.split() for line in lines[:-1])]
 
 
-def corrupt_some(d: str, rng: random.Random) -> int:
-    """Damage up to four entry files by hand, one way each; returns how many."""
+def corrupt_some(d: str, rng: random.Random, spare: str | None) -> int:
+    """Damage up to four entry files by hand, one way each; returns how many. The entry of key `spare` (the round's
+    last acknowledged put) is never one: its check is that a kill cannot lose it, and a file damaged by hand is lost
+    by design (dropped, not served)."""
+    keep = file_name_for(spare) if spare is not None else None
     files = sorted(
         os.path.join(d, t, n)
         for t in ("disk", "shared")
         for n in os.listdir(os.path.join(d, t))
-        if ENTRY_NAME.fullmatch(n)
+        if ENTRY_NAME.fullmatch(n) and n != keep
     )
     victims = rng.sample(files, min(4, len(files)))
     for how, path in zip(("flip", "truncate", "header", "half"), victims):
@@ -241,7 +244,7 @@ def run_loop(
         if acks:
             f.spare_writes += acks[-1][1]
         if corrupt_every and (n + 1) % corrupt_every == 0:
-            f.corrupt_injected += corrupt_some(d, rng)
+            f.corrupt_injected += corrupt_some(d, rng, acks[-1][0] if acks else None)
         check_restart(d, n + 1, f, acks[-1][0] if acks else None, verify_payload)
     f.elapsed_s = round(time.monotonic() - t0, 1)
     return f
