@@ -15,29 +15,42 @@ A write may instead overwrite a spare file (a retired entry's file of the same s
 and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout
 trick).
 
-System calls release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
+Large payloads are checksummed beside their own write: the payload goes to the device from the writer's thread while
+a hash thread computes the xxh3 and then writes the header page (the checksum is in it) into the same file, so the
+hash (about 1 ms per 4 MiB from memory here, over a quarter of a 16 MiB entry's time) is hidden under the payload's
+transfer instead of delaying it. Writing the header after the payload is safe because nothing reads the file before
+the fdatasync and the rename that follow both writes: a crash in between leaves a temp file, which a rescan removes.
+
+System calls and xxh3 release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import mmap
 import os
 import stat
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 from time import perf_counter_ns
 
 import xxhash
 
-from .entry_format import PAGE, EntryHeader, aligned, pack_header, probe_name, temp_path_for, unpack_header
+from .entry_format import PAGE, EntryHeader, aligned, checksum, pack_header, probe_name, temp_path_for, unpack_header
 from .errors import CorruptEntryError, StorageFullError
 from .files import unlink_quietly
 
 # One system call moves at most this much; also the size of a thread's scratch buffer for reads with no destination.
 CHUNK_BYTES = 64 << 20
 _IOV_MAX = 1024
+# Payloads from this size on are hashed beside their write; below it the hash costs less than handing it to another
+# thread plus the header's own system call.
+OVERLAP_MIN_BYTES = 1 << 20
+# More writers in flight than this (far more than any disk tier runs) wait for a hash thread.
+HASH_THREADS_MAX = 64
 # 0 where the platform has no O_DIRECT (`probe_direct` then says False).
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -133,13 +146,8 @@ def write_entry(
     `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
     it is consumed (renamed into place, or removed on failure)."""
     t0 = perf_counter_ns()
-    sc = scratch
     nbytes = sum(len(c) for c in chunks)
-    h = xxhash.xxh3_64()
-    for c in chunks:
-        h.update(c)
-    pack_header(sc.header, EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
-    iov = [sc.header] + _payload_iov(chunks, nbytes, mode)
+    payload = _payload_iov(chunks, nbytes, mode)
     tmp = spare or temp_path_for(path, os.getpid(), threading.get_ident())
     flags = os.O_WRONLY | os.O_CLOEXEC | (O_DIRECT if mode is IOMode.DIRECT else 0)
     device_ns = 0
@@ -149,9 +157,14 @@ def write_entry(
         if not spare:
             d0 = perf_counter_ns()
             # Block allocation is storage work the write would otherwise do inside pwritev: device time.
-            _preallocate(fd, PAGE + sum(len(v) for v in iov[1:]))
+            _preallocate(fd, PAGE + sum(len(v) for v in payload))
             device_ns += perf_counter_ns() - d0
-        device_ns += _pwritev_all(fd, iov)
+        header = EntryHeader(key, nbytes, 0, dtype, tuple(shape))  # the checksum is filled in below
+        if nbytes >= OVERLAP_MIN_BYTES:
+            device_ns += _write_hashing_beside(fd, chunks, payload, header)
+        else:
+            pack_header(scratch.header, dataclasses.replace(header, checksum=checksum(chunks)))
+            device_ns += _pwritev_all(fd, [scratch.header, *payload])
         d0 = perf_counter_ns()
         os.fdatasync(fd)
         device_ns += perf_counter_ns() - d0
@@ -167,6 +180,60 @@ def write_entry(
         raise
     total = perf_counter_ns() - t0
     return OpTiming(host_ns=total - device_ns, device_ns=device_ns, nbytes=nbytes)
+
+
+def _write_hashing_beside(fd: int, chunks, payload: list[memoryview], header: EntryHeader) -> int:
+    """The payload written at PAGE from this thread while a hash thread checksums `chunks` and writes the header page
+    at 0. Returns the device time: the span during which either write was in the kernel (their union), so a hash that
+    outlasts the payload's write counts as host time, as it did before it was overlapped."""
+    job = _hash_pool().submit(_hash_and_write_header, fd, chunks, header)
+    p0 = perf_counter_ns()
+    try:
+        payload_ns = _vectored_all(os.pwritev, fd, payload, PAGE, lambda: OSError(errno.EIO, "short write"))
+        p1 = perf_counter_ns()
+    finally:
+        # Waits, also on an error: the hash thread writes into `fd`, which must not be closed (and its number reused)
+        # before that write is done.
+        failed = job.exception()
+    if failed is not None:
+        raise failed
+    h0, h1 = job.result()
+    return payload_ns + (h1 - h0) - max(0, min(p1, h1) - max(p0, h0))
+
+
+def _hash_and_write_header(fd: int, chunks, header: EntryHeader) -> tuple[int, int]:
+    """Runs on a hash thread: the checksum, then the header page (this thread's own aligned page) written at 0.
+    Returns when that write began and ended."""
+    page = scratch.header
+    pack_header(page, dataclasses.replace(header, checksum=checksum(chunks)))
+    h0 = perf_counter_ns()
+    _vectored_all(os.pwritev, fd, [page], 0, lambda: OSError(errno.EIO, "short write"))
+    return h0, perf_counter_ns()
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """The hash threads, made on demand: up to one per writer in flight (the executor starts a thread only when none is
+    idle), so a hash never queues for a thread. Queued hashes outlast their payloads' writes: with 2 hash threads for
+    8 writers the host share of 16 MiB writes rose from 13% to 30% here instead of falling to 4-7%."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(HASH_THREADS_MAX, thread_name_prefix="kvtier-hash")
+    return _pool
+
+
+def _forget_pool() -> None:
+    # A forked child has none of the parent's threads: it starts its own pool when it needs one.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _preallocate(fd: int, nbytes: int) -> None:
