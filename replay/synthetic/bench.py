@@ -23,7 +23,7 @@ from .config import BenchConfig
 from .driver import RunOutcome, SyntheticDriver, rag_key
 from .payload import RandomPayload
 from .precondition import precondition
-from .results import fallbacks, request_histograms, summary, tier_details
+from .results import document_keys, fallbacks, request_histograms, summary, tier_details
 from .workload import Workload
 
 log = logging.getLogger("kvtier.bench")
@@ -286,6 +286,7 @@ class Bench:
             "environment": env,
             "setup": self.setup,
             "summary": run_summary,
+            **document_keys(run_summary),
             "tiers": tiers,
             "store_events": dict(self.store.events),
             "block_device": block,

@@ -73,6 +73,8 @@ class RequestStats:
     multi_turn_misses: int = 0
     decode_reads: int = 0
     decode_misses: int = 0
+    decode_bytes_read: int = 0  # KV bytes the decode reads got (the MLPerf spec's decode_bytes_read_gb)
+    prefill_bytes_written: int = 0  # KV bytes of stored prefill entries (the reference's prefill_bytes_written_gb)
     prefix_hits: int = 0
     prefix_misses: int = 0
     prefix_bytes_saved: int = 0
@@ -492,6 +494,7 @@ class SyntheticDriver:
         storage_ns = 0
         multi_turn_hit = None
         read_key = key
+        prefill_bytes = 0
         if self._alloc:
             await self._alloc.acquire()
         try:
@@ -510,12 +513,14 @@ class SyntheticDriver:
                 chunks = self.payload.chunks(new_tokens * self.bytes_per_token, rng)
                 w = await self._io(prio, "prefill", self.store.put, key, chunks)
                 storage_ns += w.timing.total_ns
+                prefill_bytes = new_tokens * self.bytes_per_token if w.stored else 0
         finally:
             if self._alloc:
                 self._alloc.release()
         gen_ns = 0
         batches = 0
         decode_misses = 0
+        decode_bytes = 0
         if not cfg.prefill_only:
             batches = max(1, math.ceil(generate_tokens / cfg.decode.batch_size))
             for b in range(batches):
@@ -527,6 +532,7 @@ class SyntheticDriver:
                 r = await self._io(prio, "decode", self.store.get, read_key)
                 storage_ns += r.timing.total_ns
                 decode_misses += not r.hit
+                decode_bytes += r.timing.nbytes
         # Only whole requests are counted; a request cut by the end of the window is not.
         e2e = time.perf_counter_ns() - t_submit
         req = self.req
@@ -539,6 +545,8 @@ class SyntheticDriver:
         req.queue_wait.record_ns(t_start - t_submit)
         req.decode_reads += batches
         req.decode_misses += decode_misses
+        req.decode_bytes_read += decode_bytes
+        req.prefill_bytes_written += prefill_bytes
         req.by_profile[session.profile] = req.by_profile.get(session.profile, 0) + 1
         cls = req.by_class.setdefault(session.qos, ClassStats())
         cls.requests += 1

@@ -27,7 +27,7 @@ from ..outputs.paths import os_reason
 from . import sysinfo
 from .config import BenchConfig
 from .finish import _fail, finish
-from .results import fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
+from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
 from .view import STATUS_ENV, LiveView
 
@@ -248,6 +248,7 @@ def merge(docs: list[dict], cfg: BenchConfig, device: str | None, disk0, disk1, 
         "environment": first["environment"] | {"cache_dir": os.path.dirname(first["environment"]["cache_dir"])},
         "setup": {f"client-{d.get('client', i)}": d.get("setup", {}) for i, d in enumerate(docs)},
         "summary": summary,
+        **document_keys(summary),
         "tiers": tiers,
         "store_events": events,
         "block_device": block,

@@ -41,31 +41,82 @@ def _percentiles_ms(hist: LatencyHistogram, percentiles: tuple[float, ...]) -> l
     return [(k, v) for k, v in hist.summary_ms(percentiles).items() if k.startswith("p")]
 
 
-def cache_stats(tiers: dict, events: dict, elapsed_s: float) -> dict:
-    """The MLPerf-style `cache_stats` block from `tier_details` (a live store's, or merged clients')."""
+FAST_KINDS = ("gpu", "cpu")  # the spec's "fast tiers": a read served from these never touches storage
+
+
+def _storage_tiers(tiers: dict) -> list[dict]:
+    return [t for t in tiers.values() if t["kind"] not in FAST_KINDS]
+
+
+def cache_stats(tiers: dict, events: dict, elapsed_s: float, bytes_per_token: int) -> dict:
+    """The MLPerf-style `cache_stats` block from `tier_details` (a live store's, or merged clients').
+
+    `cache_hit_rate` is the spec's: the share of reads served from the fast tiers (GPU, CPU); a read served from
+    storage counts against it. `store_hit_rate` is the share served from any tier (what the reference implementation
+    names cache_hit_rate). Byte totals cover every tier operation, demotion moves included (the reference counts
+    request reads and new entries only; with a single tier the two agree)."""
     hits, misses = events.get("hits", 0), events.get("misses", 0)
+    fast_hits = sum(t.get("events", {}).get("hits", 0) for t in tiers.values() if t["kind"] in FAST_KINDS)
+    read_b = sum(t["read"]["bytes"] for t in tiers.values())
+    write_b = sum(t["write"]["bytes"] for t in tiers.values())
+    storage_b = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in _storage_tiers(tiers))
     out: dict = {
         "cache_hits": hits,
         "cache_misses": misses,
-        "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
+        "cache_hit_rate": _rate(fast_hits, hits + misses),
+        "fast_tier_hits": fast_hits,
+        "store_hit_rate": _rate(hits, hits + misses),
         "put_rejected": events.get("put_rejected", 0),
+        "total_read_bytes": read_b,
+        "total_write_bytes": write_b,
+        "total_read_gb": round(read_b / GB, 4),
+        "total_write_gb": round(write_b / GB, 4),
+        "read_write_ratio": round(read_b / max(write_b, 1), 4),
+        # Operation counts over the run, under the reference's names (they are counts, not rates).
+        "read_iops": sum(t["read"]["ops"] for t in tiers.values()),
+        "write_iops": sum(t["write"]["ops"] for t in tiers.values()),
+        # KV tokens that went through the storage tiers, reads and writes (demotions into storage included).
+        "storage_tokens_processed": storage_b // bytes_per_token if bytes_per_token else 0,
+        "nvme_tokens_processed": storage_b // bytes_per_token if bytes_per_token else 0,
     }
     for name, t in tiers.items():
         label = tier_label(t["kind"], name)
         out[f"{label}_entries"] = t["entries"]
+        if label == "storage":
+            out["nvme_entries"] = t["entries"]  # the spec's older name
         for op in ("read", "write"):
             st = OpStats.from_dict(t[op])
             verb = "read" if op == "read" else "written"
             out[f"tier_{label}_kv_bytes_{verb}_gb"] = round(st.nbytes / GB, 4)
             out[f"tier_{label}_{op}_bandwidth_gbps"] = round(st.nbytes / GB / elapsed_s, 4) if elapsed_s else 0.0
-            # Percentile keys (p50 ... p999) as the histograms name them everywhere else.
-            for key, ms in _percentiles_ms(st.total, (50, 95, 99, 99.9)):
+            # Percentile keys (p50 ... p9999) as the histograms name them everywhere else.
+            for key, ms in _percentiles_ms(st.total, (50, 95, 99, 99.9, 99.99)):
                 out[f"tier_{label}_{op}_{key}_ms"] = ms
+                out[f"{label}_{op}_{key}_ms"] = ms  # the reference's name for the same figure
             if t["kind"] == "disk":
+                out[f"nvme_{op}_p95_ms"] = st.total.percentile_ms(95)  # the spec's older name
                 for part, hist in (("device", st.device), ("host", st.host)):
-                    for key, ms in _percentiles_ms(hist, (50, 95, 99)):
+                    for key, ms in _percentiles_ms(hist, (50, 95, 99, 99.9, 99.99)):
                         out[f"storage_{op}_{part}_{key}_ms"] = ms
+                        if part == "device" and key == "p95":
+                            out[f"nvme_{op}_device_p95_ms"] = ms  # the spec's name (sections 1, 6)
     return out
+
+
+def storage_stats(tiers: dict, elapsed_s: float) -> dict:
+    """Bytes and operations that reached the storage tiers (disk, shared directory, Redis: everything below the
+    CPU tier), demotions included: what the spec's multi-client aggregation snippet sums as storage bandwidth."""
+    st = _storage_tiers(tiers)
+    read_b = sum(t["read"]["bytes"] for t in st)
+    write_b = sum(t["write"]["bytes"] for t in st)
+    return {
+        "total_read_bytes": read_b,
+        "total_write_bytes": write_b,
+        "read_ops": sum(t["read"]["ops"] for t in st),
+        "write_ops": sum(t["write"]["ops"] for t in st),
+        "read_gbps": round(read_b / GB / elapsed_s, 4) if elapsed_s else 0.0,
+        "write_gbps": round(write_b / GB / elapsed_s, 4) if elapsed_s else 0.0,
+    }
 
 
 def tier_details(store: TieredStore) -> dict:
@@ -99,11 +150,18 @@ def merge_tier_details(parts: list[dict]) -> dict:
 
 def sla_verdict(service, target_p95_ms: float, target_p99_ms: float) -> dict:
     """A QoS class's SLA judged on its service-latency histogram: met True/False, or None with verdict "no data"
-    when the class completed no request (nothing was measured, so nothing was missed either)."""
+    when the class completed no request (nothing was measured, so nothing was missed either). Also the
+    reference's figures: `actual_p95_ms` and `compliance`, the share of requests within the p95 target."""
     if not service.count:
-        return {"met": None, "verdict": "no data"}
+        return {"met": None, "verdict": "no data", "actual_p95_ms": None, "compliance": None}
     met = service.percentile_ms(95) <= target_p95_ms and service.percentile_ms(99) <= target_p99_ms
-    return {"met": met, "verdict": "met" if met else "missed"}
+    within = service.cumulative_counts([target_p95_ms * 1e6])[0]
+    return {
+        "met": met,
+        "verdict": "met" if met else "missed",
+        "actual_p95_ms": round(service.percentile_ms(95), 4),
+        "compliance": round(within / service.count, 4),
+    }
 
 
 # ---- the summary: one function for one client's live stats and for N clients' merged stats ------------------------
@@ -144,6 +202,8 @@ def request_stats_of_docs(docs: list[dict]) -> RequestStats:
         req.multi_turn_misses += mt.get("previous_turn_misses", 0)
         req.decode_reads += dec.get("reads", 0)
         req.decode_misses += dec.get("misses", 0)
+        req.decode_bytes_read += dec.get("bytes_read", 0)
+        req.prefill_bytes_written += s.get("prefill_stats", {}).get("bytes_written", 0)
         req.prefix_hits += pc.get("hits", 0)
         req.prefix_misses += pc.get("misses", 0)
         req.prefix_bytes_saved += round(pc.get("bytes_saved_gb", 0) * GB)  # the summary keeps GB to 4 places
@@ -172,8 +232,10 @@ def _qos_metrics(req: RequestStats, cfg: BenchConfig) -> dict:
         prof = cfg.qos_profiles[name]
         out[name] = {
             "requests": cs.requests,
+            "total_requests": cs.requests,  # the reference's name
             "priority": prof.priority,
             "end_to_end_latency_ms": cs.end_to_end.summary_ms(),
+            "latency_ms": cs.end_to_end.summary_ms(),  # the reference's name: its class latency is end-to-end
             "service_latency_ms": cs.service.summary_ms(),
             "sla": {
                 "target_p95_ms": prof.target_p95_ms,
@@ -183,6 +245,16 @@ def _qos_metrics(req: RequestStats, cfg: BenchConfig) -> dict:
             "histograms": {"end_to_end": cs.end_to_end.encode(), "service": cs.service.encode()},
         }
     return out
+
+
+def _qos_stats(qos_metrics: dict) -> dict:
+    """The spec's `qos_stats` (section 3.9): per class, the p95 the SLA is judged on and whether it was met.
+    kvtier judges service latency (end-to-end less simulated generation; equal to it with --generation-mode
+    none, as submissions run)."""
+    return {
+        name: {"latency_p95_ms": q["service_latency_ms"]["p95"] if q["requests"] else None, "sla_met": q["sla"]["met"]}
+        for name, q in qos_metrics.items()
+    }
 
 
 def _autoscaling_summary(mode: str, steps_by_client: list[list[dict]]) -> dict:
@@ -219,6 +291,13 @@ def summary(
     `autoscaling` holds each client's autoscaler steps."""
     tokens = req.prompt_tokens + req.generated_tokens
     disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in tiers.values() if t["kind"] == "disk")
+    # Summed per-request storage time, from the histogram (bucket midpoints: within 0.1% of the exact sum).
+    io_time_s = req.storage_io.mean_ms() * req.storage_io.count / 1000
+    qos = _qos_metrics(req, cfg)
+    caches = cache_stats(tiers, events, elapsed_s, bytes_per_token)
+    caches["decode_bytes_read_gb"] = round(req.decode_bytes_read / GB, 4)
+    caches["prefill_bytes_written_gb"] = round(req.prefill_bytes_written / GB, 4)
+    caches["decode_reads"] = req.decode_reads
 
     def per_s(n: float, digits: int) -> float:
         return round(n / elapsed_s, digits) if elapsed_s else 0.0
@@ -227,15 +306,24 @@ def summary(
         "status": status,
         "num_clients": num_clients,
         "total_requests": req.completed,
-        "total_tokens": tokens,
+        # Tokens as the reference counts them: generated tokens (its total_tokens_generated).
+        "total_tokens": req.generated_tokens,
         "prompt_tokens": req.prompt_tokens,
         "generated_tokens": req.generated_tokens,
+        "prompt_and_generated_tokens": tokens,
         "elapsed_time": round(elapsed_s, 4),
         "requests_per_second": per_s(req.completed, 4),
-        "avg_throughput_tokens_per_sec": per_s(tokens, 2),
-        # KV tokens moved through the storage (disk) tier per wall-clock second; not tokens / summed I/O time.
-        "storage_throughput_tokens_per_sec": per_s(disk_bytes / bytes_per_token, 2),
+        # The spec's wall-clock throughput: total_tokens / elapsed_time.
+        "avg_throughput_tokens_per_sec": per_s(req.generated_tokens, 2),
+        "prompt_and_generated_tokens_per_sec": per_s(tokens, 2),
+        # Per-request storage I/O time summed over requests (concurrent requests overlap), in seconds.
+        "total_storage_io_time": round(io_time_s, 4),
+        # The spec's storage throughput: total_tokens / total_storage_io_time.
+        "storage_throughput_tokens_per_sec": round(req.generated_tokens / io_time_s, 2) if io_time_s else 0.0,
+        # KV tokens moved through the storage (disk) tier per wall-clock second.
+        "storage_tier_tokens_per_sec": per_s(disk_bytes / bytes_per_token, 2),
         "end_to_end_latency_ms": req.end_to_end.summary_ms(),
+        "end_to_end_latency_p95_ms": req.end_to_end.summary_ms()["p95"],
         "storage_io_latency_ms": req.storage_io.summary_ms(),
         "io_saturation": io_saturation,
         # Time past --duration and what it went to (set-up of users, a late deadline, in-flight operations).
@@ -243,11 +331,14 @@ def summary(
         "window_overrun_s": window.get("overrun_s", 0.0),
         "generation_latency_ms": req.generation.summary_ms(),
         "queue_wait_latency_ms": req.queue_wait.summary_ms(),
-        "cache_stats": cache_stats(tiers, events, elapsed_s),
+        "cache_stats": caches,
+        "storage_stats": storage_stats(tiers, elapsed_s),
         "multi_turn_stats": {
             "enabled": not cfg.disable_multi_turn,
             "previous_turn_hits": req.multi_turn_hits,
             "previous_turn_misses": req.multi_turn_misses,
+            "cache_hits": req.multi_turn_hits,  # the reference's names
+            "cache_misses": req.multi_turn_misses,
             "hit_rate": _rate(req.multi_turn_hits, req.multi_turn_hits + req.multi_turn_misses),
         },
         "prefix_cache_stats": {
@@ -265,13 +356,26 @@ def summary(
             "chunk_hit_rate": _rate(req.rag_chunk_reads - req.rag_chunk_misses, req.rag_chunk_reads),
             "burst_latency_ms": req.rag_burst.summary_ms(),
         },
-        "decode_stats": {"reads": req.decode_reads, "misses": req.decode_misses, "batch_size": cfg.decode.batch_size},
-        "qos_metrics": _qos_metrics(req, cfg),
+        "decode_stats": {
+            "reads": req.decode_reads,
+            "misses": req.decode_misses,
+            "bytes_read": req.decode_bytes_read,
+            "batch_size": cfg.decode.batch_size,
+        },
+        "prefill_stats": {"bytes_written": req.prefill_bytes_written},
+        "qos_metrics": qos,
+        "qos_stats": _qos_stats(qos),
         "requests_by_profile": dict(sorted(req.by_profile.items())),
     }
     if any(autoscaling):
         out["autoscaling_summary"] = _autoscaling_summary(cfg.autoscaler_mode, autoscaling)
     return out
+
+
+def document_keys(run_summary: dict) -> dict:
+    """Top-level keys the spec's multi-client aggregation snippet (its section 2.1) reads from each results file:
+    `storage_stats.total_read_bytes` / `total_write_bytes` and `duration_seconds` (the run's window)."""
+    return {"duration_seconds": run_summary["elapsed_time"], "storage_stats": run_summary["storage_stats"]}
 
 
 def load(path: str | os.PathLike) -> pd.DataFrame:

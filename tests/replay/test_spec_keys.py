@@ -1,0 +1,80 @@
+"""The keys the MLPerf KV Cache spec tells users to read (its sections 1, 2.1, 6, 7) and the reference
+implementation's, on real `kvtier bench` result files, each checked against what it is said to mean."""
+
+import glob
+import json
+import os
+
+import pytest
+from bench_helpers import run
+
+from kvconnector.units import GB
+
+pytestmark = pytest.mark.slow  # two real 3 s runs
+
+
+@pytest.fixture(scope="module")
+def client_files(tmp_path_factory):
+    """Two runs as the spec's multi-client script makes them: storage only (GPU and CPU tiers off), one results
+    file per client, named results_client_<i>.json."""
+    out = tmp_path_factory.mktemp("clients")
+    for i in range(2):
+        d = run(tmp_path_factory.mktemp(f"run-{i}"), seed=42 + i, duration=3, cpu_mem_gb=0, num_users=3)
+        assert d.pop("_rc") == 0
+        (out / f"results_client_{i}.json").write_text(json.dumps(d))
+    return out
+
+
+def test_the_specs_aggregation_snippet_runs_on_kvtier_files(client_files, monkeypatch):
+    # Section 2.1, "Result aggregation", written from its description: storage bytes summed over the clients'
+    # files, divided by the longest client's duration.
+    monkeypatch.chdir(client_files)
+    results = [json.load(open(f)) for f in glob.glob("results_client_*.json")]
+    total_write_gb = sum(r["storage_stats"]["total_write_bytes"] / 1e9 for r in results)
+    total_read_gb = sum(r["storage_stats"]["total_read_bytes"] / 1e9 for r in results)
+    total_duration = max(r["duration_seconds"] for r in results)
+    write_gbps, read_gbps = total_write_gb / total_duration, total_read_gb / total_duration
+
+    assert len(results) == 2
+    disk = [r["tiers"]["disk"] for r in results]
+    assert total_write_gb * 1e9 == sum(t["write"]["bytes"] for t in disk) > 0
+    assert total_read_gb * 1e9 == sum(t["read"]["bytes"] for t in disk) > 0
+    assert total_duration == max(r["summary"]["elapsed_time"] for r in results)
+    assert write_gbps > 0 and read_gbps > 0
+
+
+def test_storage_only_keys_mean_what_the_spec_says(client_files):
+    for path in sorted(os.listdir(client_files)):
+        r = json.loads((client_files / path).read_text())
+        s, cs = r["summary"], r["summary"]["cache_stats"]
+        # Wall-clock and storage throughput (section 7): tokens / elapsed_time, tokens / total storage I/O time.
+        assert s["total_tokens"] == s["generated_tokens"] > 0
+        assert s["avg_throughput_tokens_per_sec"] == pytest.approx(s["total_tokens"] / s["elapsed_time"], rel=1e-3)
+        assert s["total_storage_io_time"] > 0
+        assert s["storage_throughput_tokens_per_sec"] == pytest.approx(
+            s["total_tokens"] / s["total_storage_io_time"], rel=1e-3
+        )
+        # Requests overlap: summed I/O time is not the window, so the two throughputs differ.
+        assert s["storage_throughput_tokens_per_sec"] != pytest.approx(s["avg_throughput_tokens_per_sec"], rel=0.05)
+        # Nothing is in a fast tier: every hit came from storage, so the spec's hit rate is 0.
+        assert cs["cache_hit_rate"] == 0.0 < cs["store_hit_rate"]
+        assert cs["nvme_entries"] == cs["storage_entries"] > 0
+        # decode_bytes_read_gb: what the decode reads got, all from the storage tier here.
+        assert 0 < cs["decode_bytes_read_gb"] <= cs["tier_storage_kv_bytes_read_gb"]
+        assert cs["decode_bytes_read_gb"] == round(s["decode_stats"]["bytes_read"] / GB, 4)
+        assert 0 < cs["prefill_bytes_written_gb"] <= cs["tier_storage_kv_bytes_written_gb"]
+        for op in ("read", "write"):
+            assert cs[f"nvme_{op}_device_p95_ms"] == cs[f"storage_{op}_device_p95_ms"] > 0
+        tokens_moved = (r["storage_stats"]["total_read_bytes"] + r["storage_stats"]["total_write_bytes"]) // r["model"][
+            "bytes_per_token"
+        ]
+        assert cs["nvme_tokens_processed"] == tokens_moved > 0
+        assert s["end_to_end_latency_p95_ms"] == s["end_to_end_latency_ms"]["p95"]
+        # qos_stats (section 3.9): per class, the p95 its SLA is judged on and the verdict.
+        assert set(s["qos_stats"]) == set(s["qos_metrics"])
+        for name, q in s["qos_stats"].items():
+            m = s["qos_metrics"][name]
+            assert q["sla_met"] is m["sla"]["met"]
+            if m["requests"]:
+                assert q["latency_p95_ms"] == m["service_latency_ms"]["p95"] == m["sla"]["actual_p95_ms"]
+                assert 0 <= m["sla"]["compliance"] <= 1
