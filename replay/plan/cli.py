@@ -1,0 +1,395 @@
+"""`kvtier plan`: predict, before any run, how the prefix hit rate of long multi-round sessions evolves round by round
+over a tiered KV cache of given sizes, and when (if ever) it collapses. No server, no GPU: a simulation of the
+sessions' block chains under LRU (replay/plan/model.py says exactly what it models)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import re
+import shlex
+import sys
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from kvconnector.errors import ConfigError
+from kvconnector.models import DTYPE_BYTES, resolve_model
+from kvconnector.validation import describe_validation_error
+
+from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
+from ..outputs.paths import check_outputs, write_results
+from ..settings import documented, load_settings
+from .model import POLICIES, PlanResult, TierSpec, Workload, simulate
+from .sizes import parse_size
+
+PROG = "kvtier plan"
+ENV_PREFIX = "KVTIER_PLAN_"
+
+EXAMPLES = """examples:
+  # seed 001: 112 sessions x 20 rounds of 5,000 forced output tokens, FP8 KV at 88.1 KB/token, block 256;
+  # a 400 GiB DRAM tier against 50 GiB of DRAM over 46.09 TB of NVMe-oF, side by side, with a figure
+  kvtier plan --concurrency 112 --rounds 20 --first-input-len 10000 --input-len 50 --output-len 5000 \\
+      --block-size 256 --kv-bytes-per-token 88.1KB \\
+      --config dram="--tier dram=400GiB" --config tiered="--tier dram=50GiB --tier nvmeof=46.09TB" \\
+      --output plan.json --plots plots/
+  # one configuration, KV size from a model of the catalog (or a config.json path), vLLM's block of 16
+  kvtier plan --concurrency 32 --rounds 50 --input-len 200 --output-len 500 --block-size 16 \\
+      --model llama3.1-8b --kv-dtype bf16 --tier cpu=64GiB --tier nvme=2TB
+  # the same workload when the engine keeps the answers' KV (vLLM's own prefix cache) against when it does not
+  kvtier plan --concurrency 64 --rounds 30 --input-len 300 --output-len 800 --block-size 256 \\
+      --kv-bytes-per-token 128KiB --config kept="--tier cpu=200GiB --answer-kv reused" \\
+      --config lmcache="--tier cpu=200GiB --answer-kv recomputed"
+  # the configurations (and any other key) from a YAML file; flags win over it
+  kvtier plan --config plan.yaml --rounds 40
+
+--answer-kv: whether a round's answer is reusable in the next round. `recomputed` (the default): the cache below the
+engine holds prefill KV only (LMCache's default), so the answer is prefilled again inside the next prompt; `reused`:
+the generated blocks are kept (vLLM's own prefix cache) and a chat template re-tokenizes the answer to the same
+tokens. The seed's ideal hit rate (0.9527 at round 20) fits `recomputed` with a first prompt near 10k tokens and
+short follow-ups (the first example gives 0.9520); `reused` would put it above 0.99.
+
+--config NAME="FLAGS": one configuration to compare, FLAGS being --tier (one or more), --answer-kv and --policy;
+repeat it for several. A --config value without NAME= is a YAML file of any keys of this command, with the
+configurations under `configs:` (NAME: {tiers: {dram: 400GiB}, answer_kv: reused}) or one list under `tiers:`.
+Options also come from KVTIER_PLAN_<KEY> environment variables; precedence: defaults < YAML < environment < flags.
+Sizes take units: 88.1KB, 50GiB, 46.09TB (KB, MB, GB, TB: powers of 1000; KiB ... TiB: powers of 1024).
+
+What it prints: one table, per round the prompt length, the working set, the ideal hit rate and each
+configuration's predicted hit rate and bytes written; under it, per configuration, the round it collapses (hit rate
+below a quarter of the ideal), the first round with an eviction, how many rounds its largest tier alone can hold and
+the bytes written in all. --output adds every per-round figure (a `rounds` list per configuration), --plots a PNG.
+exit status: 0 done; 2 a usage error (one line, nothing written); 130/143 stopped by SIGINT/SIGTERM (what was
+simulated so far is written).
+"""
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_NAMED_CONFIG = re.compile(r"^([A-Za-z0-9_.-]+)=(.*)$", re.DOTALL)
+
+Size = Annotated[float, BeforeValidator(parse_size)]
+Count = Annotated[int, Field(ge=1)]
+AnswerKV = Literal["reused", "recomputed"]
+Policy = Literal[POLICIES]  # type: ignore[valid-type]
+
+
+class Tier(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    capacity_bytes: Size
+
+    @model_validator(mode="after")
+    def _check(self) -> Tier:
+        if not _NAME.match(self.name):
+            raise ValueError(f"tier name {self.name!r}: use letters, digits, '_', '-' or '.'")
+        return self
+
+
+def _tier_list(v: Any) -> Any:
+    """Tiers fastest first, as flags give them (['dram=400GiB', ...] or 'dram=400GiB,nvme=2TB') or as YAML does
+    (a mapping {dram: 400GiB, nvme: 2TB}, or a list of 'NAME=SIZE' / {NAME: SIZE})."""
+    if isinstance(v, str):
+        v = [p for p in (x.strip() for x in v.split(",")) if p]
+    if isinstance(v, dict):
+        v = [{"name": k, "capacity_bytes": s} for k, s in v.items()]
+    if not isinstance(v, list):
+        return v
+    out = []
+    for item in v:
+        if isinstance(item, str):
+            name, sep, size = item.partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"expected NAME=SIZE like dram=400GiB, got {item!r}")
+            out.append({"name": name.strip(), "capacity_bytes": size.strip()})
+        elif isinstance(item, dict) and len(item) == 1 and "name" not in item:
+            ((name, size),) = item.items()
+            out.append({"name": str(name), "capacity_bytes": size})
+        else:
+            out.append(item)
+    return out
+
+
+def _unique_names(tiers: list[Tier]) -> list[Tier]:
+    seen = set()
+    for t in tiers:
+        if t.name in seen:
+            raise ValueError(f"tier {t.name!r} is given twice")
+        seen.add(t.name)
+    return tiers
+
+
+TierList = Annotated[list[Tier], BeforeValidator(_tier_list)]
+
+
+class ConfigEntry(BaseModel):
+    """One configuration to compare: its tiers, and optionally its own answer_kv and policy."""
+
+    model_config = ConfigDict(extra="forbid")
+    tiers: Annotated[TierList, Field(min_length=1)]
+    answer_kv: AnswerKV | None = None
+    policy: Policy | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ConfigEntry:
+        _unique_names(self.tiers)
+        return self
+
+
+class PlanConfig(BaseModel):
+    """Every option of `kvtier plan`, validated once (defaults < YAML < KVTIER_PLAN_<KEY> < flags)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    concurrency: Count
+    rounds: Count
+    input_len: int = Field(ge=0)
+    output_len: int = Field(ge=0)
+    first_input_len: Count | None = None
+    block_size: Count
+    model: str | None = None
+    kv_dtype: Literal[tuple(DTYPE_BYTES)] = "bf16"  # type: ignore[valid-type]
+    kv_bytes_per_token: Size | None = None
+    answer_kv: AnswerKV = "recomputed"
+    policy: Policy = "lru"
+    tiers: TierList = []
+    configs: dict[str, ConfigEntry] = {}
+    output: str | None = None
+    plots: str | None = None
+    quiet: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> PlanConfig:
+        if (self.model is None) == (self.kv_bytes_per_token is None):
+            raise ValueError("give the KV size as --model M or as --kv-bytes-per-token SIZE (one of them)")
+        if self.tiers and self.configs:
+            raise ValueError("give --tier (one configuration) or --config NAME=... (several), not both")
+        if not self.tiers and not self.configs:
+            raise ValueError("give the cache: --tier NAME=SIZE (fastest first) or --config NAME='--tier ...'")
+        if self.first_input_len is None and self.input_len < 1:
+            raise ValueError("--input-len 0 needs --first-input-len (the first prompt cannot be empty)")
+        for name in self.configs:
+            if not _NAME.match(name):
+                raise ValueError(f"configuration name {name!r}: use letters, digits, '_', '-' or '.'")
+        _unique_names(self.tiers)
+        return self
+
+    def configurations(self) -> dict[str, ConfigEntry]:
+        if self.configs:
+            return self.configs
+        return {"+".join(t.name for t in self.tiers): ConfigEntry(tiers=self.tiers)}
+
+
+class _ConfigFlagsError(Exception):
+    pass
+
+
+class _ConfigFlagsParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise _ConfigFlagsError(message)
+
+
+def _config_flags(name: str, text: str) -> dict[str, Any]:
+    """The flags of one --config NAME="..." as the keys of a ConfigEntry."""
+    p = _ConfigFlagsParser(prog=f"--config {name}", add_help=False)
+    p.add_argument("--tier", action="append", default=[])
+    p.add_argument("--answer-kv", choices=["reused", "recomputed"])
+    p.add_argument("--policy", choices=list(POLICIES))
+    try:
+        ns = p.parse_args(shlex.split(text))
+    except (_ConfigFlagsError, ValueError) as exc:
+        raise ConfigError(f"--config {name}: {exc} (it takes --tier NAME=SIZE, --answer-kv, --policy)") from None
+    out: dict[str, Any] = {"tiers": ns.tier}
+    if ns.answer_kv:
+        out["answer_kv"] = ns.answer_kv
+    if ns.policy:
+        out["policy"] = ns.policy
+    try:  # checked here so a mistake is blamed on this --config by name (settings would name the YAML layer)
+        ConfigEntry.model_validate(out)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, f"--config {name}")) from None
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog=EXAMPLES
+    )
+
+    def group(title: str):
+        return documented(ap.add_argument_group(title).add_argument, PlanConfig)
+
+    g = group("sessions")
+    g("--concurrency", type=int, metavar="C", help="sessions, each sending one request per round")
+    g("--rounds", type=int, metavar="N", help="rounds per session")
+    g("--input-len", type=int, metavar="I", help="tokens of each follow-up prompt (and of the first, by default)")
+    g("--output-len", type=int, metavar="L", help="tokens of each answer (forced: the answer is always L long)")
+    g("--first-input-len", type=int, metavar="I0", help="tokens of the first round's prompt (default: --input-len)")
+    g = group("KV geometry")
+    g("--block-size", type=int, metavar="B", help="tokens per block (vLLM's block, LMCache's chunk: 16, 256, ...)")
+    g("--model", metavar="M", help="KV bytes per token from a model: a catalog name or a config.json path")
+    g("--kv-dtype", choices=list(DTYPE_BYTES), help="KV element type, with --model")
+    g("--kv-bytes-per-token", metavar="SIZE", help="KV bytes per token, e.g. 88.1KB (instead of --model)")
+    g = group("cache")
+    g("--tier", action="append", metavar="NAME=SIZE", dest="tiers", help="a tier, fastest first; repeat for more")
+    ap.add_argument(
+        "--config",
+        action="append",
+        metavar='NAME="FLAGS"|FILE.yaml',
+        help="a configuration to compare (repeat), or a YAML file of options (see below)",
+    )
+    g("--answer-kv", choices=["reused", "recomputed"], help="whether a round's answer KV is reusable next round")
+    g("--policy", choices=list(POLICIES), help="eviction policy")
+    g = group("outputs")
+    g("--output", metavar="FILE", help="plan JSON: workload, then per configuration its rounds list and summary")
+    g("--plots", metavar="DIR", help="write DIR/plan.png (hit rate per round per configuration, with the ideal)")
+    g("--quiet", action="store_true", default=None, help="no table")
+    return ap
+
+
+def load_config(argv: list[str]) -> PlanConfig:
+    ns = build_parser().parse_args(argv)
+    flags = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
+    flag_paths: dict[str, tuple[str, ...]] = {}
+    yaml_path = None
+    for value in ns.config or []:
+        m = _NAMED_CONFIG.match(value)
+        if m and "/" not in m.group(1):
+            name = m.group(1)
+            dest = f"config {name}"
+            if dest in flags:
+                raise ConfigError(f"--config {name} is given twice")
+            flags[dest] = _config_flags(name, m.group(2))
+            flag_paths[dest] = ("configs", name)
+        elif yaml_path is not None:
+            raise ConfigError(f"--config: one YAML file at most ({yaml_path}, {value})")
+        else:
+            yaml_path = value
+    return load_settings(
+        PlanConfig,
+        config_path=yaml_path,
+        env_prefix=ENV_PREFIX,
+        flags=flags,
+        flag_paths=flag_paths,
+        missing_hint=f" (see '{PROG} --help')",
+    )
+
+
+def kv_bytes_per_token(cfg: PlanConfig) -> tuple[float, str | None]:
+    if cfg.kv_bytes_per_token is not None:
+        return cfg.kv_bytes_per_token, None
+    spec = resolve_model(cfg.model)
+    return float(spec.bytes_per_token(cfg.kv_dtype)), spec.name
+
+
+def _progress_printer(total: int):
+    """A status line on a terminal for simulations long enough to watch; nothing otherwise."""
+    if not sys.stderr.isatty() or total < 200_000:
+        return lambda name, r, rounds: None
+
+    def show(name: str, r: int, rounds: int) -> None:
+        end = "\n" if r == rounds else ""
+        print(f"\r{PROG}: {name}: round {r}/{rounds}", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def plan_document(cfg: PlanConfig, bpt: float, model_name: str | None, plans: list[PlanResult], argv) -> dict:
+    base = plans[0].bytes_written_total if plans else 0.0
+    return {
+        "kind": "kvtier plan",
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": ["kvtier", "plan", *argv],
+        "workload": {
+            "concurrency": cfg.concurrency,
+            "rounds": cfg.rounds,
+            "first_input_len": cfg.first_input_len if cfg.first_input_len is not None else cfg.input_len,
+            "input_len": cfg.input_len,
+            "output_len": cfg.output_len,
+            "block_size": cfg.block_size,
+            "kv_bytes_per_token": bpt,
+            "model": model_name,
+            "kv_dtype": cfg.kv_dtype if model_name else None,
+        },
+        "configurations": [
+            {**p.to_dict(), "bytes_written_vs_first": (p.bytes_written_total / base) if base else None} for p in plans
+        ],
+        "status": "done" if len(plans) == len(cfg.configurations()) else "interrupted",
+    }
+
+
+def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
+    bpt, model_name = kv_bytes_per_token(cfg)
+    configs = cfg.configurations()
+    show = _progress_printer(cfg.concurrency * cfg.rounds * len(configs))
+    plans: list[PlanResult] = []
+    try:
+        for name, entry in configs.items():
+            w = Workload(
+                concurrency=cfg.concurrency,
+                rounds=cfg.rounds,
+                input_len=cfg.input_len,
+                output_len=cfg.output_len,
+                block_size=cfg.block_size,
+                kv_bytes_per_token=bpt,
+                first_input_len=cfg.first_input_len,
+                answer_kv=entry.answer_kv or cfg.answer_kv,
+            )
+            tiers = [TierSpec(t.name, t.capacity_bytes) for t in entry.tiers]
+            plans.append(
+                simulate(
+                    w,
+                    tiers,
+                    name=name,
+                    policy=entry.policy or cfg.policy,
+                    progress=lambda r, n=name: show(n, r, cfg.rounds),
+                )
+            )
+    except Interrupted as exc:
+        exc.partial = plan_document(cfg, bpt, model_name, plans, argv)  # type: ignore[attr-defined]
+        raise
+    return plan_document(cfg, bpt, model_name, plans, argv), plans
+
+
+def _write(cfg: PlanConfig, doc: dict) -> None:
+    if cfg.output:
+        path, err = write_results(cfg.output, doc)
+        if err:
+            print(f"{PROG}: {err}; wrote {path} instead", file=sys.stderr)
+    if cfg.plots and doc["configurations"]:
+        from .report import write_plan_plot
+
+        write_plan_plot(doc, cfg.plots)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(argv)
+        check_outputs({"--output": cfg.output}, {"--plots": cfg.plots})
+        kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs
+    except ConfigError as exc:
+        return fail(PROG, str(exc))
+    try:
+        doc, _ = run(cfg, argv)
+    except ConfigError as exc:
+        return fail(PROG, str(exc))
+    except Interrupted as exc:
+        _write(cfg, exc.partial)  # type: ignore[attr-defined]
+        print(f"{PROG}: interrupted ({exc}); wrote what was simulated", file=sys.stderr)
+        return exc.exit_code
+    if not cfg.quiet:
+        from rich.console import Console
+
+        from .report import plan_table
+
+        Console(width=max(100, Console().width)).print(plan_table(doc))
+    _write(cfg, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    with stop_signals_raise():
+        try:
+            sys.exit(main())
+        except Interrupted as _exc:
+            print(f"{PROG}: interrupted ({_exc})", file=sys.stderr)
+            sys.exit(_exc.exit_code)
