@@ -24,12 +24,15 @@ Control while mounted (for `kvtier sweep` and people; only 127.0.0.1 is bound):
                     applies atomically from the next operation on; a bad one answers 400 {"error": "..."} and changes
                     nothing. Answers the settings now in force.
     GET  /stats     -> {"uptime_s", "settings", "direct_bounces",
-                        "ops": {"read"|"write"|"fsync"|"open": {"ops", "bytes", "bw_wait_ns", "lat_ns", "errors"}}}
+                        "ops": {"read"|"write"|"fsync"|"open": {"ops", "bytes", "bw_wait_ns", "lat_ns", "hold_error_ns",
+                        "errors"}}}
                     counters are cumulative since the mount: a sweep reads them before and after a point and
-                    subtracts (bw_wait_ns: time held for the cap; lat_ns: latency added).
+                    subtracts (bw_wait_ns: time held for the cap; lat_ns: latency added; hold_error_ns: the timer's
+                    error, signed: held longer (+) or shorter (-) than asked; sleeps learn the scheduler's lateness).
     GET  /metrics   the same counters for Prometheus: throttlefs_ops_total{op}, throttlefs_bytes_total{op},
                     throttlefs_bandwidth_wait_seconds_total{op}, throttlefs_added_latency_seconds_total{op},
-                    throttlefs_errors_total{op}, throttlefs_direct_bounces_total, throttlefs_setting{name}.
+                    throttlefs_errors_total{op}, throttlefs_hold_error_seconds{op},
+                    throttlefs_direct_bounces_total, throttlefs_setting{name}.
 
 From Python (what the tests and the accuracy benchmark use):
 

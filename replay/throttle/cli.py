@@ -115,13 +115,16 @@ def settings_from_args(a) -> Settings:
 
 def summary_table(snap: dict) -> str:
     """Plain-text table of what the throttle did (also fine in a log file)."""
-    lines = [f"{'op':<6}{'ops':>10}{'bytes':>14}{'avg B/s':>12}{'held for cap s':>16}{'added lat s':>13}{'errors':>8}"]
+    lines = [
+        f"{'op':<6}{'ops':>10}{'bytes':>14}{'avg B/s':>12}{'held for cap s':>16}{'added lat s':>13}"
+        f"{'timer err ms/op':>17}{'errors':>8}"
+    ]
     up = max(snap["uptime_s"], 1e-9)
     for op, c in snap["ops"].items():
         rate = human_rate(c["bytes"] / up) if c["bytes"] else "-"
         lines.append(
             f"{op:<6}{c['ops']:>10}{c['bytes']:>14}{rate:>12}{c['bw_wait_ns'] / 1e9:>16.3f}"
-            f"{c['lat_ns'] / 1e9:>13.3f}{c['errors']:>8}"
+            f"{c['lat_ns'] / 1e9:>13.3f}{c['hold_error_ns'] / 1e6 / max(c['ops'], 1):>17.3f}{c['errors']:>8}"
         )
     lines.append(
         f"mounted {snap['uptime_s']:.1f} s; O_DIRECT transfers via an aligned buffer: {snap['direct_bounces']}"

@@ -3,7 +3,7 @@
 GET  /settings   the settings in force, JSON (`read_bw_bytes_s`, `read_lat_ms`, ...)
 PUT  /settings   change some while mounted: a JSON object with the flag names (`{"bw": "250MB/s", "lat_ms": 1}`);
                  answers the settings now in force, or 400 with {"error": one line} and nothing changed
-GET  /stats      counters since the mount, JSON: per operation ops, bytes, bw_wait_ns, lat_ns, errors
+GET  /stats      counters since the mount, JSON: per operation ops, bytes, bw_wait_ns, lat_ns, hold_error_ns, errors
 GET  /metrics    the same as Prometheus metrics (throttlefs_*)
 """
 
@@ -39,12 +39,18 @@ class ThrottleCollector:
         )
         lat = CounterMetricFamily("throttlefs_added_latency_seconds", "latency added to operations", labels=["op"])
         err = CounterMetricFamily("throttlefs_errors", "operations the backing directory failed", labels=["op"])
+        late = GaugeMetricFamily(
+            "throttlefs_hold_error_seconds",
+            "time held beyond (+) or short of (-) what was asked, summed",
+            labels=["op"],
+        )
         for op, c in snap["ops"].items():
             ops.add_metric([op], c["ops"])
             nbytes.add_metric([op], c["bytes"])
             bw.add_metric([op], c["bw_wait_ns"] / 1e9)
             lat.add_metric([op], c["lat_ns"] / 1e9)
             err.add_metric([op], c["errors"])
+            late.add_metric([op], c["hold_error_ns"] / 1e9)
         bounce = CounterMetricFamily(
             "throttlefs_direct_bounces",
             "O_DIRECT transfers copied through an aligned buffer",
@@ -53,7 +59,7 @@ class ThrottleCollector:
         setting = GaugeMetricFamily("throttlefs_setting", "settings in force (bytes/s, ms; 0 = off)", labels=["name"])
         for name, value in snap["settings"].items():
             setting.add_metric([name], value)
-        yield from (ops, nbytes, bw, lat, err, bounce, setting)
+        yield from (ops, nbytes, bw, lat, err, late, bounce, setting)
 
 
 def make_server(throttle: Throttle, port: int) -> ThreadingHTTPServer:
