@@ -32,10 +32,15 @@ examples:
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
   kvtier bench --num-clients 2 --num-users 200                 # two processes, merged results
   kvtier bench --config config.yaml --xlsx-output run.xlsx --io-trace-log ops.csv.zst
+  kvtier bench --config mlperf/config.yaml --request-model reference --gpu-mem-gb 0 --cpu-mem-gb 0  # as the reference
+  kvtier bench --precondition --prefill-only --disable-multi-turn --disable-prefix-caching --gpu-mem-gb 0 \
+      --cpu-mem-gb 0 --model llama3.1-70b-instruct --num-users 100 --duration 300 --cache-dir /mnt/nvme
 
 config.yaml: the top-level keys are these flags with underscores (num_users: 50); sections user_templates,
 qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode, generation, sharegpt,
 model_configs. Unknown keys are errors. Precedence: defaults < config.yaml < KVTIER_<KEY> env < flags.
+The MLPerf reference's config.yaml is accepted as it is (its names are aliases, generation_timing and
+qos_distribution are converted; its internal limits are accepted and named in a note).
 
 on bad input: one line on stderr naming the flag, variable or file, exit 2, nothing written. Every output path
 (--output, --xlsx-output, --csv-output, --io-trace-log, --plots) is checked before the run starts; if the results
@@ -143,15 +148,30 @@ def build_parser() -> argparse.ArgumentParser:
     t("--large-entry-limit-ratio", type=float, help="entries larger than this share of a tier skip it")
     x = group("execution")
     x("--max-concurrent-allocs", type=int, help="limit on concurrent prefill writes; 0 = no limit")
-    x("--io-workers", type=int, help="threads doing storage I/O")
+    x(
+        "--io-workers",
+        type=int,
+        help="threads doing storage I/O (default 8; with --request-model reference one per user, up to 500)",
+    )
+    x(
+        "--request-model",
+        choices=["kvtier", "reference"],
+        help="kvtier: a turn stores the tokens it adds, reads the previous turn; reference: the MLPerf reference's "
+        "requests (whole-context entries, every earlier turn read, >= 10k-token requests prefill only, "
+        "--max-concurrent-allocs 0 unbounded)",
+    )
     x(
         "--num-clients",
         type=int,
         help="worker processes, each with its share of users and its own cache subdirectory",
     )
     x("--precondition", action="store_true", help="sequential writes before the run to reach SSD steady state")
-    x("--precondition-size-gb", type=float, help="preconditioning volume; 0 = 2x the disk tier")
-    x("--precondition-threads", type=int, help="preconditioning writers; 0 = --io-workers")
+    x(
+        "--precondition-size-gb",
+        type=float,
+        help="preconditioning volume, written over one file of at most the disk tier's size; 0 = 2x the disk tier",
+    )
+    x("--precondition-threads", type=int, help="preconditioning writers; 0 = one per CPU (os.cpu_count())")
     o = group("output")
     o("--output", help="results JSON (default results/<timestamp>.json)")
     o("--xlsx-output", help="also write an Excel workbook")

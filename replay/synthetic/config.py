@@ -4,15 +4,33 @@ merged by replay.settings (the same loader as `kvtier replay`).
 Top-level keys are the MLPerf Storage KV Cache benchmark's flags (underscored); sections are its config.yaml sections
 (user_templates, qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode,
 generation, sharegpt, model_configs). Unknown keys are errors, and every key is used by the run (tests prove it).
+
+The reference implementation's own config.yaml is accepted as it is: its key names are aliases of kvtier's
+(`context_range` = `context_tokens`), the two keys whose form differs (`generation_timing` in seconds,
+`qos_distribution` as thresholds) are converted, and its keys kvtier has no use for are accepted and named in the
+run's notes. `mlperf_config.REFERENCE_KEYS` lists every reference key with what it means in both.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+from kvconnector.models import CATALOG
 
 from ..settings import load_settings
+from .mlperf_config import check_validation_limits, from_reference
+
+
+def _also(name: str, reference: str):
+    """Accept the MLPerf reference's name for the same key (errors name the one the user wrote)."""
+    return AliasChoices(name, reference)
+
+
+DEFAULT_IO_WORKERS = 8
+# The reference runs min(num_users, 500) request threads.
+REFERENCE_MAX_WORKERS = 500
 
 
 class _Section(BaseModel):
@@ -26,10 +44,21 @@ def _check_range(name: str, rng: tuple, minimum: float = 0) -> None:
         raise ValueError(f"{name} must be [low, high] with {minimum} <= low <= high, got {list(rng)}")
 
 
+def _drop_shadowed(model: type[BaseModel], section: dict) -> dict:
+    """The section without the reference's name of a key whose kvtier name is also there."""
+    out = dict(section)
+    for name, field in model.model_fields.items():
+        if isinstance(field.validation_alias, AliasChoices) and name in out:
+            for alias in field.validation_alias.choices:
+                if alias != name:
+                    out.pop(alias, None)
+    return out
+
+
 class UserTemplate(_Section):
-    context_tokens: tuple[int, int]
-    generate_tokens: tuple[int, int]
-    think_time_s: tuple[float, float]
+    context_tokens: tuple[int, int] = Field(validation_alias=_also("context_tokens", "context_range"))
+    generate_tokens: tuple[int, int] = Field(validation_alias=_also("generate_tokens", "generation_range"))
+    think_time_s: tuple[float, float] = Field(validation_alias=_also("think_time_s", "think_time_range"))
     weight: float = Field(1.0, gt=0)
 
     @model_validator(mode="after")
@@ -50,11 +79,25 @@ DEFAULT_USER_TEMPLATES = {
 
 class QoSProfile(_Section):
     priority: int = Field(ge=0)
-    target_p95_ms: float = Field(gt=0)
-    target_p99_ms: float = Field(gt=0)
+    target_p95_ms: float = Field(gt=0, validation_alias=_also("target_p95_ms", "target_latency_p95_ms"))
+    target_p99_ms: float = Field(gt=0, validation_alias=_also("target_p99_ms", "target_latency_p99_ms"))
+    # The reference's three- and four-nines targets; when given, the SLA is judged at those percentiles too.
+    target_p999_ms: float | None = Field(None, gt=0, validation_alias=_also("target_p999_ms", "target_latency_p999_ms"))
+    target_p9999_ms: float | None = Field(
+        None, gt=0, validation_alias=_also("target_p9999_ms", "target_latency_p9999_ms")
+    )
     # Share of the I/O workers under saturation, relative to the other classes (qos_scheduler fair); default
     # 2 ** priority (8, 4, 2 for interactive, responsive, batch).
     weight: float | None = Field(None, gt=0)
+
+    def targets(self) -> dict[float, float]:
+        """Percentile -> target in ms, for every target the profile has."""
+        out = {95.0: self.target_p95_ms, 99.0: self.target_p99_ms}
+        if self.target_p999_ms is not None:
+            out[99.9] = self.target_p999_ms
+        if self.target_p9999_ms is not None:
+            out[99.99] = self.target_p9999_ms
+        return out
 
     @property
     def share(self) -> float:
@@ -74,6 +117,19 @@ DEFAULT_QOS_DISTRIBUTION = {"interactive": 0.15, "responsive": 0.35, "batch": 0.
 class EvictionConfig(_Section):
     target_usage_ratio: float = Field(0.8, gt=0, le=1)
     large_entry_limit_ratio: float = Field(0.95, gt=0, le=1)
+    # The reference's safety limits on its recursive eviction. kvtier's store needs none (making room is a loop over
+    # one tier's LRU, a demotion goes one tier down, never fails a put while a victim exists): accepted, noted, unused.
+    max_recursion_depth: int | None = Field(None, ge=1)
+    max_evictions_hard_cap: int | None = Field(None, ge=1)
+    max_evictions_min: int | None = Field(None, ge=0)
+
+
+class GPUBackendConfig(_Section):
+    # The reference sizes its GPU tier from the device (memory_fraction) and retries on CUDA OOM; kvtier's GPU tier is
+    # exactly --gpu-mem-gb, allocated up front: accepted, noted, unused.
+    memory_fraction: float | None = Field(None, gt=0, le=1)
+    max_eviction_attempts: int | None = Field(None, ge=0)
+    free_memory_threshold: float | None = Field(None, ge=0, lt=1)
 
 
 class SystemPrompt(_Section):
@@ -91,20 +147,47 @@ class PrefixCacheConfig(_Section):
         ]
     )
     # Share of conversations that start with one of the system prompts.
-    probability: float = Field(0.8, ge=0, le=1)
+    probability: float = Field(0.8, ge=0, le=1, validation_alias=_also("probability", "system_prompt_hit_probability"))
+    # System prompts shorter than this many tokens are not cached (no prefix entry is read or written for them).
+    min_prefix_length: int = Field(0, ge=0)
+    # At most this many distinct system prompts (the first ones) have cached prefixes; 0 = all of them.
+    max_prefix_entries: int = Field(0, ge=0)
 
 
 class RAGConfig(_Section):
-    chunk_tokens: int = Field(512, gt=0)
+    chunk_tokens: int = Field(512, gt=0, validation_alias=_also("chunk_tokens", "chunk_size_tokens"))
     chunks_per_doc: int = Field(8, gt=0)
-    top_k: int = Field(5, gt=0)
+    top_k: int = Field(5, gt=0, validation_alias=_also("top_k", "top_k_chunks"))
     # Share of requests that are RAG queries (read top_k chunks as a burst before prefill).
-    probability: float = Field(0.3, ge=0, le=1)
+    probability: float = Field(0.3, ge=0, le=1, validation_alias=_also("probability", "request_probability"))
+    # A chunk entry holds at most this many bytes (its tokens are cut to fit); None = no cap.
+    max_chunk_bytes: int | None = Field(None, gt=0)
+    # Which documents a query reads: zipfian favours the first documents (1/rank), uniform (or random) does not.
+    retrieval_distribution: Literal["zipfian", "uniform", "random"] = "zipfian"
+    # Cap on the documents ingested (--rag-num-docs is cut to it); 0 = no cap.
+    max_documents: int = Field(0, ge=0)
+    # Document sizes in tokens, drawn per document: a document has ceil(tokens / chunk_tokens) chunks instead of
+    # chunks_per_doc. "large" applies to models with hidden_dim >= 8192 or >= 64 layers (as the reference decides).
+    large_model_doc_tokens_min: int | None = Field(None, gt=0)
+    large_model_doc_tokens_max: int | None = Field(None, gt=0)
+    small_model_doc_tokens_min: int | None = Field(None, gt=0)
+    small_model_doc_tokens_max: int | None = Field(None, gt=0)
+
+    def chunk_tokens_for(self, bytes_per_token: int) -> int:
+        """Tokens one chunk entry holds: chunk_tokens, cut so it stays within max_chunk_bytes."""
+        if self.max_chunk_bytes is None:
+            return self.chunk_tokens
+        return max(1, min(self.chunk_tokens, self.max_chunk_bytes // bytes_per_token))
 
 
 class ConversationConfig(_Section):
-    end_probability: float = Field(0.2, ge=0, le=1)
-    max_turns: int = Field(64, ge=1)
+    end_probability: float = Field(
+        0.2, ge=0, le=1, validation_alias=_also("end_probability", "end_conversation_probability")
+    )
+    max_turns: int = Field(64, ge=1, validation_alias=_also("max_turns", "max_turns_per_conv"))
+    # The reference's cap on conversations it keeps state for. kvtier keeps none beyond each user's current
+    # conversation (one per user, so never more than --num-users): accepted, noted, unused.
+    max_conversations: int | None = Field(None, ge=1)
 
 
 class AutoscalerConfig(_Section):
@@ -120,6 +203,26 @@ class AutoscalerConfig(_Section):
     ramp_factor: float = Field(2.0, gt=1)
     fine_factor: float = Field(1.5, gt=1)
     fast_growth: float = Field(0.2, gt=0)
+    # The reference's count of agreeing samples before a scale step; kvtier decides once per interval_s, so this is
+    # accepted, noted, unused (lengthen interval_s for the same damping).
+    consecutive_samples_required: int | None = Field(None, ge=1)
+
+
+class SaturationDetectionConfig(_Section):
+    # The reference's storage-saturation heuristics (latency and queue-depth thresholds over a sample window). kvtier
+    # measures saturation directly (busy share of the I/O workers; SLAs per class): accepted, noted, unused.
+    read_latency_p95_threshold_ms: float | None = Field(None, gt=0)
+    write_latency_p95_threshold_ms: float | None = Field(None, gt=0)
+    queue_depth_threshold: int | None = Field(None, ge=1)
+    history_window_size: int | None = Field(None, ge=1)
+
+
+class ValidationLimitsConfig(_Section):
+    # Upper bounds on the run's size: a value above one is an error (exit 2) naming the limit. None = no bound.
+    max_users: int | None = Field(None, ge=1)
+    max_duration_seconds: float | None = Field(None, gt=0)
+    max_gpu_memory_gb: float | None = Field(None, ge=0)
+    max_cpu_memory_gb: float | None = Field(None, ge=0)
 
 
 class DecodeConfig(_Section):
@@ -135,16 +238,58 @@ class GenerationConfig(_Section):
 class ShareGPTConfig(_Section):
     min_turns: int = Field(1, ge=1)
     max_turn_tokens: int | None = Field(None, gt=0)
+    # A turn's input / answer tokens are cut to these (counted in the load report), as the reference truncates.
+    max_context_tokens: int | None = Field(None, gt=0)
+    max_generation_tokens: int | None = Field(None, gt=0)
+    # Characters per token when tiktoken's cl100k_base data is not on the machine (the load report says which).
+    chars_per_token_estimate: float = Field(4.0, gt=0)
 
 
 class ModelConfig(_Section):
+    # A label for the results (the reference's display name); the key under model_configs is what --model selects.
+    name: str | None = None
     num_layers: int = Field(gt=0)
     kv_heads: int = Field(0, ge=0)
-    head_dim: int = Field(0, ge=0)
+    head_dim: int = Field(0, ge=0, validation_alias=_also("head_dim", "kv_dim_per_head"))
+    # The reference's shape keys: head_dim = hidden_dim / num_heads when head_dim is not given.
+    hidden_dim: int = Field(0, ge=0)
+    num_heads: int = Field(0, ge=0)
+    # The KV element type of this model, used when --kv-dtype / kv_dtype is not given (float16 = fp16, ...).
+    dtype: Literal["float16", "bfloat16", "float32", "fp16", "bf16", "fp32", "fp8", "int8"] | None = None
+    # mla needs kv_lora_rank (bytes per token from the latent); mha/gqa use kv_heads x head_dim.
+    attention_type: Literal["mha", "gqa", "mqa", "mla"] | None = None
     kv_lora_rank: int = Field(0, ge=0)
     qk_rope_head_dim: int = Field(0, ge=0)
-    # The model's context length (max_position_embeddings); 0 = not known (requests bounded by the tiers only).
+    # The model's context length (max_position_embeddings); 0 = not known (a catalog model of the same name lends
+    # its own; else requests are bounded by the tiers only).
     max_context_tokens: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> ModelConfig:
+        if self.attention_type == "mla" and not self.kv_lora_rank:
+            raise ValueError("attention_type mla needs kv_lora_rank")
+        if self.kv_lora_rank or self.attention_type == "mla":
+            return self
+        if not self.head_dim and not (self.hidden_dim and self.num_heads):
+            raise ValueError("give head_dim (or kv_dim_per_head), or hidden_dim and num_heads")
+        if not self.head_dim and self.hidden_dim % self.num_heads:
+            raise ValueError(f"hidden_dim {self.hidden_dim} is not a multiple of num_heads {self.num_heads}")
+        if not self.kv_heads and not self.num_heads:
+            raise ValueError("give kv_heads (or num_heads, for a model without grouped KV heads)")
+        return self
+
+    def spec_fields(self, key: str) -> dict:
+        """The kvconnector.models.ModelSpec fields of this model (the shape keys resolved); a model of the catalog
+        redefined under its own name (the reference's config.yaml does that) keeps the catalog's context length."""
+        known = CATALOG.get(key)
+        return {
+            "num_layers": self.num_layers,
+            "kv_heads": self.kv_heads or self.num_heads,
+            "head_dim": self.head_dim or (self.hidden_dim // self.num_heads if self.num_heads else 0),
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "max_context_tokens": self.max_context_tokens or (known.max_context_tokens if known else 0),
+        }
 
 
 class BenchConfig(_Section):
@@ -185,7 +330,12 @@ class BenchConfig(_Section):
     promote_on_hit: bool = False
     # ---- execution
     max_concurrent_allocs: int = Field(0, ge=0)
-    io_workers: int = Field(8, ge=1, le=1024)
+    # kvtier: a turn's entry holds the tokens it adds (what engines store); reference: the MLPerf reference's request
+    # semantics (whole-context entries, every earlier turn re-read, >= 10k-token requests prefill only, and
+    # max_concurrent_allocs 0 = no bound on requests doing I/O at once). See the README's "Request models".
+    request_model: Literal["kvtier", "reference"] = "kvtier"
+    # None: 8, or with request_model reference one per user up to 500 (see effective_io_workers).
+    io_workers: int | None = Field(None, ge=1, le=1024)
     random_buffer_mb: int = Field(256, ge=16, le=16384)
     precondition: bool = False
     precondition_size_gb: float = Field(0.0, ge=0)
@@ -209,6 +359,7 @@ class BenchConfig(_Section):
     # the higher priority always first (lower classes can complete nothing while storage is saturated).
     qos_scheduler: Literal["fair", "strict"] = "fair"
     eviction: EvictionConfig = Field(default_factory=EvictionConfig)
+    gpu_backend: GPUBackendConfig = Field(default_factory=GPUBackendConfig)
     prefix_cache: PrefixCacheConfig = Field(default_factory=PrefixCacheConfig)
     rag: RAGConfig = Field(default_factory=RAGConfig)
     conversation: ConversationConfig = Field(default_factory=ConversationConfig)
@@ -216,10 +367,27 @@ class BenchConfig(_Section):
     decode: DecodeConfig = Field(default_factory=DecodeConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     sharegpt: ShareGPTConfig = Field(default_factory=ShareGPTConfig)
+    saturation_detection: SaturationDetectionConfig = Field(default_factory=SaturationDetectionConfig)
+    validation_limits: ValidationLimitsConfig = Field(default_factory=ValidationLimitsConfig)
     model_configs: dict[str, ModelConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference(cls, data):
+        # The reference's config.yaml forms that are not plain aliases (see mlperf_config.from_reference), and a
+        # flag that sets a section key (--rag-top-k) winning over the reference's name for it in the file.
+        data = from_reference(data)
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                section = data.get(name)
+                kind = field.annotation
+                if isinstance(section, dict) and isinstance(kind, type) and issubclass(kind, BaseModel):
+                    data[name] = _drop_shadowed(kind, section)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:
+        check_validation_limits(self)
         if not self.user_templates:
             raise ValueError("user_templates: at least one template is needed")
         if self.prefill_only and self.decode_only:
@@ -242,6 +410,14 @@ class BenchConfig(_Section):
         if self.autoscaler.min_users > self.autoscaler.max_users:
             raise ValueError("autoscaler.min_users must not exceed autoscaler.max_users")
         return self
+
+    @property
+    def effective_io_workers(self) -> int:
+        """Threads doing storage I/O: io_workers when given; else 8, or with request_model reference the reference's
+        bound, one per user up to 500 (its request threads each do their I/O synchronously)."""
+        if self.io_workers is not None:
+            return self.io_workers
+        return min(self.num_users, REFERENCE_MAX_WORKERS) if self.request_model == "reference" else DEFAULT_IO_WORKERS
 
     @property
     def ms_per_token(self) -> float:
