@@ -15,6 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from kvconnector.errors import ConfigError
 from kvconnector.models import DTYPE_BYTES, resolve_model
+from kvconnector.units import human_bytes
 from kvconnector.validation import describe_validation_error
 
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
@@ -334,6 +335,12 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
                 answer_kv=entry.answer_kv or cfg.answer_kv,
             )
             tiers = [TierSpec(t.name, t.capacity_bytes) for t in entry.tiers]
+            for t in tiers:
+                if t.capacity_bytes < w.block_bytes:  # a tier of 400B where 400GB was meant: not a cache at all
+                    raise ConfigError(
+                        f"tier {t.name} ({human_bytes(t.capacity_bytes)}) of {name} holds no whole block "
+                        f"({human_bytes(w.block_bytes)} = {w.block_size} tokens x {human_bytes(bpt)})"
+                    )
             plans.append(
                 simulate(
                     w,
