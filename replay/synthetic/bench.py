@@ -21,8 +21,9 @@ from ..sources.base import WorkloadError
 from . import sysinfo
 from .config import BenchConfig
 from .driver import RunOutcome, SyntheticDriver, rag_key
+from .mlperf_config import unused_key_notes
 from .payload import RandomPayload
-from .precondition import precondition
+from .precondition import run_precondition
 from .results import document_keys, fallbacks, request_histograms, summary, tier_details
 from .workload import Workload
 
@@ -94,7 +95,7 @@ def context_bound(cfg: BenchConfig, spec: ModelSpec) -> int | None:
 def model_spec(cfg: BenchConfig) -> ModelSpec:
     custom = cfg.model_configs.get(cfg.model)
     if custom is not None:
-        return ModelSpec(cfg.model, **custom.model_dump())
+        return ModelSpec(cfg.model, **custom.spec_fields(cfg.model))
     return resolve_model(cfg.model)
 
 
@@ -111,6 +112,7 @@ class Bench:
     def prepare(self) -> None:
         cfg = self.cfg
         self.spec = model_spec(cfg)
+        self.notes.extend(unused_key_notes(cfg))
         self.bytes_per_token = self.spec.bytes_per_token(cfg.kv_dtype)
         self.seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
         self.max_context_tokens = context_bound(cfg, self.spec)
@@ -155,22 +157,9 @@ class Bench:
         rng = random.Random(self.seed ^ 0x5E7)
         disk = self.tiers[-1]
         if cfg.precondition:
-            size = int(cfg.precondition_size_gb * GB) or 2 * disk.capacity_bytes
-            free = shutil.disk_usage(self.run_dir).free
-            if size > 0.95 * free:
-                raise ConfigError(
-                    f"--precondition-size-gb {human_bytes(size)} does not fit the {human_bytes(free)} free "
-                    f"under {self.run_dir}; pass a smaller --precondition-size-gb"
-                )
-            threads = cfg.precondition_threads or cfg.io_workers
-            self.setup["precondition"] = precondition(
-                os.path.join(self.run_dir, "precondition"),
-                size,
-                threads,
-                self.payload,
-                direct=getattr(disk, "io_mode", None) and disk.io_mode.value == "direct",
-                on_progress=on_progress and (lambda done, total: on_progress("precondition", done, total)),
-            )
+            self.setup["precondition"] = run_precondition(cfg, disk, self.run_dir, self.payload, on_progress)
+            if "error" in self.setup["precondition"]:
+                self.notes.append(f"precondition stopped early: {self.setup['precondition']['error']}")
         if cfg.enable_rag:
             chunk_bytes = cfg.rag.chunk_tokens * self.bytes_per_token
             total = cfg.rag_num_docs * cfg.rag.chunks_per_doc

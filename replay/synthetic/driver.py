@@ -6,6 +6,13 @@ tokens this turn adds (its input plus the previous answer); (decode) read it cei
 with simulated generation time between batches. --prefill-only skips decode; --decode-only only reads pre-populated
 entries.
 
+--request-model reference does what the MLPerf reference does instead, so the same flags give comparable numbers:
+a request's entry holds its whole context (the source's context tokens), every earlier turn of the conversation is
+read back, a request of 10,000 context tokens or more is prefill only (no decode), decode is one read plus
+ceil(generate_tokens / batch size) more with the generation time after them (a missing entry is written again),
+--max-concurrent-allocs bounds the prefill writes only, and the I/O pool has min(users, 500) threads (the
+reference's request threads) unless --io-workers is given.
+
 Users are asyncio tasks (thousands are cheap); storage operations run in a pool of `io_workers` threads (their system
 calls release the GIL), most urgent first: higher QoS class, then earlier request. At the end of the window no new
 operation starts: users are cancelled, operations not yet started are dropped, those in flight finish, and the elapsed
@@ -42,6 +49,8 @@ from .workload import Session, User, Workload
 # Users started per event-loop turn: small enough that a timer (the end of the window, a signal) waits at most a few
 # milliseconds for its turn, large enough that 100,000 users start in well under a second of loop time.
 SPAWN_BATCH = 500
+# --request-model reference: requests with this many context tokens or more are prefill only (the reference's rule).
+REFERENCE_PREFILL_ONLY_TOKENS = 10_000
 
 
 def _hist() -> LatencyHistogram:
@@ -171,7 +180,7 @@ class SyntheticDriver:
         fair = self.cfg.qos_scheduler == "fair"
         self._qos_key = {n: (-p.priority, n) if fair else -p.priority for n, p in self.cfg.qos_profiles.items()}
         weights = {self._qos_key[n]: p.share for n, p in self.cfg.qos_profiles.items()} if fair else None
-        self._pool = PriorityExecutor(self.cfg.io_workers, weights)
+        self._pool = PriorityExecutor(self.cfg.effective_io_workers, weights)
         self._alloc = asyncio.Semaphore(self.cfg.max_concurrent_allocs) if self.cfg.max_concurrent_allocs else None
         self._done = asyncio.Event()
         self._sessions_open: set[asyncio.Task] = set()
@@ -364,6 +373,8 @@ class SyntheticDriver:
         rng = user.rng if user else self._rng
         throughput = self.cfg.performance_profile == "throughput"
         prev_key, prev_output = None, 0
+        reference = self.cfg.request_model == "reference"
+        earlier: list[str] = []  # the session's keys so far (the reference re-reads every earlier turn)
         for i, turn in enumerate(session.conversation.turns):
             if user is not None:
                 if user.stop or time.perf_counter_ns() >= self._deadline_ns:
@@ -374,9 +385,15 @@ class SyntheticDriver:
                 if delay > 0:
                     await asyncio.sleep(delay)
             key = f"{session.session_id}/t{i}"
-            new_tokens = self.workload.entry_tokens(max(1, turn.input_tokens + prev_output))
-            await self._request(session, key, prev_key, new_tokens, turn.output_tokens, rng, first_turn=i == 0)
+            if reference:  # the request's whole context is its entry; every earlier turn is read back
+                new_tokens = self.workload.entry_tokens(max(1, turn.input_tokens))
+                reads = tuple(earlier)
+            else:  # the tokens this turn adds (its input and the previous answer); the previous turn is read
+                new_tokens = self.workload.entry_tokens(max(1, turn.input_tokens + prev_output))
+                reads = (prev_key,) if prev_key is not None else ()
+            await self._request(session, key, reads, new_tokens, turn.output_tokens, rng, first_turn=i == 0)
             prev_key, prev_output = key, turn.output_tokens
+            earlier.append(key)
 
     # ---- autoscaling -----------------------------------------------------------------------------------------------
     async def _autoscale(self) -> None:
@@ -477,11 +494,44 @@ class SyntheticDriver:
         self.req.rag_burst.record_ns(time.perf_counter_ns() - t0)
         return storage
 
+    def _reference_prefill_only(self, context_tokens: int) -> bool:
+        """The reference marks a request of REFERENCE_PREFILL_ONLY_TOKENS or more context tokens PREFILL: it is
+        written and never decoded (--decode-only reads pre-populated entries whatever their size)."""
+        return context_tokens >= REFERENCE_PREFILL_ONLY_TOKENS and not self.cfg.decode_only
+
+    async def _reference_decode(
+        self, prio: tuple, key: str, read_key: str, tokens: int, generate_tokens: int, rng: random.Random
+    ) -> tuple[int, int, int, int, int]:
+        """The reference's decode: one read of the entry, then ceil(generate_tokens / batch size) more, and the
+        simulated generation time once after them; a missing entry is written again instead (not on a decode-only
+        node). Returns (storage ns, generation ns, reads, misses, bytes read)."""
+        cfg = self.cfg
+        r = await self._io(prio, "decode", self.store.get, read_key)
+        storage_ns, reads, misses, nbytes = r.timing.total_ns, 1, int(not r.hit), r.timing.nbytes
+        if not r.hit:
+            if not cfg.decode_only:
+                chunks = self.payload.chunks(tokens * self.bytes_per_token, rng)
+                w = await self._io(prio, "prefill", self.store.put, key, chunks)
+                storage_ns += w.timing.total_ns
+        else:
+            for _ in range(max(1, math.ceil(generate_tokens / cfg.decode.batch_size))):
+                r = await self._io(prio, "decode", self.store.get, read_key)
+                storage_ns += r.timing.total_ns
+                reads += 1
+                misses += not r.hit
+                nbytes += r.timing.nbytes
+        gen_ns = 0
+        if cfg.ms_per_token and generate_tokens > 0:
+            g0 = time.perf_counter_ns()
+            await asyncio.sleep(generate_tokens * cfg.ms_per_token / 1000)
+            gen_ns = time.perf_counter_ns() - g0
+        return storage_ns, gen_ns, reads, misses, nbytes
+
     async def _request(
         self,
         session: Session,
         key: str,
-        prev_key: str | None,
+        prev_keys: tuple[str, ...],
         new_tokens: int,
         generate_tokens: int,
         rng: random.Random,
@@ -492,11 +542,15 @@ class SyntheticDriver:
         prio = (self._qos_key[session.qos], t_submit)
         await self._rate_limit()
         storage_ns = 0
-        multi_turn_hit = None
+        multi_turn_hits = multi_turn_misses = 0
         read_key = key
         prefill_bytes = 0
-        if self._alloc:
-            await self._alloc.acquire()
+        reference = cfg.request_model == "reference"
+        # kvtier: --max-concurrent-allocs bounds requests in their storage phase; the reference bounds the prefill
+        # write only (and by default nothing: its request threads, min(users, 500), are the only bound).
+        alloc = None if reference else self._alloc
+        if alloc:
+            await alloc.acquire()
         try:
             t_start = time.perf_counter_ns()
             if session.system_prompt is not None and first_turn and not cfg.decode_only:
@@ -506,22 +560,32 @@ class SyntheticDriver:
             if cfg.decode_only:
                 read_key = rng.choice(self.prepopulated)
             else:
-                if prev_key is not None:
+                for prev_key in prev_keys:
                     r = await self._io(prio, "multi_turn", self.store.get, prev_key)
                     storage_ns += r.timing.total_ns
-                    multi_turn_hit = r.hit
+                    multi_turn_hits += r.hit
+                    multi_turn_misses += not r.hit
                 chunks = self.payload.chunks(new_tokens * self.bytes_per_token, rng)
-                w = await self._io(prio, "prefill", self.store.put, key, chunks)
+                if reference and self._alloc:
+                    async with self._alloc:
+                        w = await self._io(prio, "prefill", self.store.put, key, chunks)
+                else:
+                    w = await self._io(prio, "prefill", self.store.put, key, chunks)
                 storage_ns += w.timing.total_ns
                 prefill_bytes = new_tokens * self.bytes_per_token if w.stored else 0
         finally:
-            if self._alloc:
-                self._alloc.release()
+            if alloc:
+                alloc.release()
         gen_ns = 0
         batches = 0
         decode_misses = 0
         decode_bytes = 0
-        if not cfg.prefill_only:
+        if reference and not cfg.prefill_only and not self._reference_prefill_only(new_tokens):
+            ns, gen_ns, batches, decode_misses, decode_bytes = await self._reference_decode(
+                prio, key, read_key, new_tokens, generate_tokens, rng
+            )
+            storage_ns += ns
+        elif not cfg.prefill_only and not reference:
             batches = max(1, math.ceil(generate_tokens / cfg.decode.batch_size))
             for b in range(batches):
                 tokens = min(cfg.decode.batch_size, generate_tokens - b * cfg.decode.batch_size)
@@ -554,9 +618,7 @@ class SyntheticDriver:
         cls.service.record_ns(e2e - gen_ns)
         if self._class_window is not None and session.qos in self._class_window:
             self._class_window[session.qos].record_ns(e2e - gen_ns)
-        if multi_turn_hit is True:
-            req.multi_turn_hits += 1
-        elif multi_turn_hit is False:
-            req.multi_turn_misses += 1
+        req.multi_turn_hits += multi_turn_hits
+        req.multi_turn_misses += multi_turn_misses
         if cfg.max_requests and req.completed >= cfg.max_requests:
             self._done.set()
