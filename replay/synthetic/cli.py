@@ -31,6 +31,8 @@ examples:
   kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
   kvtier bench --num-clients 2 --num-users 200                 # two processes, merged results
+  kvtier bench --trials 5 --seed 42 --output stress.json       # 5 trials (stress-trial1.json ...), medians
+  kvtier bench --trials 3 --submission-check --duration 300 --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode none
   kvtier bench --config config.yaml --xlsx-output run.xlsx --io-trace-log ops.csv.zst
   kvtier bench --config mlperf/config.yaml --request-model reference --gpu-mem-gb 0 --cpu-mem-gb 0  # as the reference
   kvtier bench --precondition --prefill-only --disable-multi-turn --disable-prefix-caching --gpu-mem-gb 0 \
@@ -186,14 +188,32 @@ def build_parser() -> argparse.ArgumentParser:
         "go into the results; the raw trace next to the output",
     )
     add("--config", help="config.yaml with any of the keys above and the sections")
+    tr = p.add_argument_group("trials (the spec asks for 3-5 per configuration, median reported)")
+    tr.add_argument(
+        "--trials",
+        type=int,
+        help="run N trials, each with a fresh cache, into <output stem>-trial<i>.json; --output gets the medians, "
+        "min, max and CV of every figure",
+    )
+    tr.add_argument("--vary-seed", action="store_true", help="trial i uses seed + i - 1 (default: one seed for all)")
+    tr.add_argument(
+        "--submission-check",
+        action="store_true",
+        help="after the run, check the results against the spec's submission checklist (as `kvtier check` does); "
+        "exit 1 if an item fails",
+    )
     add("--no-progress", action="store_true", help="no live status line")
     add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
+# Options of this invocation, not of the run's configuration.
+NOT_CONFIG = ("config", "no_progress", "log_level", "trials", "vary_seed", "submission_check")
+
+
 def cli_values(args: argparse.Namespace) -> dict:
     """The config values given on the command line, by argparse dest (SECTION_FLAGS says which set a section key)."""
-    values = {k: v for k, v in vars(args).items() if k not in ("config", "no_progress", "log_level")}
+    values = {k: v for k, v in vars(args).items() if k not in NOT_CONFIG}
     if getattr(args, "no_progress", False):
         values["progress"] = False
     return values
@@ -227,9 +247,22 @@ def main(argv: list[str] | None = None) -> int:
         output, is_default = check_output_paths(cfg)
     except ConfigError as exc:
         return _fail(str(exc))
-    if cfg.num_clients > 1:
-        return run_clients(cfg, output, is_default)
-    return run_single(cfg, output, is_default)
+    trials = getattr(args, "trials", None)
+    if trials is not None and trials < 1:
+        return _fail(f"--trials {trials}: give 1 or more")
+    if trials:
+        from .trials import run_trials
+
+        code = run_trials(cfg, output, is_default, trials, getattr(args, "vary_seed", False))
+    elif cfg.num_clients > 1:
+        code = run_clients(cfg, output, is_default)
+    else:
+        code = run_single(cfg, output, is_default)
+    if getattr(args, "submission_check", False) and code == 0:
+        from .check import main as check_main
+
+        code = check_main([output])
+    return code
 
 
 def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:

@@ -110,7 +110,38 @@ def environment(cache_dir: str) -> dict:
                     env[attr.replace("queue/", "")] = f.read().strip()
             except OSError:
                 pass
+        env["drive"] = drive_info(dev)
     return env
+
+
+def _read_attr(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def drive_info(dev: str) -> dict:
+    """The drive's identity from sysfs, as a submission documents it: model, firmware, vendor, serial, size.
+    NVMe and SCSI/SATA disks expose model and firmware under device/ (NVMe: firmware_rev; SCSI: rev); a virtual
+    disk (virtio) has neither, and then says so in `note` instead of guessing."""
+    base = f"/sys/block/{dev}"
+    sectors = _read_attr(f"{base}/size")
+    info = {
+        "name": dev,
+        "model": _read_attr(f"{base}/device/model"),
+        "firmware": _read_attr(f"{base}/device/firmware_rev") or _read_attr(f"{base}/device/rev"),
+        "vendor": _read_attr(f"{base}/device/vendor"),
+        "serial": _read_attr(f"{base}/device/serial"),
+        "transport": os.path.basename(os.path.realpath(f"{base}/device/subsystem"))
+        if os.path.exists(f"{base}/device/subsystem")
+        else None,
+        "size_bytes": int(sectors) * SECTOR if sectors and sectors.isdigit() else None,
+    }
+    if not info["model"] or not info["firmware"]:
+        info["note"] = f"sysfs has no model/firmware for {dev} (transport {info['transport']})"
+    return info
 
 
 def mem_available_bytes() -> int:

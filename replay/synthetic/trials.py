@@ -1,0 +1,218 @@
+"""`kvtier bench --trials N`: N runs of one configuration, each with a fresh cache, and their spread.
+
+The MLPerf KV Cache spec asks for 3-5 trials per configuration and the median of each metric (its trials vary with a
+CV of 50-125%). Each trial is a whole `kvtier bench` run (`run_single`, or `run_clients` with --num-clients): its own
+cache directory, created empty and removed after, and its own results file beside the output,
+`<output stem>-trial<i>.json`, written as the trial ends. Every trial uses the same seed (the spec's `--seed 42`
+for all five) unless --vary-seed gives trial i seed + i - 1.
+
+The output file holds the trials document: `per_trial` (each trial's file, status, seed and summary), `aggregate`
+(per summary figure: median, min, max, CV and the per-trial values, over the completed trials) and `summary`, the
+medians in the shape of a run's summary, so readers of `summary.<key>` get the median. Medians are taken across the
+trials' own figures; a percentile stays what its trial's histogram says (percentiles are never pooled or averaged).
+
+A stop signal ends the trial under way the way it ends any run (its partial results in its file) and no further
+trial starts; the trials that completed are aggregated and the exit status is the signal's (130, 143).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from ..cli_common import Interrupted, stop_signals_raise
+from ..outputs.paths import check_outputs, write_results
+from .config import BenchConfig
+from .finish import PROG, _fail
+
+# Figures shown in the closing table (the spec's metrics first); every numeric figure is in `aggregate`.
+TABLE_KEYS = (
+    "cache_stats.decode_bytes_read_gb",
+    "avg_throughput_tokens_per_sec",
+    "storage_throughput_tokens_per_sec",
+    "cache_stats.nvme_read_device_p95_ms",
+    "cache_stats.nvme_write_device_p95_ms",
+    "end_to_end_latency_ms.p95",
+    "storage_io_latency_ms.p95",
+    "cache_stats.cache_hit_rate",
+    "total_requests",
+)
+# Parts of a summary that are not figures to aggregate: encoded histograms, and maps keyed by data.
+_SKIP = {"histograms", "requests_by_profile", "window"}
+
+
+def trial_path(output: str, i: int) -> str:
+    stem, ext = os.path.splitext(output)
+    return f"{stem}-trial{i}{ext or '.json'}"
+
+
+def _suffixed(path: str | None, i: int) -> str | None:
+    if not path:
+        return None
+    stem, ext = os.path.splitext(path.rstrip(os.sep))
+    return f"{stem}-trial{i}{ext}"
+
+
+def flatten(summary: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a summary as dotted keys (`cache_stats.decode_bytes_read_gb`); booleans are not numbers."""
+    out: dict[str, float] = {}
+    for k, v in summary.items():
+        if k in _SKIP:
+            continue
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def spread(values: list[float]) -> dict:
+    """median, min, max and CV (sample standard deviation / mean; None for one trial or a zero mean)."""
+    mean = statistics.fmean(values)
+    cv = statistics.stdev(values) / mean if len(values) > 1 and mean else None
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "cv": None if cv is None or math.isnan(cv) else round(cv, 4),
+        "n": len(values),
+        "values": values,
+    }
+
+
+def aggregate(summaries: list[dict]) -> dict[str, dict]:
+    """Per figure, its spread over the given trials' summaries (a figure missing from a trial is left out there)."""
+    flat = [flatten(s) for s in summaries]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    return {k: spread([f[k] for f in flat if k in f]) for k in keys}
+
+
+def median_summary(template: dict, agg: dict[str, dict], prefix: str = "") -> dict:
+    """`template` (a trial's summary) with each aggregated figure replaced by its median across trials."""
+    out = {}
+    for k, v in template.items():
+        if k in _SKIP:
+            continue
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out[k] = median_summary(v, agg, f"{key}.")
+        elif key in agg:
+            out[k] = agg[key]["median"]
+        else:
+            out[k] = v
+    return out
+
+
+def trials_document(cfg: BenchConfig, per_trial: list[dict], docs: list[dict], requested: int, status: str) -> dict:
+    done = [d for t, d in zip(per_trial, docs) if t["status"] == "completed"]
+    agg = aggregate([d["summary"] for d in done]) if done else {}
+    first = (done or docs or [{}])[0]
+    return {
+        "kind": "kvtier-bench-trials",
+        "status": status,
+        "trials_requested": requested,
+        "trials_completed": len(done),
+        "note": "summary holds each figure's median over the completed trials; aggregate has min, max, CV and "
+        "the per-trial values; each trial's own results are in its file (per_trial[].file)",
+        "config": cfg.model_dump(mode="json"),
+        "model": first.get("model"),
+        "environment": first.get("environment"),
+        "per_trial": per_trial,
+        "aggregate": agg,
+        "summary": median_summary(first["summary"], agg) if done else {},
+    }
+
+
+def trials_table(doc: dict) -> Table:
+    t = Table(
+        title=f"kvtier bench: {doc['trials_completed']} of {doc['trials_requested']} trials (median of the "
+        "completed ones)"
+    )
+    for head in ("figure", "median", "min", "max", "CV", "per trial"):
+        t.add_column(head, justify="left" if head in ("figure", "per trial") else "right")
+    for key in TABLE_KEYS:
+        a = doc["aggregate"].get(key)
+        if a is None:
+            continue
+        t.add_row(
+            key,
+            f"{a['median']:,.4g}",
+            f"{a['min']:,.4g}",
+            f"{a['max']:,.4g}",
+            "-" if a["cv"] is None else f"{a['cv']:.1%}",
+            " ".join(f"{v:,.4g}" for v in a["values"]),
+        )
+    return t
+
+
+def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, vary_seed: bool = False) -> int:
+    """Run `trials` trials of `cfg`, write each trial's results and the trials document; return the exit code."""
+    from .cli import run_single  # the CLI module imports this one
+    from .multiclient import run_clients
+
+    if cfg.seed is None:  # one seed for every trial, chosen now and recorded
+        cfg = cfg.model_copy(update={"seed": int.from_bytes(os.urandom(4), "little") % 2**31})
+    plans = []
+    for i in range(1, trials + 1):
+        plans.append(
+            cfg.model_copy(
+                update={
+                    "output": trial_path(output, i),
+                    "seed": cfg.seed + (i - 1 if vary_seed else 0),
+                    "xlsx_output": _suffixed(cfg.xlsx_output, i),
+                    "csv_output": _suffixed(cfg.csv_output, i),
+                    "plots": _suffixed(cfg.plots, i),
+                    "io_trace_log": _suffixed(cfg.io_trace_log, i),
+                }
+            )
+        )
+    check_outputs({f"trial {i} results": p.output for i, p in enumerate(plans, 1)})
+    per_trial: list[dict] = []
+    docs: list[dict] = []
+    code, status = 0, "completed"
+    try:
+        with stop_signals_raise():  # a signal between two trials stops like one during a trial
+            for i, plan in enumerate(plans, 1):
+                print(f"{PROG}: trial {i} of {trials} (seed {plan.seed}) -> {plan.output}", file=sys.stderr)
+                run = run_clients if plan.num_clients > 1 else run_single
+                code = run(plan, plan.output, is_default)
+                try:
+                    with open(plan.output) as f:
+                        doc = json.load(f)
+                except (OSError, ValueError):
+                    doc = None
+                if doc is not None:
+                    per_trial.append(
+                        {
+                            "trial": i,
+                            "file": plan.output,
+                            "status": doc["status"],
+                            "seed": plan.seed,
+                            "exit_code": code,
+                            "summary": {k: v for k, v in doc["summary"].items() if k != "qos_metrics"},
+                        }
+                    )
+                    docs.append(doc)
+                if code != 0:
+                    status = "interrupted" if code > 128 else "failed"
+                    break
+    except Interrupted as exc:
+        code, status = exc.exit_code, "interrupted"
+    if not docs:
+        return _fail(f"no trial finished; nothing to aggregate (exit {code})", code or 1)
+    doc = trials_document(cfg, per_trial, docs, trials, status)
+    try:
+        written, moved = write_results(output, doc, is_default=is_default)
+    except OSError as exc:
+        return _fail(f"{exc}; the trials document could not be saved (each trial's file is kept)", 1)
+    if moved:
+        print(f"{PROG}: {moved}; trials document written to {written} instead", file=sys.stderr)
+    Console().print(trials_table(doc))
+    print(f"{PROG}: {doc['trials_completed']} of {trials} trials completed; medians in {written}", file=sys.stderr)
+    return code

@@ -1,0 +1,173 @@
+"""`kvtier bench --trials N` and `kvtier check`: real short trials, their medians from the per-trial files, a trial
+cut by SIGINT, and the spec's submission checklist over the files they leave."""
+
+import copy
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+from bench_helpers import write_config
+
+from replay.synthetic.check import main as check_main
+from replay.synthetic.cli import main as bench_main
+
+pytestmark = pytest.mark.slow  # real runs: 3 trials of 2 s, and one cut short
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """`--trials 3 --submission-check` on a short storage-only run: the trials document, the per-trial documents, the
+    exit status and what was printed."""
+    tmp = tmp_path_factory.mktemp("trials")
+    cfg = write_config(tmp, duration=2, num_users=3, cpu_mem_gb=0, generation_mode="none")
+    out = tmp / "stress.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replay.cli",
+            "bench",
+            "--config",
+            cfg,
+            "--trials",
+            "3",
+            "--submission-check",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.exists(), (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    doc = json.loads(out.read_text())
+    trials = [json.loads((tmp / f"stress-trial{i}.json").read_text()) for i in (1, 2, 3)]
+    return {"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr, "doc": doc, "trials": trials, "dir": tmp}
+
+
+def test_three_trials_each_with_its_own_file_seed_and_fresh_cache(three):
+    doc, trials = three["doc"], three["trials"]
+    assert doc["kind"] == "kvtier-bench-trials" and doc["status"] == "completed"
+    assert doc["trials_requested"] == doc["trials_completed"] == 3
+    assert [t["status"] for t in trials] == ["completed"] * 3
+    assert {t["config"]["seed"] for t in trials} == {11}  # the same seed unless --vary-seed
+    # Each trial ran in its own cache directory, removed afterwards.
+    dirs = {t["environment"]["cache_dir"] for t in trials}
+    assert len(dirs) == 3 and not any(os.path.exists(d) for d in dirs)
+    assert [p["file"] for p in doc["per_trial"]] == [str(three["dir"] / f"stress-trial{i}.json") for i in (1, 2, 3)]
+
+
+def test_medians_come_from_the_per_trial_values(three):
+    doc, trials = three["doc"], three["trials"]
+    for key, path in (
+        ("avg_throughput_tokens_per_sec", ("avg_throughput_tokens_per_sec",)),
+        ("cache_stats.decode_bytes_read_gb", ("cache_stats", "decode_bytes_read_gb")),
+        ("end_to_end_latency_ms.p95", ("end_to_end_latency_ms", "p95")),
+    ):
+        values = []
+        for t in trials:
+            v = t["summary"]
+            for part in path:
+                v = v[part]
+            values.append(v)
+        a = doc["aggregate"][key]
+        assert a["values"] == values
+        assert a["median"] == statistics.median(values) and a["min"] == min(values) and a["max"] == max(values)
+        assert a["cv"] == pytest.approx(statistics.stdev(values) / statistics.fmean(values), abs=1e-4)
+        # The trials document's summary is the medians, in a run summary's shape.
+        s = doc["summary"]
+        for part in path:
+            s = s[part]
+        assert s == a["median"]
+    assert "median" in three["stdout"] and "decode_bytes_read_gb" in three["stdout"]  # the closing table
+
+
+def test_submission_check_after_the_trials_names_what_fails(three):
+    assert three["rc"] == 1  # the trials ran; the checklist fails on a 2 s, seed 11 run of a small model
+    out = three["stdout"]
+    assert "FAIL  --seed 42 used" in out and "FAIL  --duration >= 300 s" in out
+    assert "PASS  --gpu-mem-gb 0 (storage isolation)" in out
+    assert "PASS  --generation-mode none (pure storage)" in out
+    assert "PASS  3-5 trials per configuration" in out
+    assert "PASS  correct metrics for the cpu_mem setting" in out
+
+
+def _as_submission(doc: dict, model: str) -> dict:
+    """A real trial's document as a submission run would write it: seed 42, 300 s, the spec's model, and a drive that
+    sysfs describes (this machine's disk is virtio, which has no model or firmware)."""
+    d = copy.deepcopy(doc)
+    d["config"].update(seed=42, duration=300, model=model)
+    d["model"]["name"] = model
+    d["environment"]["drive"] = {"name": "nvme0n1", "model": "Example NVMe", "firmware": "1.0"}
+    return d
+
+
+def test_check_passes_a_complete_submission_and_fails_a_short_one(three, tmp_path, capsys):
+    paths = []
+    for model in ("llama3.1-8b", "llama3.1-70b-instruct"):
+        for i, t in enumerate(three["trials"]):
+            p = tmp_path / f"{model}-trial{i}.json"
+            p.write_text(json.dumps(_as_submission(t, model)))
+            paths.append(str(p))
+    assert check_main(paths) == 0
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 10 and "FAIL" not in out
+    # Two trials of the 70B configuration only: the trial count fails, and so does 8B's absence.
+    assert check_main(paths[3:5]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  3-5 trials per configuration: llama3.1-70b-instruct" in out
+    assert "FAIL  both 8B and 70B results included: no llama3.1-8b run" in out
+    # The machine's own virtio disk has no model or firmware in sysfs: said, not guessed.
+    assert check_main([str(three["dir"] / "stress-trial1.json")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  system info documented" in out and "no drive model" in out
+
+
+def test_check_refuses_what_is_not_a_result(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text("{not json")
+    assert check_main([str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvtier check: ") and "not JSON" in err[0]
+    assert check_main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_signal_during_a_trial_keeps_the_completed_ones(tmp_path):
+    cfg = write_config(tmp_path, duration=2, num_users=3, cpu_mem_gb=0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replay.cli", "bench", "--config", cfg, "--trials", "3"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    seen = ""
+    while "trial 2 of 3" not in seen and time.monotonic() < deadline:
+        seen += proc.stderr.readline()
+    time.sleep(1.0)  # into trial 2's window
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    doc = json.loads((tmp_path / "out.json").read_text())
+    assert doc["status"] == "interrupted" and doc["trials_completed"] == 1
+    assert [t["status"] for t in doc["per_trial"]] == ["completed", "interrupted"]
+    assert doc["aggregate"]["total_requests"]["n"] == 1  # medians over the completed trial only
+    assert json.loads((tmp_path / "out-trial2.json").read_text())["status"] == "interrupted"
+    assert not (tmp_path / "out-trial3.json").exists()
+
+
+def test_trials_zero_is_a_one_line_mistake(tmp_path, capsys):
+    cfg = write_config(tmp_path)
+    assert bench_main(["--config", cfg, "--trials", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kvtier bench: --trials 0: give 1 or more"]
+    assert not (tmp_path / "out.json").exists()
