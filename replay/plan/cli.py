@@ -21,7 +21,7 @@ from kvconnector.validation import describe_validation_error
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
 from ..outputs.paths import check_outputs, write_results
 from ..settings import documented, load_settings
-from .model import POLICIES, PlanResult, TierSpec, Workload, simulate
+from .model import ORDERS, POLICIES, PlanResult, TierSpec, Workload, simulate
 from .sizes import parse_size
 
 PROG = "kvtier plan"
@@ -41,6 +41,10 @@ EXAMPLES = """examples:
   kvtier plan --concurrency 64 --rounds 30 --input-len 300 --output-len 800 --block-size 256 \\
       --kv-bytes-per-token 128KiB --config kept="--tier cpu=200GiB --answer-kv reused" \\
       --config lmcache="--tier cpu=200GiB --answer-kv recomputed"
+  # a closed loop's fixed order against a new random order of the sessions each round (a slope, not a cliff)
+  kvtier plan --concurrency 112 --rounds 20 --first-input-len 10000 --input-len 50 --output-len 5000 \
+      --block-size 256 --kv-bytes-per-token 88.1KB --seed 1 \
+      --config fixed="--tier dram=400GiB" --config shuffled="--tier dram=400GiB --order shuffled"
   # the configurations (and any other key) from a YAML file; flags win over it
   kvtier plan --config plan.yaml --rounds 40
 
@@ -50,8 +54,8 @@ the generated blocks are kept (vLLM's own prefix cache) and a chat template re-t
 tokens. The seed's ideal hit rate (0.9527 at round 20) fits `recomputed` with a first prompt near 10k tokens and
 short follow-ups (the first example gives 0.9520); `reused` would put it above 0.99.
 
---config NAME="FLAGS": one configuration to compare, FLAGS being --tier (one or more), --answer-kv and --policy;
-repeat it for several. A --config value without NAME= is a YAML file of any keys of this command, with the
+--config NAME="FLAGS": one configuration to compare, FLAGS being --tier (one or more), --answer-kv, --order and
+--policy; repeat it for several. A --config value without NAME= is a YAML file of any keys of this command, with the
 configurations under `configs:` (NAME: {tiers: {dram: 400GiB}, answer_kv: reused}) or one list under `tiers:`.
 Options also come from KVTIER_PLAN_<KEY> environment variables; precedence: defaults < YAML < environment < flags.
 Sizes take units: 88.1KB, 50GiB, 46.09TB (KB, MB, GB, TB: powers of 1000; KiB ... TiB: powers of 1024).
@@ -71,6 +75,7 @@ Size = Annotated[float, BeforeValidator(parse_size)]
 Count = Annotated[int, Field(ge=1)]
 AnswerKV = Literal["reused", "recomputed"]
 Policy = Literal[POLICIES]  # type: ignore[valid-type]
+Order = Literal[ORDERS]  # type: ignore[valid-type]
 
 
 class Tier(BaseModel):
@@ -122,12 +127,13 @@ TierList = Annotated[list[Tier], BeforeValidator(_tier_list)]
 
 
 class ConfigEntry(BaseModel):
-    """One configuration to compare: its tiers, and optionally its own answer_kv and policy."""
+    """One configuration to compare: its tiers, and optionally its own answer_kv, order and policy."""
 
     model_config = ConfigDict(extra="forbid")
     tiers: Annotated[TierList, Field(min_length=1)]
     answer_kv: AnswerKV | None = None
     policy: Policy | None = None
+    order: Order | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ConfigEntry:
@@ -151,6 +157,8 @@ class PlanConfig(BaseModel):
     kv_bytes_per_token: Size | None = None
     answer_kv: AnswerKV = "recomputed"
     policy: Policy = "lru"
+    order: Order = "fixed"
+    seed: int = Field(0, ge=0)
     tiers: TierList = []
     configs: dict[str, ConfigEntry] = {}
     output: str | None = None
@@ -194,15 +202,20 @@ def _config_flags(name: str, text: str) -> dict[str, Any]:
     p.add_argument("--tier", action="append", default=[])
     p.add_argument("--answer-kv", choices=["reused", "recomputed"])
     p.add_argument("--policy", choices=list(POLICIES))
+    p.add_argument("--order", choices=list(ORDERS))
     try:
         ns = p.parse_args(shlex.split(text))
     except (_ConfigFlagsError, ValueError) as exc:
-        raise ConfigError(f"--config {name}: {exc} (it takes --tier NAME=SIZE, --answer-kv, --policy)") from None
+        raise ConfigError(
+            f"--config {name}: {exc} (it takes --tier NAME=SIZE, --answer-kv, --order, --policy)"
+        ) from None
     out: dict[str, Any] = {"tiers": ns.tier}
     if ns.answer_kv:
         out["answer_kv"] = ns.answer_kv
     if ns.policy:
         out["policy"] = ns.policy
+    if ns.order:
+        out["order"] = ns.order
     try:  # checked here so a mistake is blamed on this --config by name (settings would name the YAML layer)
         ConfigEntry.model_validate(out)
     except ValidationError as exc:
@@ -239,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g("--answer-kv", choices=["reused", "recomputed"], help="whether a round's answer KV is reusable next round")
     g("--policy", choices=list(POLICIES), help="eviction policy")
+    g(
+        "--order",
+        choices=list(ORDERS),
+        help="sessions served in the same order every round (a closed loop's) or in a new random one each round",
+    )
+    g("--seed", type=int, help="random seed of --order shuffled")
     g = group("outputs")
     g("--output", metavar="FILE", help="plan JSON: workload, then per configuration its rounds list and summary")
     g("--plots", metavar="DIR", help="write DIR/plan.png (hit rate per round per configuration, with the ideal)")
@@ -309,6 +328,7 @@ def plan_document(cfg: PlanConfig, bpt: float, model_name: str | None, plans: li
             "kv_bytes_per_token": bpt,
             "model": model_name,
             "kv_dtype": cfg.kv_dtype if model_name else None,
+            "seed": cfg.seed,
         },
         "configurations": [
             {**p.to_dict(), "bytes_written_vs_first": (p.bytes_written_total / base) if base else None} for p in plans
@@ -347,6 +367,8 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
                     tiers,
                     name=name,
                     policy=entry.policy or cfg.policy,
+                    order=entry.order or cfg.order,
+                    seed=cfg.seed,
                     progress=lambda r, n=name: show(n, r, cfg.rounds),
                 )
             )

@@ -2,7 +2,8 @@
 
 What it models (vLLM's prefix cache, LMCache's chunk keys):
 - Each of `concurrency` sessions sends one request per round; rounds are synchronized and the sessions are served in
-  the same order every round (a closed-loop multi-round benchmark). The prompt of round r is
+  the same order every round (`order="fixed"`: a closed-loop multi-round benchmark keeps its order), or in a fresh
+  random order each round (`"shuffled"`, seeded), which turns the cliff into a slope. The prompt of round r is
   P_1 = first_input_len, P_r = P_(r-1) + output_len + input_len (the previous answer, then a follow-up).
 - A session's KV is a chain of blocks of `block_size` tokens; block k's key covers blocks 0..k, so a request can
   reuse its prefix only up to the first block missing from the cache. Only whole blocks are kept.
@@ -30,13 +31,15 @@ Use from code (what `kvtier bench --prefix-model chained` and the collapse bench
                     [TierSpec("dram", 400 * 2**30)], name="dram")
     plan.rounds[19].predicted_hit_rate, plan.collapse_round, plan.to_dict()
 
-`simulate(workload, tiers, *, name="plan", policy="lru", progress=None) -> PlanResult`; `progress(round)` is called
-after each simulated round. `ChainLRU` is the cache alone (`request(session, reusable_blocks, stored_blocks)`), for a
-driver that makes its own sessions.
+    simulate(workload, tiers, *, name="plan", policy="lru", order="fixed", seed=0, progress=None) -> PlanResult
+
+`progress(round)` is called after each simulated round. `ChainLRU` is the cache alone
+(`request(session, reusable_blocks, stored_blocks) -> RequestOutcome`), for a driver that makes its own sessions.
 """
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,6 +49,7 @@ from kvconnector.errors import ConfigError
 
 __all__ = [
     "COLLAPSE_FRACTION",
+    "ORDERS",
     "POLICIES",
     "ChainLRU",
     "PlanResult",
@@ -58,6 +62,7 @@ __all__ = [
 
 AnswerKV = Literal["reused", "recomputed"]
 POLICIES = ("lru",)
+ORDERS = ("fixed", "shuffled")
 # A round has collapsed when its predicted hit rate is below this share of the ideal (issue 15's "a quarter").
 COLLAPSE_FRACTION = 0.25
 
@@ -274,6 +279,7 @@ class PlanResult:
     name: str
     tiers: list[TierSpec]
     policy: str
+    order: str
     workload: Workload
     rounds: list[RoundResult]
     capacity_bytes: float
@@ -291,6 +297,7 @@ class PlanResult:
             "name": self.name,
             "tiers": [asdict(t) for t in self.tiers],
             "policy": self.policy,
+            "order": self.order,
             "answer_kv": self.workload.answer_kv,
             "capacity_bytes": self.capacity_bytes,
             "collapse_round": self.collapse_round,
@@ -321,11 +328,15 @@ def simulate(
     *,
     name: str = "plan",
     policy: str = "lru",
+    order: str = "fixed",
+    seed: int = 0,
     progress: Callable[[int], None] | None = None,
 ) -> PlanResult:
     """Simulate every round of `workload` over `tiers` (fastest first); see the module docstring."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
+    if order not in ORDERS:
+        raise ConfigError(f"unknown order {order!r} (one of {', '.join(ORDERS)})")
     if not tiers:
         raise ConfigError(f"configuration {name!r} has no tier")
     w = workload
@@ -336,13 +347,17 @@ def simulate(
     total_written = 0.0
     prev_ws = 0
     first_eviction = collapse = None
+    sessions = list(range(w.concurrency))
+    rng = random.Random(seed)
     for r in range(1, w.rounds + 1):
+        if order == "shuffled":
+            rng.shuffle(sessions)
         prompt = w.prompt_tokens(r)
         reusable = w.reusable_blocks(r)
         stored = w.stored_blocks(r)
         hit_blocks = written = evicted = sessions_hit = 0
         by_tier = [0] * len(tiers)
-        for s in range(w.concurrency):
+        for s in sessions:
             out = cache.request(s, reusable, stored)
             hit_blocks += out.hit_blocks
             written += out.written_blocks
@@ -391,6 +406,7 @@ def simulate(
         name=name,
         tiers=list(tiers),
         policy=policy,
+        order=order,
         workload=w,
         rounds=rounds,
         capacity_bytes=sum(tier_blocks) * w.block_bytes,

@@ -40,8 +40,9 @@ def summary_lines(doc: dict) -> list[str]:
         ratio = c.get("bytes_written_vs_first")
         first = doc["configurations"][0]["name"]
         vs = f" ({first} wrote {1 / ratio:.2f}x this)" if ratio and c is not doc["configurations"][0] else ""
+        order = ", sessions in a new random order each round" if c.get("order") == "shuffled" else ""
         out.append(
-            f"{c['name']}: {collapse}, {evict}; {largest} alone holds "
+            f"{c['name']}{order}: {collapse}, {evict}; {largest} alone holds "
             f"{'every' if held is None else f'{held:,}'} rounds; wrote {_gb(c['bytes_written_total'])}{vs}"
         )
     return out
