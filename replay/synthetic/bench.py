@@ -9,6 +9,7 @@ import random
 import shutil
 import signal
 import tempfile
+import time
 
 from kvconnector.errors import ConfigError
 from kvconnector.models import ModelSpec, resolve_model
@@ -228,6 +229,9 @@ class Bench:
                 "write_gbps": round(delta["written_bytes"] / GB / elapsed, 4) if elapsed else 0.0,
                 "note": "whole-device counters for the run's window: other processes' I/O is included",
             }
+        # The window's wall-clock ends: results merged later (kvtier merge, MPI ranks) take the union of windows.
+        start_unix_s = (time.time_ns() - (time.perf_counter_ns() - outcome.start_ns)) / 1e9
+        window = dict(outcome.window, start_unix_s=round(start_unix_s, 3), end_unix_s=round(start_unix_s + elapsed, 3))
         run_summary = summary(
             req,
             cfg,
@@ -237,7 +241,7 @@ class Bench:
             events=self.store.events,
             bytes_per_token=self.bytes_per_token,
             io_saturation=outcome.io_saturation,
-            window=outcome.window,
+            window=window,
             autoscaling=[outcome.autoscaling],
         )
         report = self.workload.report

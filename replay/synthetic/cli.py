@@ -17,6 +17,7 @@ from ..settings import documented
 from .bench import Bench
 from .config import BenchConfig, GenerationConfig, load_config
 from .finish import PROG, _fail, finish
+from .mpi_run import run_rank, world_size
 from .multiclient import run_clients
 from .view import STATUS_ENV, LiveView, SetupProgress
 
@@ -33,6 +34,7 @@ examples:
   kvtier bench --num-clients 2 --num-users 200                 # two processes, merged results
   kvtier bench --trials 5 --seed 42 --output stress.json       # 5 trials (stress-trial1.json ...), medians
   kvtier bench --trials 3 --submission-check --duration 300 --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode none
+  mpirun -n 4 --host a:2,b:2 kvtier bench --num-users 400 --cache-dir /mnt/nvme   # a client per MPI rank
   kvtier bench --config config.yaml --xlsx-output run.xlsx --io-trace-log ops.csv.zst
   kvtier bench --config mlperf/config.yaml --request-model reference --gpu-mem-gb 0 --cpu-mem-gb 0  # as the reference
   kvtier bench --precondition --prefill-only --disable-multi-turn --disable-prefix-caching --gpu-mem-gb 0 \
@@ -165,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     x(
         "--num-clients",
         type=int,
-        help="worker processes, each with its share of users and its own cache subdirectory",
+        help="worker processes on this host, each with its share of users and its own cache subdirectory; under "
+        "mpirun (found from OMPI_COMM_WORLD_SIZE or PMI_SIZE, no flag needed) each rank is one such client, with "
+        "<cache-dir>/rank-<r>, and rank 0 writes the merged results",
     )
     x("--precondition", action="store_true", help="sequential writes before the run to reach SSD steady state")
     x(
@@ -242,6 +246,8 @@ def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="kvtier: %(levelname)s %(message)s")
+    if world_size() > 1:  # started by mpirun: this process is one rank of the job
+        return run_rank(args)
     try:
         cfg = config_from_args(args)
         output, is_default = check_output_paths(cfg)

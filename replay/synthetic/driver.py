@@ -279,6 +279,13 @@ class SyntheticDriver:
             self.stop_signal = signum
         self._done.set()
 
+    def stop(self) -> None:
+        """End the window now, from the event loop's thread (e.g. in on_sample): status interrupted, no signal,
+        partial results as for one. An MPI rank stops this way when another rank failed."""
+        if self._status == "completed":
+            self._status = "interrupted"
+        self._done.set()
+
     def _fail(self, exc: BaseException) -> None:
         if self._status != "failed":
             self._status, self._error = "failed", str(exc)

@@ -1,0 +1,272 @@
+"""`mpirun -n N kvtier bench ...`: one client per MPI rank, on one host or many, one merged result from rank 0.
+
+No flag is needed: `kvtier bench` started by mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE for MPICH/Hydra and Intel
+MPI, above 1) runs as rank r of n. Each rank runs its share of the job (`multiclient.share_config`): its share of
+the users, requests and request rate, seed + r, its own cache subdirectory `<cache-dir>/rank-<r>`, and the CPU, GPU
+and disk capacities split among the ranks of its host. `--num-clients` stays the way to run several processes on
+one host without MPI.
+
+Every rank takes the same collective steps in the same order, whatever happened to it, so that no rank waits for
+one that has left:
+1. its config (and, on rank 0, the output paths) checked; rank 0's seed broadcast; the verdicts gathered: a bad
+   command line stops every rank before any I/O, rank 0 says why;
+2. set-up of its share (preconditioning, ingest), then an allgather of set-up errors, the barrier: all windows
+   start together, or none does when a rank failed to set up;
+3. the window. A watcher thread per rank receives the others' messages on a duplicated communicator: their live
+   figures (rank 0 shows the sum) and one DONE each when their window ends. A DONE that is not `completed` (a
+   rank failed, e.g. its disk filled, or was interrupted) stops this rank at its next sample (half a second);
+4. each rank waits for the other n-1 DONEs (no message is left in flight), then the results are gathered on
+   rank 0, which merges them with `merge.merge_results` (the code of `kvtier merge` and `--num-clients`), keeps
+   each rank's own document under `clients` (with its `rank`), writes every output, and broadcasts the exit code
+   that every rank then returns: mpirun exits with it (1 when a rank failed, with the partial results written).
+
+Interrupting: a SIGINT or SIGTERM to one rank's process ends that rank's window like any run; the others stop and
+rank 0 writes the merged partial results (exit 130/143). Ctrl-C on mpirun itself makes Open MPI kill every rank
+(SIGTERM, then SIGKILL a second later): no merged results then.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from kvconnector.errors import ConfigError, KvtierError
+
+from ..cli_common import STOP_SIGNALS, Interrupted, stop_signals_raise
+from .bench import Bench
+from .finish import PROG, _fail, finish
+from .merge import merge_results
+from .multiclient import share_config, sum_snapshots
+from .view import LiveView, SetupProgress
+
+# mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
+SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+RANK_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+TAG_STATUS, TAG_DONE = 11, 12
+STATUS_EVERY_S = 1.0  # live figures from each rank to rank 0
+
+
+def _env_int(names: tuple[str, ...], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return default
+
+
+def world_size() -> int:
+    """The number of MPI processes this one was started among (1 when not started by mpirun)."""
+    return _env_int(SIZE_ENV, 1)
+
+
+class _Peers:
+    """The other ranks' messages during the window, received by a thread: live figures (rank 0 keeps the latest of
+    each rank) and one DONE per rank when its window ends; a DONE other than `completed` asks this rank to stop."""
+
+    def __init__(self, comm, mpi) -> None:
+        self.comm, self.mpi = comm, mpi
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.snaps: dict[int, dict] = {}
+        self.stop_reason: str | None = None
+        self._done = 0
+        self._sends: list = []
+        self._last_status = 0.0
+        self._thread = threading.Thread(target=self._watch, name="kvtier-mpi-peers", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _watch(self) -> None:
+        st = self.mpi.Status()
+        while self._done < self.size - 1:
+            if not self.comm.Iprobe(source=self.mpi.ANY_SOURCE, tag=self.mpi.ANY_TAG, status=st):
+                time.sleep(0.02)
+                continue
+            src, tag = st.Get_source(), st.Get_tag()
+            msg = self.comm.recv(source=src, tag=tag)
+            if tag == TAG_STATUS:
+                self.snaps[src] = msg
+                continue
+            self._done += 1
+            if msg["status"] != "completed" and self.stop_reason is None:
+                why = f": {msg['error']}" if msg.get("error") else ""
+                self.stop_reason = f"rank {src} {msg['status']}{why}"
+
+    def send_status(self, snap: dict) -> None:
+        """Called on the event loop's thread at each sample; at most one message a second, to rank 0 only."""
+        now = time.monotonic()
+        if self.rank == 0 or now - self._last_status < STATUS_EVERY_S:
+            return
+        self._last_status = now
+        self._sends = [r for r in self._sends if not r.Test()]
+        self._sends.append(self.comm.isend(snap, dest=0, tag=TAG_STATUS))
+
+    def send_done(self, status: str, error: str | None) -> None:
+        msg = {"status": status, "error": error}
+        self._sends += [self.comm.isend(msg, dest=r, tag=TAG_DONE) for r in range(self.size) if r != self.rank]
+
+    def finish(self) -> None:
+        """Wait for every other rank's DONE and for this rank's messages to be delivered."""
+        self._thread.join()
+        self.mpi.Request.Waitall(self._sends)
+        self._sends = []
+
+
+def rank_config(cfg, rank: int, size: int, local_size: int) -> dict:
+    data = share_config(
+        cfg, rank, size, os.path.join(cfg.cache_dir, f"rank-{rank}") if cfg.cache_dir else None, local_size
+    )
+    data["io_trace_log"] = f"{cfg.io_trace_log}.rank-{rank}" if cfg.io_trace_log else None
+    return data
+
+
+def run_rank(args) -> int:
+    """This process as one rank of `mpirun -n N kvtier bench ...` (see the module's docstring)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        if _env_int(RANK_ENV, 0) == 0:
+            _fail(
+                f"started by mpirun ({world_size()} processes) but mpi4py is not installed: pip install 'kvtier[mpi]'"
+            )
+        return 2
+    from .cli import check_output_paths, config_from_args
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local_size = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    peers_comm = comm.Dup()
+    received: list[int] = []  # a signal between the steps: the rank stops at the start of its window
+
+    def record(signum, _frame):
+        received.append(signum)
+
+    old = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
+    try:
+        return _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_output_paths, config_from_args)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _first_error(errors: list) -> tuple[int, str] | None:
+    for r, err in enumerate(errors):
+        if err is not None:
+            code, msg = err
+            return code, f"rank {r}: {msg}" if len(errors) > 1 else msg
+    return None
+
+
+def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_output_paths, config_from_args) -> int:
+    # 1. the command line, checked by every rank; output paths by rank 0, which alone writes.
+    err = cfg = None
+    output, is_default = None, False
+    try:
+        cfg = config_from_args(args)
+        if cfg.num_clients > 1:
+            raise ConfigError("--num-clients runs processes on one host; under mpirun each rank is one client (-n)")
+        if cfg.enable_latency_tracing:
+            raise ConfigError("--enable-latency-tracing traces one process: not under mpirun")
+        if cfg.num_users < size:
+            raise ConfigError(f"{size} ranks need at least as many users (--num-users {cfg.num_users})")
+        if rank == 0:
+            output, is_default = check_output_paths(cfg)
+    except ConfigError as exc:
+        err = (2, str(exc))
+    seed = cfg.seed if cfg is not None and cfg.seed is not None else int(time.time()) % 2**31
+    seed = comm.bcast(seed, root=0)
+    failed = _first_error(comm.allgather(err))
+    if failed:
+        return _fail(failed[1], failed[0]) if rank == 0 else failed[0]
+    cfg = cfg.model_copy(update={"seed": seed})
+    rank_cfg = type(cfg).model_validate(rank_config(cfg, rank, size, local_size))
+
+    # 2. set-up of this rank's share, then the barrier (an allgather of set-up errors).
+    bench = Bench(rank_cfg)
+    made_dir = bool(rank_cfg.cache_dir) and not os.path.lexists(rank_cfg.cache_dir)
+
+    def clean_up() -> None:
+        bench.cleanup()
+        if made_dir:  # the rank's subdirectory, if this rank made it and nothing is left in it (--keep-cache)
+            try:
+                os.rmdir(rank_cfg.cache_dir)
+            except OSError:
+                pass
+
+    try:
+        with stop_signals_raise():
+            bench.prepare()
+            if rank == 0:
+                for note in bench.notes:
+                    print(f"{PROG}: {note}", file=sys.stderr)
+            with SetupProgress(enabled=cfg.progress and rank == 0) as setup_view:
+                bench.set_up(on_progress=setup_view.update)
+    except ConfigError as exc:
+        err = (2, str(exc))
+    except KvtierError as exc:
+        err = (1, str(exc))
+    except Interrupted as exc:
+        err = (exc.exit_code, f"interrupted during set-up ({exc})")
+    failed = _first_error(comm.allgather(err))
+    if failed:
+        clean_up()
+        return _fail(f"{failed[1]}; no rank ran", failed[0]) if rank == 0 else failed[0]
+
+    # 3. the window, all ranks together; a rank that ends other than completed stops the others.
+    peers = _Peers(peers_comm, MPI)
+    peers.start()
+    doc, run_error = None, None
+    stopped_for: list[str] = []
+    try:
+        with LiveView(cfg.duration, enabled=cfg.progress and rank == 0) as view:
+
+            def on_sample(snap: dict) -> None:
+                peers.send_status(snap)
+                if rank == 0:
+                    total = sum_snapshots([snap, *peers.snaps.values()])
+                    view.update(dict(total, t_s=snap["t_s"]))
+                reason = peers.stop_reason or (
+                    f"{signal.Signals(received[0]).name} before the window" if received else None
+                )
+                if reason and not stopped_for and snap["t_s"] < cfg.duration:
+                    stopped_for.append(reason)
+                    bench.driver.stop()
+
+            doc = bench.run(on_sample=on_sample)
+    except KvtierError as exc:
+        run_error = str(exc)
+    except Exception as exc:  # a bug: the other ranks must still hear that this one ended
+        run_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        status = doc["status"] if doc else "failed"
+        peers.send_done(status, doc.get("error") if doc else run_error)
+        clean_up()
+    if doc is not None and stopped_for:
+        doc["notes"] = [*doc["notes"], f"rank {rank} stopped early: {stopped_for[0]}"]
+
+    # 4. every DONE received, then the results to rank 0.
+    peers.finish()
+    parts = comm.gather({"doc": doc, "error": run_error}, root=0)
+    code = _write_merged(cfg, parts, output, is_default) if rank == 0 else None
+    return comm.bcast(code, root=0)
+
+
+def _write_merged(cfg, parts: list[dict], output: str, is_default: bool) -> int:
+    ranks = [r for r, p in enumerate(parts) if p["doc"] is not None]
+    lost = [f"rank {r}: {p['error']}" for r, p in enumerate(parts) if p["doc"] is None]
+    if not ranks:
+        return _fail(f"no rank produced results ({'; '.join(lost)})", 1)
+    doc = merge_results(
+        [parts[r]["doc"] for r in ranks], [f"rank-{r}" for r in ranks], cfg, extra=[{"rank": r} for r in ranks]
+    )
+    if lost:
+        doc["status"] = "failed"
+        doc["error"] = "; ".join([*lost, *([doc["error"]] if doc.get("error") else [])])
+    stops = [s.get("stop_signal") for s in doc["clients"] if s.get("stop_signal")]
+    if stops:
+        doc["stop_signal"] = stops[0]
+    return finish(doc, cfg, output, is_default)
