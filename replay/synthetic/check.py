@@ -210,14 +210,18 @@ def check(runs: list[dict]) -> tuple[list[tuple[bool, str]], dict[str, dict[str,
     return lines, medians
 
 
-def medians_table(medians: dict[str, dict[str, dict]]) -> Table:
-    t = Table(title="medians across trials (per-trial values after)")
-    for head in ("configuration", "figure", "median", "per trial"):
-        t.add_column(head, justify="right" if head == "median" else "left")
+def medians_tables(medians: dict[str, dict[str, dict]]) -> list[Table]:
+    """One table per configuration: each figure's median and its per-trial values."""
+    tables = []
     for name, figures in medians.items():
+        t = Table(title=f"{name}: medians across trials")
+        t.add_column("figure (summary.)", no_wrap=True)  # whole: it is what to look up in the JSON
+        t.add_column("median", justify="right", no_wrap=True)
+        t.add_column("per trial")
         for key, m in figures.items():
-            t.add_row(name, key, f"{m['median']:,.4g}", " ".join(f"{v:,.4g}" for v in m["values"]))
-    return t
+            t.add_row(key, f"{m['median']:,.4g}", "  ".join(f"{v:,.4g}" for v in m["values"]))
+        tables.append(t)
+    return tables
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     lines, medians = check(runs)
     for _, text in lines:
         print(text)
-    if medians:
-        Console().print(medians_table(medians))
+    for table in medians_tables(medians):
+        Console().print(table)
     failed = sum(not ok for ok, _ in lines)
     print(f"{PROG}: {len(lines) - failed} of {len(lines)} items pass", file=sys.stderr)
     return 1 if failed else 0
