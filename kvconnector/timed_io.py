@@ -2,7 +2,8 @@
 
 Device time is the time spent inside the system calls that move or allocate data (`os.preadv`, `os.pwritev`,
 `os.fdatasync`, `posix_fallocate`); host time is everything else the operation costs (opening, header, checksum,
-copies, rename, page-cache advice). Both use `perf_counter_ns`.
+copies, rename, page-cache advice). Both use `perf_counter_ns`. When two writes of one entry are in the kernel at once
+(payload and header, below), device time is the span either is in, counted once.
 
 Two modes:
 - direct: O_DIRECT with page-aligned buffers and sizes; payload views that are already aligned (the benchmark's

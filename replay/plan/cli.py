@@ -341,26 +341,29 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
     bpt, model_name = kv_bytes_per_token(cfg)
     configs = cfg.configurations()
     show = _progress_printer(cfg.concurrency * cfg.rounds * len(configs))
+    jobs = []
+    for name, entry in configs.items():  # every configuration checked before any is simulated
+        w = Workload(
+            concurrency=cfg.concurrency,
+            rounds=cfg.rounds,
+            input_len=cfg.input_len,
+            output_len=cfg.output_len,
+            block_size=cfg.block_size,
+            kv_bytes_per_token=bpt,
+            first_input_len=cfg.first_input_len,
+            answer_kv=entry.answer_kv or cfg.answer_kv,
+        )
+        tiers = [TierSpec(t.name, t.capacity_bytes) for t in entry.tiers]
+        for t in tiers:
+            if t.capacity_bytes < w.block_bytes:  # a tier of 400B where 400GB was meant: not a cache at all
+                raise ConfigError(
+                    f"tier {t.name} ({human_bytes(t.capacity_bytes)}) of {name} holds no whole block "
+                    f"({human_bytes(w.block_bytes)} = {w.block_size} tokens x {human_bytes(bpt)})"
+                )
+        jobs.append((name, entry, w, tiers))
     plans: list[PlanResult] = []
     try:
-        for name, entry in configs.items():
-            w = Workload(
-                concurrency=cfg.concurrency,
-                rounds=cfg.rounds,
-                input_len=cfg.input_len,
-                output_len=cfg.output_len,
-                block_size=cfg.block_size,
-                kv_bytes_per_token=bpt,
-                first_input_len=cfg.first_input_len,
-                answer_kv=entry.answer_kv or cfg.answer_kv,
-            )
-            tiers = [TierSpec(t.name, t.capacity_bytes) for t in entry.tiers]
-            for t in tiers:
-                if t.capacity_bytes < w.block_bytes:  # a tier of 400B where 400GB was meant: not a cache at all
-                    raise ConfigError(
-                        f"tier {t.name} ({human_bytes(t.capacity_bytes)}) of {name} holds no whole block "
-                        f"({human_bytes(w.block_bytes)} = {w.block_size} tokens x {human_bytes(bpt)})"
-                    )
+        for name, entry, w, tiers in jobs:
             plans.append(
                 simulate(
                     w,
@@ -378,15 +381,24 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
     return plan_document(cfg, bpt, model_name, plans, argv), plans
 
 
-def _write(cfg: PlanConfig, doc: dict) -> None:
+def _write(cfg: PlanConfig, doc: dict) -> int:
+    """Write --output and --plots; 1 when one of them could not be written at all (said on stderr)."""
+    rc = 0
     if cfg.output:
-        path, err = write_results(cfg.output, doc)
-        if err:
-            print(f"{PROG}: {err}; wrote {path} instead", file=sys.stderr)
+        try:
+            path, err = write_results(cfg.output, doc)
+            if err:
+                print(f"{PROG}: {err}; wrote {path} instead", file=sys.stderr)
+        except OSError as exc:
+            rc = fail(PROG, str(exc), 1)
     if cfg.plots and doc["configurations"]:
         from .report import write_plan_plot
 
-        write_plan_plot(doc, cfg.plots)
+        try:
+            write_plan_plot(doc, cfg.plots)
+        except OSError as exc:
+            rc = fail(PROG, f"cannot write {cfg.plots}/plan.png: {exc.strerror or exc}", 1)
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,8 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         from .report import plan_table
 
         Console(width=max(100, Console().width)).print(plan_table(doc))
-    _write(cfg, doc)
-    return 0
+    return _write(cfg, doc)
 
 
 if __name__ == "__main__":
