@@ -1,5 +1,6 @@
 """--num-clients: the parent's KVTIER_* settings reach each client through its share of the config, not twice; a new
---cache-dir is made before the block device under it is looked up."""
+--cache-dir is made before the block device under it is looked up; the clients merge with `kvtier merge`'s code (the
+window is the union of the clients' windows, not the longest client's)."""
 
 import json
 import subprocess
@@ -25,3 +26,8 @@ def test_env_settings_are_split_not_inherited_and_new_cache_dir_is_measured(tmp_
     # KVTIER_NUM_USERS=4 split over two clients: 2 each (inherited, it made 4 each).
     assert sorted((c["client"], c["config"]["num_users"]) for c in doc["clients"]) == [(0, 2), (1, 2)]
     assert doc["block_device"] is not None and doc["block_device"]["device"]
+    windows = [c["summary"]["window"] for c in doc["clients"]]
+    start, end = min(w["start_unix_s"] for w in windows), max(w["end_unix_s"] for w in windows)
+    assert (doc["summary"]["window"]["start_unix_s"], doc["summary"]["window"]["end_unix_s"]) == (start, end)
+    # The clients' windows overlap: the union is their span (the longest client's window was used before).
+    assert doc["summary"]["elapsed_time"] == pytest.approx(end - start, abs=0.01)
