@@ -1,8 +1,10 @@
 """Per-layer latency breakdown of a storage_latency_stack trace.
 
-    python -m tracing.report TRACE [--plots DIR]
+    python -m tracing.report TRACE [--matched matched.tsv] [--plots DIR]
 
-Prints one table: syscall (VFS) time, block Q2D (insert to dispatch), D2C
+Prints what was traced, by process and by instance (block bytes each
+process submitted, from matched.tsv beside the trace: pid, instance, why it
+was matched), then one table: syscall (VFS) time, block Q2D (insert to dispatch), D2C
 (dispatch to completion), fsync/fdatasync, and the gaps between calls, with
 count and percentiles per row (percentiles are bucket upper edges: an upper
 bound, as bpftrace's log2 buckets allow). With --plots, writes PNG
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from .histparse import Hist, Trace, TraceParseError, parse_trace, read_trace
 
-__all__ = ["format_table", "layer_rows", "main", "write_plots"]
+__all__ = ["format_processes", "format_table", "layer_rows", "main", "process_rows", "read_matched", "write_plots"]
 
 READS = ("read", "pread64", "readv", "preadv", "preadv2")
 WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
@@ -56,6 +58,87 @@ def layer_rows(tr: Trace) -> list[tuple[str, str, Hist]]:
         ("gap", "device idle", tr.hist("idle_usecs")),
     ]
     return [(layer, what, h) for layer, what, h in rows if h is not None and h.total]
+
+
+def read_matched(path: str | Path) -> dict[int, dict]:
+    """matched.tsv (written by the wrapper): pid -> {group, comm, why, cmdline}."""
+    out: dict[int, dict] = {}
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        f = line.split("\t")
+        if len(f) >= 4 and f[0].isdigit():
+            out[int(f[0])] = {
+                "group": int(f[1]) if f[1].isdigit() else 0,
+                "comm": f[2],
+                "why": f[3],
+                "cmdline": f[4] if len(f) > 4 else "",
+            }
+    return out
+
+
+def process_rows(tr: Trace, matched: dict[int, dict] | None = None) -> list[dict]:
+    """One row per traced process that matched or did block I/O: pid,
+    instance, task name, block bytes it submitted (read, write), why."""
+    matched = matched or {}
+    rows: dict[int, dict] = {}
+    for op in ("read", "write"):
+        for key, v in tr.maps.get(f"proc_{op}_bytes", {}).items():
+            pid_s, _, comm = key.partition(",")
+            if not pid_s.strip().isdigit() or not isinstance(v, int):
+                continue
+            pid = int(pid_s)
+            r = rows.setdefault(pid, {"pid": pid, "comm": comm.strip().strip('"'), "read_bytes": 0, "write_bytes": 0})
+            r[f"{op}_bytes"] += v
+    for pid, m in matched.items():
+        rows.setdefault(pid, {"pid": pid, "comm": m["comm"], "read_bytes": 0, "write_bytes": 0})
+    for pid, r in rows.items():
+        m = matched.get(pid, {})
+        r["group"] = m.get("group", 0)
+        r["why"] = m.get("why", "not in matched.tsv")
+    return sorted(rows.values(), key=lambda r: (r["group"], r["pid"]))
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= m:
+            return f"{n / m:.1f} {unit}"
+    return f"{n} B"
+
+
+def issued_bytes(tr: Trace, op: str) -> int:
+    """Block bytes issued to the device, from @io_<op>_bytes[size] counts."""
+    total = 0
+    for key, v in tr.maps.get(f"io_{op}_bytes", {}).items():
+        if key.strip().isdigit() and isinstance(v, int):
+            total += int(key) * v
+    return total
+
+
+def format_processes(tr: Trace, matched: dict[int, dict] | None = None) -> str:
+    rows = process_rows(tr, matched)
+    if not rows:
+        return ""
+    lines = ["block I/O by process (bytes submitted; instance from matched.tsv):"]
+    head = f"{'inst':>4} {'pid':>8} {'task':<16}{'read':>11}{'write':>11}  why"
+    lines += [head, "-" * 78]
+    for r in rows:
+        lines.append(
+            f"{r['group'] or '-':>4} {r['pid']:>8} {r['comm'][:15]:<16}{_fmt_bytes(r['read_bytes']):>11}"
+            f"{_fmt_bytes(r['write_bytes']):>11}  {r['why'][:40]}"
+        )
+    groups = sorted({r["group"] for r in rows})
+    if len(groups) > 1:
+        lines.append("")
+        lines.append("by instance:")
+        for g in groups:
+            rs = [r for r in rows if r["group"] == g]
+            rd, wr = sum(r["read_bytes"] for r in rs), sum(r["write_bytes"] for r in rs)
+            lines.append(f"  instance {g or '-'}: {len(rs)} processes, read {_fmt_bytes(rd)}, write {_fmt_bytes(wr)}")
+    rd, wr = issued_bytes(tr, "read"), issued_bytes(tr, "write")
+    if rd or wr:
+        lines.append(f"issued to the device: read {_fmt_bytes(rd)}, write {_fmt_bytes(wr)} (after merges)")
+    return "\n".join(lines) + "\n\n"
 
 
 def _fmt_us(v: float) -> str:
@@ -184,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("trace", help="storage_latency_stack output (text or JSON)")
     p.add_argument("--plots", metavar="DIR", help="write PNG histograms into DIR")
+    p.add_argument("--matched", metavar="TSV", help="the matched processes (default: matched.tsv beside TRACE)")
     try:
         args = p.parse_args(argv)
     except SystemExit as exc:
@@ -198,6 +282,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if tr.truncated:  # the table holds only what came before the cut
         print(f"report: warning: {args.trace} is truncated (" + "; ".join(tr.cuts[:3]) + ")", file=sys.stderr)
+    matched_path = Path(args.matched) if args.matched else Path(args.trace).parent / "matched.tsv"
+    matched = None
+    if matched_path.is_file():
+        try:
+            matched = read_matched(matched_path)
+        except OSError as exc:
+            print(f"report: cannot read {matched_path}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    elif args.matched:
+        print(f"report: --matched {args.matched}: no such file", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_processes(tr, matched))
     sys.stdout.write(format_table(tr))
     if args.plots:
         try:

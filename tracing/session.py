@@ -6,9 +6,15 @@
     ...                  # the benchmark
     result = s.stop()    # {"histograms": ..., "fio_job": ..., "layers_on": [...], ...}
 
-It runs tracing/storage_latency_stack.sh (which must run as root) in its
-own process group and ends it with SIGINT, as Ctrl-C would. Standard
-library only.
+    # a serving stack by name, as on the command line (engine, children, KV server)
+    s = TraceSession(names=["vllm"], path="/mnt/nvme", out_dir="trace")
+
+It runs tracing/storage_latency_stack.sh in its own process group and ends
+it with SIGINT, as Ctrl-C would. bpftrace needs root; the caller does not:
+a caller that is not root runs the wrapper alone through `sudo -n` when
+sudo allows it without a password (after `sudo -v`, or a sudoers rule for
+the script), and otherwise start() raises TracingUnavailable with one line
+saying what to run. Standard library only.
 """
 
 from __future__ import annotations
@@ -37,38 +43,68 @@ class TracingUnavailable(TraceSessionError):
     """Tracing cannot run here: not root, no bpftrace, or no such process."""
 
 
-def check_available() -> None:
-    """Raise TracingUnavailable with the reason, or return if tracing can run."""
-    if os.geteuid() != 0:
-        raise TracingUnavailable("latency tracing needs root (bpftrace attaches kernel tracepoints)")
-    if shutil.which("bpftrace") is None:
-        raise TracingUnavailable("latency tracing needs bpftrace (apt-get install bpftrace)")
+def privilege_prefix() -> list[str]:
+    """What runs the wrapper as root: nothing when we are root, else
+    `sudo -n` when sudo lets this user run the script without a password.
+    TracingUnavailable (one line: what to run) otherwise."""
+    if os.geteuid() == 0:
+        return []
+    sudo = shutil.which("sudo")
+    # -l with a command: exit 0 only when that command is allowed, asking nothing (-n)
+    if sudo and subprocess.run([sudo, "-n", "-l", str(SCRIPT)], capture_output=True, timeout=30).returncode == 0:
+        return [sudo, "-n"]
+    if sudo is None:
+        raise TracingUnavailable(
+            f"the tracer needs root (bpftrace) and sudo is not installed: run this command as root, "
+            f"or install sudo and allow this user `{SCRIPT}` without a password"
+        )
+    raise TracingUnavailable(
+        f"the tracer needs root (bpftrace) and `sudo -n {SCRIPT}` is not allowed: run `sudo -v` "
+        f"and then this command again (or allow `{SCRIPT}` in sudoers, or run this command as root)"
+    )
+
+
+def check_available() -> list[str]:
+    """The command prefix that runs the wrapper as root, or TracingUnavailable with the reason."""
     if shutil.which("bash") is None:
         raise TracingUnavailable("latency tracing needs bash")
+    prefix = privilege_prefix()
+    if shutil.which("bpftrace") is None and not prefix:
+        raise TracingUnavailable("latency tracing needs bpftrace (apt-get install bpftrace)")
+    return prefix
 
 
 class TraceSession:
-    """pid: the process to trace (all its threads); path: a file or folder on
-    the device to trace (its disk, partitions resolved), None for all devices;
-    out_dir: where the raw trace, layers.txt and job.fio go."""
+    """pid: a process to trace (all its threads); names: process names as
+    the wrapper takes them (vllm: the engine, its children, its KV server);
+    children: the pid's child processes too; path: a file or folder on the
+    device to trace (its disk, partitions resolved), None for all devices;
+    out_dir: where the raw trace, layers.txt, matched.tsv and job.fio go."""
 
     def __init__(
         self,
         *,
-        pid: int,
+        pid: int | None = None,
         path: str | os.PathLike | None,
+        names: list[str] | tuple[str, ...] = (),
+        children: bool = False,
         out_dir: str | os.PathLike,
         json_output: bool = False,
         attach_timeout_s: float = 60.0,
         job_name: str = "kvtier",
     ):
-        self.pid = int(pid)
+        if pid is None and not names:
+            raise TraceSessionError("TraceSession needs a pid or names")
+        self.pid = None if pid is None else int(pid)
+        self.names = list(names)
+        self.children = children
         self.path = None if path is None else str(path)
         self.out_dir = Path(out_dir)
         self.json_output = json_output
         self.attach_timeout_s = attach_timeout_s
         self.job_name = job_name
         self._proc: subprocess.Popen | None = None
+        self._sudo = False
         self._log = None
 
     @property
@@ -78,11 +114,18 @@ class TraceSession:
     def start(self) -> None:
         if self._proc is not None:
             raise TraceSessionError("TraceSession already started")
-        check_available()
-        if not Path(f"/proc/{self.pid}").exists():
+        if self.pid is not None and not Path(f"/proc/{self.pid}").exists():
             raise TracingUnavailable(f"no process with pid {self.pid}")
+        prefix = check_available()
+        self._sudo = bool(prefix)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        cmd = ["bash", str(SCRIPT), str(self.pid), "--out", str(self.out_dir)]
+        # through sudo the script runs by its path (what a sudoers rule names)
+        cmd = [*prefix, str(SCRIPT)] if prefix else ["bash", str(SCRIPT)]
+        cmd += [*self.names, "--out", str(self.out_dir)]
+        if self.pid is not None:
+            cmd += ["--pid", str(self.pid)]
+        if self.children:
+            cmd.append("--children")
         if self.path is not None:
             cmd += ["--dev", self.path]
         if self.json_output:
@@ -110,7 +153,7 @@ class TraceSession:
         if self._proc is None:
             raise TraceSessionError("TraceSession.stop() before start()")
         try:
-            os.killpg(self._proc.pid, signal.SIGINT)
+            os.killpg(self._proc.pid, signal.SIGINT)  # through sudo: sudo relays it to the wrapper
         except ProcessLookupError:
             pass
         try:
@@ -137,6 +180,7 @@ class TraceSession:
             "truncated": tr.truncated,
             "layers_on": layers.get("layers_on", "").split(),
             "layers_off": layers.get("layers_off", ""),
+            "matched": self._matched(),
             "histograms": tr.to_json()["maps"],
             "fio_job": None,
             "fio_error": None,
@@ -149,8 +193,27 @@ class TraceSession:
             result["fio_error"] = str(exc)
         return result
 
+    def _matched(self) -> list[dict]:
+        """The processes traced (matched.tsv): pid, instance, task name, why."""
+        rows = []
+        p = self.out_dir / "matched.tsv"
+        if p.exists():
+            for line in p.read_text(errors="replace").splitlines():
+                f = line.split("\t")
+                if len(f) >= 4 and f[0].isdigit():
+                    rows.append({"pid": int(f[0]), "instance": f[1], "comm": f[2], "why": f[3]})
+        return rows
+
     def _kill(self) -> None:
         if self._proc is not None:
+            if self._sudo:
+                # sudo cannot pass SIGKILL on: SIGTERM reaches the wrapper,
+                # which detaches bpftrace; SIGKILL only after a grace period
+                try:
+                    os.killpg(self._proc.pid, signal.SIGTERM)
+                    self._proc.wait(timeout=20)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
-# storage_latency_stack.sh	Trace one process's storage I/O by layer.
+# storage_latency_stack.sh	Trace the storage I/O of processes, by layer.
 #
-# USAGE: storage_latency_stack.sh <process-name|pid> [--dev DEVICE]
+# USAGE: storage_latency_stack.sh <TARGET[,TARGET...]>... [--pid PID]...
+#            [--children] [--no-kv-server] [--per-instance] [--dev DEVICE]
 #            [--duration S] [--fio] [--out DIR] [--json] [--no-syscalls]
 #
-#   process-name|pid  a pid traces that process and all its threads; a
-#                     name traces tasks whose comm is that name (Linux
-#                     keeps 15 characters); "all" traces every process
+#   TARGET            a name or a pid; several, comma-separated or repeated.
+#                     A name matches processes whose task name or program
+#                     (executable, python -m MODULE, script) is the name or
+#                     starts with it and a separator, case-insensitive: vllm
+#                     matches the front end (python -m vllm...), the engine
+#                     VLLM::EngineCor and workers VLLM::Worker_TP. Their
+#                     children are traced too, also those started while
+#                     tracing, and so is the KV cache server an engine
+#                     names (--kv-transfer-config lmcache.mp.port). A pid
+#                     traces that process and its threads. "all" traces
+#                     every process. The matched set is printed at start
+#                     and written to DIR/matched.tsv
+#   --pid PID         a pid (repeatable); same as giving it as a TARGET
+#   --children        pids: their child processes too (names always)
+#   --no-kv-server    do not add the KV cache servers the engines name
+#   --per-instance    one capture per instance (DIR/group<N>/, a fio job
+#                     each); default: one capture of all, broken down by
+#                     process and instance in tracing.report
 #   --dev DEVICE      only this block device: a name (nvme0n1, vda1),
 #                     MAJ:MIN, /dev/NODE, or any path (the disk holding
 #                     the filesystem of that path); partitions resolve to
 #                     their disk. Default: every device
 #   --duration S      stop after S seconds (default: at Ctrl-C)
-#   --fio             also distill a fio job, DIR/job.fio (needs python3)
+#   --fio             also distill a fio job, DIR/job.fio
 #   --out DIR         where to write (default ./storage-trace-<time>)
 #   --json            bpftrace's JSON output (trace.json) instead of text
 #                     (trace.txt), plus the parsed histograms.json
@@ -21,12 +37,15 @@
 #
 # What it writes into DIR: trace.txt or trace.json (raw bpftrace output,
 # preceded by lines saying which layers were traced and which were not),
-# layers.txt, the generated script storage_latency_stack.gen.bt, and,
-# with --fio, job.fio.
+# layers.txt, matched.tsv (pid, instance, task name, why, command line;
+# processes found while tracing are appended), the generated script
+# storage_latency_stack.gen.bt, and, with --fio, job.fio. Needs python3
+# (standard library) for names, --children and --fio.
 #
 # Examples:
 #   storage_latency_stack.sh vllm --fio                 # until Ctrl-C
-#   storage_latency_stack.sh 4242 --dev /mnt/nvme --duration 30 --json
+#   storage_latency_stack.sh vllm,lmcache --per-instance --duration 60
+#   storage_latency_stack.sh --pid 4242 --children --dev /mnt/nvme --json
 #
 # Exit: 0 ok, 2 usage or environment error, else bpftrace's status.
 set -euo pipefail
@@ -38,12 +57,33 @@ PROG=storage_latency_stack
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 say() { echo "$PROG: $*" >&2; }
-usage() { sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,51p' "$0" | sed 's/^# \{0,1\}//'; }
 
-target="" dev_arg="" duration="" want_fio=0 out="" json=0 no_sys=0
+names=() pids=() all=0 children=0 kv_server=1 per_instance=0
+dev_arg="" duration="" want_fio=0 out="" json=0 no_sys=0
+add_target() {
+	local t
+	IFS=, read -ra parts <<< "$1"
+	for t in "${parts[@]}"; do
+		[[ -n "$t" ]] || continue
+		if [[ "$t" == all ]]; then all=1
+		elif [[ "$t" =~ ^[0-9]+$ ]]; then pids+=("$t")
+		else
+			# the whole name is matched (against the command line too):
+			# no 15-character cut as for task names
+			[[ "$t" =~ ^[A-Za-z0-9_.:+@-]+$ ]] || die "unsupported characters in process name '$t'"
+			names+=("$t")
+		fi
+	done
+}
 while [[ $# -gt 0 ]]; do
 	case "$1" in
 	-h|--help) usage; exit 0 ;;
+	--pid) [[ $# -ge 2 && "$2" =~ ^[0-9]+$ ]] || die "--pid needs a pid"
+		pids+=("$2"); shift 2 ;;
+	--children) children=1; shift ;;
+	--no-kv-server) kv_server=0; shift ;;
+	--per-instance) per_instance=1; shift ;;
 	--dev) [[ $# -ge 2 ]] || die "--dev needs a value"; dev_arg="$2"; shift 2 ;;
 	--duration) [[ $# -ge 2 ]] || die "--duration needs a value"
 		duration="$2"; shift 2 ;;
@@ -52,11 +92,13 @@ while [[ $# -gt 0 ]]; do
 	--json) json=1; shift ;;
 	--no-syscalls) no_sys=1; shift ;;
 	-*) die "unknown option $1 (see --help)" ;;
-	*) [[ -z "$target" ]] || die "only one process-name|pid, got '$target' and '$1'"
-		target="$1"; shift ;;
+	*) add_target "$1"; shift ;;
 	esac
 done
-[[ -n "$target" ]] || { usage >&2; die "missing <process-name|pid>"; }
+(( all || ${#names[@]} || ${#pids[@]} )) || { usage >&2; die "missing <process-name|pid>"; }
+if (( all )) && (( ${#names[@]} || ${#pids[@]} )); then
+	die "'all' traces every process: give it alone"
+fi
 if [[ -n "$duration" && ! "$duration" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
 	die "--duration must be a number of seconds, got '$duration'"
 fi
@@ -65,23 +107,15 @@ fi
 command -v bpftrace >/dev/null 2>&1 ||
 	die "bpftrace not found; install it (Debian/Ubuntu: apt-get install bpftrace)"
 [[ -r "$BT" ]] || die "missing $BT (copy the whole tracing/ folder)"
-
-# --- process filter --------------------------------------------------------
-pid=0 comm="-"
-if [[ "$target" == "all" ]]; then
-	:
-elif [[ "$target" =~ ^[0-9]+$ ]]; then
-	pid="$target"
-	[[ -d "/proc/$pid" ]] || die "no process with pid $pid"
-else
-	comm="$target"
-	if [[ ${#comm} -gt 15 ]]; then
-		comm="${comm:0:15}"
-		say "process names are 15 characters in the kernel: matching '$comm'"
-	fi
-	[[ "$comm" =~ ^[A-Za-z0-9_.:+@-]+$ ]] || die "unsupported characters in process name '$target'"
-	pgrep -x "$comm" >/dev/null 2>&1 ||
-		say "no process named '$comm' runs yet; tracing it when it starts"
+for p in ${pids[@]+"${pids[@]}"}; do
+	[[ -d "/proc/$p" ]] || die "no process with pid $p"
+done
+# one pid alone, no children: no python needed, the kernel filter is all
+simple=0
+(( ${#names[@]} == 0 && children == 0 )) && simple=1
+if (( ! all && ! simple )) || (( want_fio || json )); then
+	command -v python3 >/dev/null 2>&1 ||
+		die "python3 not found: needed for names, --children, --fio and --json (or give pids alone)"
 fi
 
 # --- device filter: MAJ:MIN of a disk (partitions resolved to the disk) ----
@@ -159,7 +193,7 @@ if [[ "${layer_on[block]:-0}" != 1 ]]; then
 	done
 fi
 owned=0
-if [[ "$pid" != 0 || "$comm" != "-" ]]; then
+if (( ! all )); then
 	if [[ "${layer_on[owner]:-0}" == 1 ]]; then
 		owned=1
 	else
@@ -170,111 +204,247 @@ fi
 if [[ -e "$TRACEFS/kprobe_events" ]]; then kp="offered (not needed)"; else
 	kp="not offered by this kernel (not needed: tracepoints only)"; fi
 
-# --- output ----------------------------------------------------------------
-[[ -n "$out" ]] || out="./storage-trace-$(date +%Y%m%d-%H%M%S)"
-mkdir -p "$out" || die "cannot create --out $out"
-out="$(cd "$out" && pwd)"
-gen="$out/storage_latency_stack.gen.bt"
-awk -v on="$on_list" '
-	BEGIN { n = split(on, a, " "); for (i = 1; i <= n; i++) keep[a[i]] = 1; depth = 0; skip = 0 }
-	/^[[:space:]]*\/\/@layer / { depth++; if (!skip && !($2 in keep)) skip = depth; next }
-	/^[[:space:]]*\/\/@end/ { if (skip == depth) skip = 0; depth--; next }
-	{ if (!skip) print }
-' "$BT" > "$gen"
-{
-	echo "layers_on:${on_list:- none}"
-	echo "layers_off:${off_list:- none}"
-	echo "kprobes: $kp"
-	echo "filter: pid $pid comm $comm dev $devname"
-} > "$out/layers.txt"
-while read -r l; do say "$l"; done < "$out/layers.txt"
-
-if (( json )); then
-	trace="$out/trace.json"
-	printf '{"type": "kvtier_meta", "data": {"layers_on": "%s", "layers_off": "%s", "filter_pid": %d, "filter_comm": "%s", "dev": "%s"}}\n' \
-		"${on_list# }" "$(o="${off_list# }"; echo "${o:-none}")" "$pid" "$comm" "$devname" > "$trace"
-	fmt=(-f json)
-else
-	trace="$out/trace.txt"
-	sed 's/^/# kvtier /' "$out/layers.txt" > "$trace"
-	fmt=()
+# layers this capture does not need
+drop_layer() {
+	if [[ "${layer_on[$1]:-0}" == 1 ]]; then
+		layer_on[$1]=0
+		on_list="$(echo " $on_list " | sed "s/ $1 / /; s/^ *//; s/ *$//")"
+		off_list="$off_list $1($2)"
+	fi
+}
+if (( all )); then
+	drop_layer follow "every process"; drop_layer mailbox "every process"
+elif (( simple )); then
+	drop_layer follow "pids without --children"; drop_layer mailbox "pids only"
+elif [[ "${layer_on[follow]:-0}" != 1 ]]; then
+	say "WARNING: no task:task_newtask: children started while tracing are added by a rescan each second, not from their start"
 fi
 
-# bpftrace gets SIGINT from Ctrl-C (same process group) or from us at the
-# end of --duration; either way it runs END and prints its maps.
+# --- output ----------------------------------------------------------------
+[[ -n "$out" ]] || out="./storage-trace-$(date +%Y%m%d-%H%M%S)"
+created_out=1
+[[ -e "$out" ]] && created_out=0
+mkdir -p "$out" || die "cannot create --out $out"
+out="$(cd "$out" && pwd)"
+
+# --- targets: the matched set, grouped by instance --------------------------
+# The tracer itself is never a target (its command line holds the names).
+tgt_args=(${names[@]+"${names[@]}"})
+for p in ${pids[@]+"${pids[@]}"}; do tgt_args+=(--pid "$p"); done
+(( children )) && tgt_args+=(--children)
+(( kv_server )) || tgt_args+=(--no-kv-server)
+tgt_args+=(--exclude $$)
+targets() { ( cd "$HERE/.." && python3 -m tracing.targets "$@" ); }
+matched="$out/matched.tsv"
+if (( all )); then
+	printf '# pid\tgroup\tcomm\twhy\tcmdline\n' > "$matched"
+elif (( simple )); then
+	{
+		printf '# pid\tgroup\tcomm\twhy\tcmdline\n'
+		for p in "${pids[@]}"; do
+			printf '%s\t1\t%s\t--pid\t%s\n' "$p" "$(cat "/proc/$p/comm" 2>/dev/null)" \
+				"$(tr '\0\t\n' '   ' < "/proc/$p/cmdline" 2>/dev/null)"
+		done
+	} > "$matched"
+else
+	targets resolve "${tgt_args[@]}" --out "$out" > /dev/null ||
+		die "matching the targets failed (python3 -m tracing.targets)"
+fi
+n_matched=$(grep -vc '^#' "$matched" || true)
+target_desc="$( (( all )) && echo all || echo "${names[*]+${names[*]}}${pids[*]+ pid ${pids[*]}}" | sed 's/^ //')"
+if (( all )); then
+	say "targets: every process"
+elif (( n_matched == 0 )); then
+	say "no process matches '$target_desc' yet; tracing what matches once it starts (rescanned each second)"
+else
+	say "targets: $n_matched processes match '$target_desc' (pid [instance] task: why: command line):"
+	while IFS=$'\t' read -r p g c w cmd; do
+		[[ "$p" == \#* ]] && continue
+		say "  $p [$g] $c: $w: ${cmd:0:90}"
+	done < "$matched"
+fi
+groups=$(awk -F'\t' '!/^#/ {print $2}' "$matched" | sort -un)
+[[ -n "$groups" ]] || groups=1
+if (( per_instance )) && [[ "$(echo "$groups" | wc -l)" -gt 1 ]]; then
+	captures=$groups
+else
+	captures=0
+	(( per_instance )) && say "--per-instance: one instance matched, one capture"
+fi
+
+# --- one capture per instance (or one of all) ------------------------------
 ncpu="$(getconf _NPROCESSORS_CONF 2>/dev/null || nproc)"
 if (( ncpu > 64 )); then
 	say "WARNING: $ncpu CPUs: queue depth sums the first 64 CPUs' counters only"
 	ncpu=64
 fi
-bpftrace "${fmt[@]}" "$gen" "$pid" "$comm" "$devt" "$region_gib" "$owned" "$ncpu" \
-	>> "$trace" 2> "$out/bpftrace.stderr" &
-bt_pid=$!
+filter=$(( all ? 0 : 1 ))
+# the watcher mails processes that match while tracing to every bpftrace;
+# its pid is each script's MAILER, so it starts first (and waits for them)
+mailer=0 watcher=""
+traces=()
+for g in $captures; do
+	d="$out"; (( g == 0 )) || d="$out/group$g"
+	mkdir -p "$d"
+	traces+=("$d/trace.$( (( json )) && echo json || echo txt)")
+done
+if (( ! all && ! simple )); then
+	watch_args=(); for t in "${traces[@]}"; do watch_args+=(--trace "$t"); done
+	( cd "$HERE/.." && exec python3 -m tracing.targets watch "${tgt_args[@]}" --out "$out" "${watch_args[@]}" ) &
+	watcher=$! mailer=$watcher
+fi
+
+bt_pids=() k=0
+for g in $captures; do
+	d="$out"; (( g == 0 )) || d="$out/group$g"
+	trace="${traces[$k]}"; k=$((k + 1))
+	gen="$d/storage_latency_stack.gen.bt"
+	# seeds: the matched pids of this capture (every group when combined)
+	seeds="$(awk -F'\t' -v g="$g" '!/^#/ && (g == 0 || $2 == g) {printf "\t@traced[%d] = %d;\n", $1, $2}' "$matched")"$'\n'
+	awk -v on="$on_list" -v seeds="$seeds" '
+		BEGIN { n = split(on, a, " "); for (i = 1; i <= n; i++) keep[a[i]] = 1; depth = 0; skip = 0 }
+		/^[[:space:]]*\/\/@layer / { depth++; if (!skip && !($2 in keep)) skip = depth; next }
+		/^[[:space:]]*\/\/@end/ { if (skip == depth) skip = 0; depth--; next }
+		/^[[:space:]]*\/\/@seed/ { if (!skip) printf "%s", seeds; next }
+		{ if (!skip) print }
+	' "$BT" > "$gen"
+	{
+		echo "layers_on:${on_list:- none}"
+		echo "layers_off:${off_list:- none}"
+		echo "kprobes: $kp"
+		echo "filter: $target_desc$( (( g )) && echo " instance $g") dev $devname"
+	} > "$d/layers.txt"
+	(( k == 1 )) && while read -r l; do say "$l"; done < "$d/layers.txt"
+	if (( json )); then
+		printf '{"type": "kvtier_meta", "data": {"layers_on": "%s", "layers_off": "%s", "filter": "%s", "dev": "%s"}}\n' \
+			"${on_list# }" "$(o="${off_list# }"; echo "${o:-none}")" "$target_desc$( (( g )) && echo " instance $g")" "$devname" > "$trace"
+		fmt=(-f json)
+	else
+		sed 's/^/# kvtier /' "$d/layers.txt" > "$trace"
+		fmt=()
+	fi
+	# bpftrace gets SIGINT from Ctrl-C (same process group) or from us at
+	# the end of --duration; either way it runs END and prints its maps.
+	bpftrace ${fmt[@]+"${fmt[@]}"} "$gen" "$filter" "$mailer" "$devt" "$region_gib" "$owned" "$ncpu" "$g" \
+		>> "$trace" 2> "$d/bpftrace.stderr" &
+	bt_pids+=($!)
+done
+
 # The kernel skips a BPF program that would run while another one runs on
 # the same CPU (recursion guard); on kernels whose syscall tracepoints run
 # preemptible, block events are lost this way. Count the skips, so the
 # capture's health is known rather than guessed.
 record_misses() {
-	local f n=0 m
-	for f in /proc/"$bt_pid"/fdinfo/*; do
-		m="$(sed -n 's/^recursion_misses:[[:space:]]*//p' "$f" 2>/dev/null || true)"
-		if [[ "$m" =~ ^[0-9]+$ ]]; then n=$(( n + m )); fi
+	local f n=0 m k=0 g d
+	for g in $captures; do
+		d="$out"; (( g == 0 )) || d="$out/group$g"
+		n=0
+		for f in /proc/"${bt_pids[$k]}"/fdinfo/*; do
+			m="$(sed -n 's/^recursion_misses:[[:space:]]*//p' "$f" 2>/dev/null || true)"
+			if [[ "$m" =~ ^[0-9]+$ ]]; then n=$(( n + m )); fi
+		done
+		echo "$n" > "$d/missed_events"
+		k=$((k + 1))
 	done
-	echo "$n" > "$out/missed_events"
 }
 # SIGINT, repeated: a first SIGINT has been seen to go unnoticed by
 # bpftrace 0.17 now and then; END still runs on the second one.
 interrupt() {
 	record_misses
-	kill -INT "$bt_pid" 2>/dev/null || return 0
+	local b alive
+	kill -INT "${bt_pids[@]}" 2>/dev/null || true
 	for _ in 1 2 3 4 5 6; do
 		sleep 2
-		kill -0 "$bt_pid" 2>/dev/null || return 0
-		kill -INT "$bt_pid" 2>/dev/null || return 0
+		alive=()
+		for b in "${bt_pids[@]}"; do kill -0 "$b" 2>/dev/null && alive+=("$b"); done
+		(( ${#alive[@]} )) || return 0
+		kill -INT "${alive[@]}" 2>/dev/null || true
 	done
 	say "bpftrace ignores SIGINT; terminating it (no histograms)"
-	kill -TERM "$bt_pid" 2>/dev/null || true
+	kill -TERM "${bt_pids[@]}" 2>/dev/null || true
 }
 stopper=""
 stop() { [[ -n "$stopper" ]] && return; ( interrupt ) & stopper=$!; }
 trap stop INT TERM
 timer=""
 if [[ -n "$duration" ]]; then
-	( sleep "$duration"; interrupt ) & timer=$!
+	# the capture lasts S seconds from attach (attaching takes seconds on
+	# a loaded machine), or from now when bpftrace never says it attached
+	(
+		for t in "${traces[@]}"; do
+			for _ in $(seq 600); do
+				grep -q 'Tracing storage I/O by layer' "$t" 2>/dev/null && break
+				sleep 0.1
+			done
+		done
+		sleep "$duration"; interrupt
+	) & timer=$!
 fi
-say "tracing $([[ $pid != 0 ]] && echo "pid $pid" || echo "comm $comm") on $devname into $trace$([[ -n $duration ]] && echo " for ${duration}s" || echo "; Ctrl-C to end")"
-rc=0
-while kill -0 "$bt_pid" 2>/dev/null; do
-	wait "$bt_pid" && rc=0 || rc=$?
+say "tracing $target_desc on $devname into ${traces[*]}$([[ -n $duration ]] && echo " for ${duration}s" || echo "; Ctrl-C to end")"
+rc=0 k=0
+for b in "${bt_pids[@]}"; do
+	r=0
+	while kill -0 "$b" 2>/dev/null; do
+		wait "$b" && r=0 || r=$?
+	done
+	[[ $r -eq 0 || $r -eq 130 ]] || rc=$r
 done
-for p in $timer $stopper; do kill "$p" 2>/dev/null || true; done
+for p in $timer $stopper $watcher; do kill "$p" 2>/dev/null || true; done
+[[ -z "$watcher" ]] || wait "$watcher" 2>/dev/null || true
 trap - INT TERM
-grep -v 'RLIMIT_MEMLOCK' "$out/bpftrace.stderr" >&2 || true
-missed="$(cat "$out/missed_events" 2>/dev/null || echo unknown)"
-echo "missed_events: $missed" >> "$out/layers.txt"
-if (( json )); then
-	printf '{"type": "kvtier_meta", "data": {"missed_events": "%s"}}\n' "$missed" >> "$trace"
-else
-	echo "# kvtier missed_events: $missed" >> "$trace"
-fi
-if [[ "$missed" =~ ^[0-9]+$ && "$missed" -gt 0 ]]; then
-	say "WARNING: the kernel skipped $missed probe runs (BPF recursion guard): counts are low and queue depth may drift; --no-syscalls keeps the block layer whole"
-fi
+k=0
+for g in $captures; do
+	d="$out"; (( g == 0 )) || d="$out/group$g"
+	trace="${traces[$k]}"; k=$((k + 1))
+	grep -v 'RLIMIT_MEMLOCK' "$d/bpftrace.stderr" >&2 || true
+	missed="$(cat "$d/missed_events" 2>/dev/null || echo unknown)"
+	echo "missed_events: $missed" >> "$d/layers.txt"
+	if (( json )); then
+		printf '{"type": "kvtier_meta", "data": {"missed_events": "%s"}}\n' "$missed" >> "$trace"
+	else
+		echo "# kvtier missed_events: $missed" >> "$trace"
+	fi
+	if [[ "$missed" =~ ^[0-9]+$ && "$missed" -gt 0 ]]; then
+		say "WARNING: the kernel skipped $missed probe runs (BPF recursion guard): counts are low and queue depth may drift; --no-syscalls keeps the block layer whole"
+	fi
+done
+n_now=$(grep -vc '^#' "$matched" || true)
+(( all )) || say "traced $n_now processes (matched.tsv), $((n_now - n_matched)) of them found while tracing"
+# A tracer run with sudo leaves its output to the user who asked for it:
+# the folder when it made it, else only the files it wrote (never what was
+# there before, never through a link)
+chown_out() {
+	[[ -n "${SUDO_UID:-}" && -n "${SUDO_GID:-}" ]] || return 0
+	if (( created_out )); then
+		chown -R -P "$SUDO_UID:$SUDO_GID" "$out" 2>/dev/null || true
+		return 0
+	fi
+	local f
+	for f in "$out"/{trace.txt,trace.json,layers.txt,matched.tsv,missed_events,bpftrace.stderr,storage_latency_stack.gen.bt,job.fio,histograms.json} "$out"/group*; do
+		[[ -e "$f" && ! -L "$f" ]] && chown -R -P "$SUDO_UID:$SUDO_GID" "$f" 2>/dev/null
+	done
+	return 0
+}
 # 130 = ended by SIGINT, which is how every capture ends
-if [[ $rc -ne 0 && $rc -ne 130 ]]; then
+if [[ $rc -ne 0 ]]; then
 	say "bpftrace failed (exit $rc); see $out/bpftrace.stderr"
+	chown_out
 	exit "$rc"
 fi
 
 if (( json )) || (( want_fio )); then
-	if ! command -v python3 >/dev/null 2>&1; then
-		say "python3 not found: raw trace kept, no histograms.json/job.fio"
-		exit 0
-	fi
-	( cd "$HERE/.." && python3 -m tracing.distill -i "$trace" \
-		$( (( json )) && echo "--dump-json $out/histograms.json" ) \
-		$( (( want_fio )) && echo "-o $out/job.fio" ) \
-		--process "$([[ $comm != - ]] && echo "$comm" || echo "pid$pid")" ) ||
-		say "distilling failed; the raw trace is in $trace"
+	k=0
+	for g in $captures; do
+		d="$out"; (( g == 0 )) || d="$out/group$g"
+		trace="${traces[$k]}"; k=$((k + 1))
+		name="${names[0]:-pid${pids[0]:-all}}"
+		(( g == 0 )) || name="$name-instance$g"
+		( cd "$HERE/.." && python3 -m tracing.distill -i "$trace" \
+			$( (( json )) && echo "--dump-json $d/histograms.json" ) \
+			$( (( want_fio )) && echo "-o $d/job.fio" ) \
+			--process "$name" ) ||
+			say "distilling failed; the raw trace is in $trace"
+	done
 fi
+chown_out
 say "done: $out"

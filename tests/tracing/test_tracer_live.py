@@ -21,7 +21,19 @@ from tracing.session import TraceSession
 
 BT = TRACING / "storage_latency_stack.bt"
 SH = TRACING / "storage_latency_stack.sh"
-LAYERS = ["owner", "queue", "block", "requeue", "merge", "syscalls", "fadvise", "libaio", "io_uring"]
+LAYERS = [
+    "follow",
+    "mailbox",
+    "owner",
+    "queue",
+    "block",
+    "requeue",
+    "merge",
+    "syscalls",
+    "fadvise",
+    "libaio",
+    "io_uring",
+]
 
 # Only what attaches or compiles is gated: the script's style and the wrapper's argument checks run anywhere.
 live = [pytest.mark.root, needs_root, needs_bpftrace]
@@ -56,7 +68,7 @@ def ensure_tracefs():
 
 @pytest.mark.slow
 @_live
-@pytest.mark.parametrize("drop", [None, "owner", "queue", "requeue", "merge", "syscalls", "block"])
+@pytest.mark.parametrize("drop", [None, "follow", "mailbox", "owner", "queue", "requeue", "merge", "syscalls", "block"])
 def test_script_compiles_without_attaching(tmp_path, drop):
     # bpftrace 0.17 has no --dry-run; --emit-elf runs the parser, semantic
     # checks and code generation and writes the ELF without attaching or
@@ -68,7 +80,7 @@ def test_script_compiles_without_attaching(tmp_path, drop):
     src = tmp_path / "v.bt"
     src.write_text(strip_layers(keep))
     p = subprocess.run(
-        ["bpftrace", "--emit-elf", str(tmp_path / "v.elf"), str(src), "0", "-", "0", "8", "1", "2"],
+        ["bpftrace", "--emit-elf", str(tmp_path / "v.elf"), str(src), "1", "0", "0", "8", "1", "2", "0"],
         capture_output=True,
         text=True,
         timeout=60,
