@@ -154,11 +154,13 @@ def run_rank(args) -> int:
 
 
 def _first_error(errors: list) -> tuple[int, str] | None:
-    for r, err in enumerate(errors):
-        if err is not None:
-            code, msg = err
-            return code, f"rank {r}: {msg}" if len(errors) > 1 else msg
-    return None
+    """The first rank's error as (exit code, line); the rank is named unless every rank failed the same way."""
+    failed = [(r, err) for r, err in enumerate(errors) if err is not None]
+    if not failed:
+        return None
+    r, (code, msg) = failed[0]
+    same_everywhere = len(failed) == len(errors) and all(err[1] == msg for _, err in failed)
+    return code, msg if same_everywhere else f"rank {r}: {msg}"
 
 
 def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_output_paths, config_from_args) -> int:
