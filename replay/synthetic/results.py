@@ -78,7 +78,12 @@ def cache_stats(tiers: dict, events: dict, elapsed_s: float, bytes_per_token: in
         # KV tokens that went through the storage tiers, reads and writes (demotions into storage included).
         "storage_tokens_processed": storage_b // bytes_per_token if bytes_per_token else 0,
         "nvme_tokens_processed": storage_b // bytes_per_token if bytes_per_token else 0,
+        # Entries moved down into the CPU tier / the storage tiers (the reference's offloads).
+        "offloads_cpu": sum(t.get("events", {}).get("demotions_in", 0) for t in tiers.values() if t["kind"] == "cpu"),
+        "offloads_storage": sum(t.get("events", {}).get("demotions_in", 0) for t in _storage_tiers(tiers)),
     }
+    for kind in FAST_KINDS:
+        out[f"{kind}_memory_used_gb"] = round(sum(t["used_bytes"] for t in tiers.values() if t["kind"] == kind) / GB, 4)
     for name, t in tiers.items():
         label = tier_label(t["kind"], name)
         out[f"{label}_entries"] = t["entries"]
@@ -259,7 +264,7 @@ def _qos_stats(qos_metrics: dict) -> dict:
     }
 
 
-def _autoscaling_summary(mode: str, steps_by_client: list[list[dict]]) -> dict:
+def _autoscaling_summary(mode: str, steps_by_client: list[list[dict]], initial_users: int) -> dict:
     """Each client scales its own users: its last step says how many it ended with, its peak step where its
     throughput was highest. Across clients users and peak throughputs add (each client's own peak)."""
     steps = [s for s in steps_by_client if s]
@@ -271,6 +276,10 @@ def _autoscaling_summary(mode: str, steps_by_client: list[list[dict]]) -> dict:
         "peak_throughput_tokens_per_sec": sum(p["throughput_tokens_per_sec"] for p in peaks),
         "peak_users": sum(p["users"] for p in peaks),
         "reason": "; ".join(dict.fromkeys(s[-1]["reason"] for s in steps)),
+        # The reference's names for the same figures.
+        "initial_users": initial_users,
+        "total_scale_events": sum(len(s) for s in steps),
+        "peak_user_count": sum(p["users"] for p in peaks),
     }
 
 
@@ -300,6 +309,10 @@ def summary(
     caches["decode_bytes_read_gb"] = round(req.decode_bytes_read / GB, 4)
     caches["prefill_bytes_written_gb"] = round(req.prefill_bytes_written / GB, 4)
     caches["decode_reads"] = req.decode_reads
+    # The reference's hit counters by kind of read: system prompt, previous turn, a request's own entry (decode).
+    caches["system_prompt_hits"] = req.prefix_hits
+    caches["multi_turn_hits"] = req.multi_turn_hits
+    caches["user_cache_hits"] = req.decode_reads - req.decode_misses
 
     def per_s(n: float, digits: int) -> float:
         return round(n / elapsed_s, digits) if elapsed_s else 0.0
@@ -370,7 +383,7 @@ def summary(
         "requests_by_profile": dict(sorted(req.by_profile.items())),
     }
     if any(autoscaling):
-        out["autoscaling_summary"] = _autoscaling_summary(cfg.autoscaler_mode, autoscaling)
+        out["autoscaling_summary"] = _autoscaling_summary(cfg.autoscaler_mode, autoscaling, cfg.num_users)
     return out
 
 

@@ -70,6 +70,11 @@ def test_storage_only_keys_mean_what_the_spec_says(client_files):
         ]
         assert cs["nvme_tokens_processed"] == tokens_moved > 0
         assert s["end_to_end_latency_p95_ms"] == s["end_to_end_latency_ms"]["p95"]
+        # The reference's counters by kind of read.
+        assert cs["user_cache_hits"] == s["decode_stats"]["reads"] - s["decode_stats"]["misses"] > 0
+        assert cs["system_prompt_hits"] == s["prefix_cache_stats"]["hits"]
+        assert cs["multi_turn_hits"] == s["multi_turn_stats"]["previous_turn_hits"]
+        assert cs["cpu_memory_used_gb"] == cs["gpu_memory_used_gb"] == 0 == cs["offloads_storage"]
         # qos_stats (section 3.9): per class, the p95 its SLA is judged on and the verdict.
         assert set(s["qos_stats"]) == set(s["qos_metrics"])
         for name, q in s["qos_stats"].items():
