@@ -75,6 +75,8 @@ def load_source(path: str) -> dict:
         doc = load_result(path)
     except CompareError as exc:
         raise MergeError(str(exc)) from None
+    if doc.get("kind") == "kvtier-bench-trials":
+        raise MergeError(f"{path}: a --trials document (medians); merge its per-trial files instead")
     missing = [k for k in ("config", "model", "tiers", "request_histograms") if not isinstance(doc.get(k), dict)]
     if missing:
         raise MergeError(f"{path}: not a mergeable kvtier bench result (no {', '.join(missing)})")

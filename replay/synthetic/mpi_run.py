@@ -171,6 +171,8 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
         cfg = config_from_args(args)
         if cfg.num_clients > 1:
             raise ConfigError("--num-clients runs processes on one host; under mpirun each rank is one client (-n)")
+        if getattr(args, "trials", None) or getattr(args, "submission_check", False):
+            raise ConfigError("--trials and --submission-check are not for mpirun: run it once per trial, then check")
         if cfg.enable_latency_tracing:
             raise ConfigError("--enable-latency-tracing traces one process: not under mpirun")
         if cfg.num_users < size:

@@ -105,6 +105,8 @@ def test_files_that_cannot_be_merged_are_refused_with_one_line(runs, tmp_path, c
     (tmp_path / "buffered.json").write_text(json.dumps(other))
     (tmp_path / "replay.json").write_text(json.dumps({"request_throughput": 1.0, "ttft_ms": {}}))
     (tmp_path / "exists.json").write_text("{}\n")
+    trials = {"kind": "kvtier-bench-trials", "summary": {"elapsed_time": 3.0}, "per_trial": []}
+    (tmp_path / "trials.json").write_text(json.dumps(trials))
     out = tmp_path / "x.json"
     cases = [
         ((a, tmp_path / "buffered.json", "-o", out), "config key io_mode is 'buffered'"),
@@ -113,6 +115,7 @@ def test_files_that_cannot_be_merged_are_refused_with_one_line(runs, tmp_path, c
         ((a, b, "-o", a), "--output " + str(a) + " is one of the inputs"),
         ((a, b, "-o", tmp_path / "exists.json"), "exists; pass --force"),
         ((a, tmp_path / "missing.json", "-o", out), "no such file"),
+        ((a, tmp_path / "trials.json", "-o", out), "merge its per-trial files"),
     ]
     # The same run under another name (a copy) would count twice as well.
     (tmp_path / "copy.json").write_text(a.read_text())
