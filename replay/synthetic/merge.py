@@ -109,9 +109,10 @@ def _run_id(doc: dict) -> tuple:
 def check_mergeable(docs: Sequence[dict], names: Sequence[str]) -> None:
     """Raise MergeError naming the first config key (or the model) that makes merging `docs` meaningless, or the
     first run that comes twice (its bytes would count twice)."""
-    base = docs[0]["config"]
-    for doc, name in zip(docs[1:], names[1:]):
-        cfg = doc["config"]
+    # Each config as this kvtier reads it: a key an older file lacks compares as its default.
+    configs = [_config_of(d, n).model_dump(mode="json") for d, n in zip(docs, names)]
+    base = configs[0]
+    for doc, name, cfg in zip(docs[1:], names[1:], configs[1:]):
         for key in sorted(set(base) | set(cfg)):
             if key in ADDITIVE or key in PER_SOURCE:
                 continue
@@ -144,8 +145,8 @@ def _short(value) -> str:
 def merged_config(docs: Sequence[dict]) -> BenchConfig:
     """The config of the job the sources were shares of: additive keys summed, per-source keys kept where the
     sources agree (else unset: the sources' own configs stay in `clients`)."""
-    data = dict(docs[0]["config"])
-    configs = [d["config"] for d in docs]
+    configs = [_config_of(d, f"source {i + 1}").model_dump(mode="json") for i, d in enumerate(docs)]
+    data = dict(configs[0])
     for key in ADDITIVE:
         values = [c.get(key) for c in configs]
         if any(v is not None for v in values):  # gpu_mem_gb None: the default, 0 without CUDA
@@ -465,10 +466,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise MergeError(f"--labels needs {len(args.results)} distinct names, got {args.labels!r}")
         else:
             names = list(args.results)
-        docs = [load_source(p) for p in args.results]
-        for d, name in zip(docs, names):
-            _config_of(d, name)
-        doc = merge_results(docs, names)
+        doc = merge_results([load_source(p) for p in args.results], names)
     except MergeError as exc:
         return fail(PROG, str(exc))
     return write_merged(doc, output, args, is_default=args.output is None)
