@@ -22,7 +22,7 @@ from ..sources.base import WorkloadError
 from . import sysinfo
 from .config import BenchConfig
 from .driver import RunOutcome, SyntheticDriver, rag_key
-from .mlperf_config import unused_key_notes
+from .mlperf_config import is_large_model, unused_key_notes
 from .payload import RandomPayload
 from .precondition import run_precondition
 from .results import document_keys, fallbacks, request_histograms, summary, tier_details
@@ -162,13 +162,14 @@ class Bench:
             if "error" in self.setup["precondition"]:
                 self.notes.append(f"precondition stopped early: {self.setup['precondition']['error']}")
         if cfg.enable_rag:
-            chunk_bytes = cfg.rag.chunk_tokens * self.bytes_per_token
-            total = cfg.rag_num_docs * cfg.rag.chunks_per_doc
-            for i, (d, c) in enumerate((d, c) for d in range(cfg.rag_num_docs) for c in range(cfg.rag.chunks_per_doc)):
+            chunk_bytes = cfg.rag.chunk_tokens_for(self.bytes_per_token) * self.bytes_per_token
+            docs = self.workload.rag_documents(is_large_model(cfg, self.spec))
+            total = sum(docs)
+            for i, (d, c) in enumerate((d, c) for d, n in enumerate(docs) for c in range(n)):
                 self.store.put(rag_key(d, c), self.payload.chunks(chunk_bytes, rng))
                 if on_progress:
                     on_progress("rag ingest", i + 1, total)
-            self.setup["rag_ingest"] = {"documents": cfg.rag_num_docs, "chunks": total, "chunk_bytes": chunk_bytes}
+            self.setup["rag_ingest"] = {"documents": len(docs), "chunks": total, "chunk_bytes": chunk_bytes}
         self.prepopulated: list[str] = []
         if cfg.decode_only:
             n = cfg.num_users * PREPOPULATE_PER_USER

@@ -31,6 +31,7 @@ examples:
   kvtier bench --use-burst-trace --burst-trace-path 'BurstGPT/*.csv' --trace-speedup 10
   kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
+  kvtier bench --prefix-model chained --block-size 256 --rounds 20 --num-users 16 --cpu-mem-gb 2   # hit-rate cliff
   kvtier bench --num-clients 2 --num-users 200                 # two processes, merged results
   kvtier bench --trials 5 --seed 42 --output stress.json       # 5 trials (stress-trial1.json ...), medians
   kvtier bench --trials 3 --submission-check --duration 300 --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode none
@@ -104,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(f"{mode} {ms:g} ms" for mode, ms in GenerationConfig().ms_per_token.items()),
     )
     w("--decode-batch-size", type=int, help="tokens per decode read")
+    w(
+        "--prefix-model",
+        choices=["entries", "chained"],
+        help="entries: a turn's KV is one entry; chained: a session's KV is a chain of --block-size blocks, reused up "
+        "to the first block missing from every tier, sessions in lockstep rounds with a per-round hit-rate table",
+    )
+    w("--block-size", type=int, help="chained: tokens per KV block")
+    w("--rounds", type=int, help="chained: turns per session (0 = each conversation's own length)")
     w(
         "--performance-profile",
         choices=["latency", "throughput"],

@@ -233,6 +233,11 @@ class GenerationConfig(_Section):
     ms_per_token: dict[Literal["none", "fast", "realistic"], float] = Field(
         default_factory=lambda: {"none": 0.0, "fast": 2.0, "realistic": 30.0}
     )
+    # --prefix-model chained: simulated GPU time per prompt token the server computes (new tokens and every token it
+    # recomputes after a prefix miss), by generation mode.
+    prefill_ms_per_token: dict[Literal["none", "fast", "realistic"], float] = Field(
+        default_factory=lambda: {"none": 0.0, "fast": 0.02, "realistic": 0.2}
+    )
 
 
 class ShareGPTConfig(_Section):
@@ -334,6 +339,13 @@ class BenchConfig(_Section):
     # semantics (whole-context entries, every earlier turn re-read, >= 10k-token requests prefill only, and
     # max_concurrent_allocs 0 = no bound on requests doing I/O at once). See the README's "Request models".
     request_model: Literal["kvtier", "reference"] = "kvtier"
+    # entries: a turn's KV is one entry (above). chained: a session's KV is a chain of block_size-token blocks, each
+    # an entry, reused only up to the first block missing from every tier; sessions run in lockstep rounds
+    # (replay/synthetic/chained.py).
+    prefix_model: Literal["entries", "chained"] = "entries"
+    block_size: int = Field(256, ge=1, le=1_048_576)
+    # chained: turns per session (every session runs exactly this many); 0 = each conversation's own length.
+    rounds: int = Field(0, ge=0, le=1_000_000)
     # None: 8, or with request_model reference one per user up to 500 (see effective_io_workers).
     io_workers: int | None = Field(None, ge=1, le=1024)
     random_buffer_mb: int = Field(256, ge=16, le=16384)
@@ -407,6 +419,20 @@ class BenchConfig(_Section):
             raise ValueError("qos_distribution needs non-negative shares with a positive sum")
         if self.enable_latency_tracing and self.num_clients > 1:
             raise ValueError("--enable-latency-tracing traces one process: not with --num-clients")
+        if self.prefix_model == "chained":
+            clash = [
+                flag
+                for flag, on in (
+                    ("--request-model reference", self.request_model == "reference"),
+                    ("--decode-only", self.decode_only),
+                    ("--enable-autoscaling", self.enable_autoscaling),
+                    ("--num-clients > 1", self.num_clients > 1),
+                    ("a timed trace (--trace-speedup > 0)", self.use_burst_trace and self.trace_speedup > 0),
+                )
+                if on
+            ]
+            if clash:
+                raise ValueError(f"--prefix-model chained runs fixed sessions in rounds: not with {clash[0]}")
         if self.autoscaler.min_users > self.autoscaler.max_users:
             raise ValueError("autoscaler.min_users must not exceed autoscaler.max_users")
         return self

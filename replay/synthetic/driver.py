@@ -476,12 +476,14 @@ class SyntheticDriver:
 
     async def _rag(self, prio: tuple, rng: random.Random) -> int:
         rc = self.cfg.rag
-        docs = self.cfg.rag_num_docs
-        # Retrieval favours some documents (Zipf-like), as real corpora do.
-        picks = {
-            (rng.choices(range(docs), weights=[1 / (d + 1) for d in range(docs)])[0], rng.randrange(rc.chunks_per_doc))
-            for _ in range(rc.top_k)
-        }
+        chunks = self.workload.rag_docs
+        docs = len(chunks)
+        # zipfian: retrieval favours some documents (1/rank), as real corpora do; uniform (random): any document.
+        weights = [1 / (d + 1) for d in range(docs)] if rc.retrieval_distribution == "zipfian" else None
+        picks = set()
+        for _ in range(rc.top_k):
+            d = rng.choices(range(docs), weights=weights)[0]
+            picks.add((d, rng.randrange(chunks[d])))
         t0 = time.perf_counter_ns()
         results = await asyncio.gather(*(self._io(prio, "rag", self.store.get, rag_key(d, c)) for d, c in picks))
         storage = sum(r.timing.total_ns for r in results)
@@ -493,7 +495,10 @@ class SyntheticDriver:
                     "rag",
                     self.store.put,
                     rag_key(d, c),
-                    self.payload.chunks(self.workload.entry_tokens(rc.chunk_tokens) * self.bytes_per_token, rng),
+                    self.payload.chunks(
+                        self.workload.entry_tokens(rc.chunk_tokens_for(self.bytes_per_token)) * self.bytes_per_token,
+                        rng,
+                    ),
                 )
                 storage += w.timing.total_ns
         self.req.rag_queries += 1

@@ -85,6 +85,13 @@ def from_reference(data):
     return data
 
 
+def is_large_model(cfg, spec) -> bool:
+    """The reference's "large model" (its RAG document sizes): hidden_dim >= 8192 (known from model_configs) or
+    >= 64 layers."""
+    custom = cfg.model_configs.get(cfg.model)
+    return spec.num_layers >= 64 or (custom is not None and custom.hidden_dim >= 8192)
+
+
 def check_validation_limits(cfg) -> None:
     """validation_limits.*: the run's size within the bounds the file sets (ValueError naming the limit)."""
     vl = cfg.validation_limits
@@ -141,9 +148,13 @@ REFERENCE_KEYS: list[tuple[str, str, str]] = [
         "listed, not read by its code (built-in 0, 2, 30 ms per token)",
         "used: seconds per token per --generation-mode, as generation.ms_per_token",
     ),
-    ("qos_profiles.*.target_latency_p95_ms / p99", "SLA targets", "same (target_p95_ms, target_p99_ms)"),
     (
-        "qos_profiles.*.target_latency_p999_ms / p9999",
+        "qos_profiles.*.target_latency_p95_ms / target_latency_p99_ms",
+        "SLA targets",
+        "same (target_p95_ms, target_p99_ms)",
+    ),
+    (
+        "qos_profiles.*.target_latency_p999_ms / target_latency_p9999_ms",
         "SLA targets at 99.9 / 99.99 %",
         "the SLA verdict also checks them",
     ),
@@ -179,7 +190,12 @@ REFERENCE_KEYS: list[tuple[str, str, str]] = [
     ("rag.max_chunk_bytes", "cap on one chunk's bytes", "same: a chunk's tokens are cut to fit"),
     ("rag.retrieval_distribution", "zipfian or uniform (random) chunk choice", "zipfian or uniform document choice"),
     ("rag.max_documents", "documents before it evicts (0 = no cap)", "caps --rag-num-docs (0 = no cap)"),
-    ("rag.*_model_doc_tokens_min / max", "document size range, large or small model", "same: chunks per document"),
+    (
+        "rag.large_model_doc_tokens_min / large_model_doc_tokens_max / small_model_doc_tokens_min"
+        " / small_model_doc_tokens_max",
+        "document size range, large or small model",
+        "same: chunks per document",
+    ),
     (
         "conversation.max_conversations",
         "conversations it keeps state for",

@@ -15,6 +15,8 @@ from kvconnector.files import atomic_path
 from kvconnector.units import GB
 
 from ..outputs._common import sla_verdict_text
+from ..outputs.tables import _ROUND_COLS as ROUND_COLUMNS
+from ..outputs.tables import rows_table
 
 # Set for each process of --num-clients: the file its live figures go to, for the parent's aggregate view.
 STATUS_ENV = "KVTIER_CLIENT_STATUS"
@@ -235,6 +237,8 @@ def summary_tables(doc: dict) -> list[Table]:
                 st["reason"],
             )
         tables.append(a)
+    if doc.get("rounds"):  # --prefix-model chained: the same per-round table as kvtier replay's
+        tables.append(rows_table("per round (chained prefix)", doc["rounds"], ROUND_COLUMNS))
     return tables
 
 

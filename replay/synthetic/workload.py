@@ -11,16 +11,60 @@ can hold, counting each cut by reason (`truncated_requests`), so no input row ca
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..sources.base import Conversation, LoadReport, WorkloadError
+from ..sources.base import Conversation, LoadReport, Turn, WorkloadError
 from ..sources.burstgpt import load_burstgpt
-from ..sources.sharegpt import load_sharegpt
+from ..sources.sharegpt import default_token_counter, load_sharegpt
 from ..sources.synthetic_users import SyntheticUser
 from .config import BenchConfig, UserTemplate
+
+
+def sharegpt_counter(chars_per_token: float):
+    """tiktoken's counter when its data is here, else len(text) / chars_per_token (sharegpt.chars_per_token_estimate);
+    returns (counter, name for the load report)."""
+    count, name = default_token_counter()
+    if not name.startswith("estimate") or chars_per_token == 4:
+        return count, name
+
+    def estimate(text: str) -> int:
+        return max(1, math.ceil(len(text) / chars_per_token)) if text else 0
+
+    return estimate, name.replace("chars/4", f"chars/{chars_per_token:g}")
+
+
+def cut_turns(
+    conversations: list[Conversation], max_input: int | None, max_output: int | None, report: LoadReport
+) -> list[Conversation]:
+    """Turns' input / answer tokens cut to sharegpt.max_context_tokens / max_generation_tokens, each cut counted."""
+    if max_input is None and max_output is None:
+        return conversations
+    out = []
+    for conv in conversations:
+        turns = []
+        for t in conv.turns:
+            inp, outp = t.input_tokens, t.output_tokens
+            if max_input is not None and inp > max_input:
+                inp = max_input
+                report.truncated["over_sharegpt_max_context_tokens"] = (
+                    report.truncated.get("over_sharegpt_max_context_tokens", 0) + 1
+                )
+            if max_output is not None and outp > max_output:
+                outp = max_output
+                report.truncated["over_sharegpt_max_generation_tokens"] = (
+                    report.truncated.get("over_sharegpt_max_generation_tokens", 0) + 1
+                )
+            turns.append(
+                t
+                if (inp, outp) == (t.input_tokens, t.output_tokens)
+                else Turn(inp, outp, t.arrival_s, t.text, t.answer_text)
+            )
+        out.append(Conversation(conv.conversation_id, tuple(turns), conv.system_prompt))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +108,18 @@ class Workload:
         self.truncated_requests: dict[str, int] = {}
         if cfg.dataset_path:
             self.kind = "sharegpt"
+            count, name = sharegpt_counter(cfg.sharegpt.chars_per_token_estimate)
             self.conversations, self.report = load_sharegpt(
                 cfg.dataset_path,
                 cfg.max_conversations,
                 min_turns=cfg.sharegpt.min_turns,
                 max_turn_tokens=cfg.sharegpt.max_turn_tokens,
                 max_context_tokens=max_context_tokens,
+                count_tokens=count,
+                tokenizer_name=name,
+            )
+            self.conversations = cut_turns(
+                self.conversations, cfg.sharegpt.max_context_tokens, cfg.sharegpt.max_generation_tokens, self.report
             )
         elif cfg.use_burst_trace:
             self.kind = "burstgpt"
@@ -82,6 +132,14 @@ class Workload:
         self._qos_names = sorted(cfg.qos_distribution)
         self._qos_weights = [cfg.qos_distribution[n] for n in self._qos_names]
         self._templates = sorted(cfg.user_templates)
+        # System prompts with cached prefixes: the first max_prefix_entries (0 = all) of at least min_prefix_length.
+        pc = cfg.prefix_cache
+        self._prompts = [
+            i
+            for i, p in enumerate(pc.system_prompts[: pc.max_prefix_entries or None])
+            if p.tokens >= pc.min_prefix_length
+        ]
+        self.rag_docs: list[int] = []  # chunks of each RAG document (rag_documents)
         self._template_weights = [cfg.user_templates[n].weight for n in self._templates]
         if self.kind == "burstgpt" and cfg.enable_autoscaling and self.timed:
             raise WorkloadError("--enable-autoscaling needs closed-loop users: use --trace-speedup 0 with a trace")
@@ -112,9 +170,32 @@ class Workload:
 
     def _system_prompt(self, rng: random.Random) -> int | None:
         pc = self.cfg.prefix_cache
-        if self.cfg.disable_prefix_caching or not pc.system_prompts or rng.random() >= pc.probability:
+        if self.cfg.disable_prefix_caching or not self._prompts or rng.random() >= pc.probability:
             return None
-        return rng.randrange(len(pc.system_prompts))
+        return self._prompts[rng.randrange(len(self._prompts))]
+
+    def rag_documents(self, large_model: bool) -> list[int]:
+        """The chunk count of each RAG document (kept in `rag_docs`): --rag-num-docs documents, at most
+        rag.max_documents (0 = no cap), of rag.chunks_per_doc chunks each, or, when the model's class of document
+        token range is set (large: hidden_dim >= 8192 or >= 64 layers, as the reference decides), of
+        ceil(tokens / chunk tokens) chunks for tokens drawn per document (seeded)."""
+        rc = self.cfg.rag
+        docs = min(self.cfg.rag_num_docs, rc.max_documents or self.cfg.rag_num_docs)
+        lo, hi = (
+            (rc.large_model_doc_tokens_min, rc.large_model_doc_tokens_max)
+            if large_model
+            else (rc.small_model_doc_tokens_min, rc.small_model_doc_tokens_max)
+        )
+        if lo is None and hi is None:
+            self.rag_docs = [rc.chunks_per_doc] * docs
+        else:
+            lo = lo if lo is not None else hi
+            hi = hi if hi is not None else lo
+            if hi < lo:
+                raise WorkloadError(f"rag doc tokens: min {lo} exceeds max {hi}")
+            rng = random.Random(self.seed ^ 0xD0C)
+            self.rag_docs = [max(1, -(-rng.randint(lo, hi) // rc.chunk_tokens)) for _ in range(docs)]
+        return self.rag_docs
 
     def next_session(self, user: User) -> Session | None:
         """The next session for a closed-loop user, or None when the source is exhausted."""

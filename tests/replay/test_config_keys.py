@@ -682,6 +682,179 @@ def p_progress(tmp):
     pass  # checked in test_config_key_changes_behaviour, which has the captured stderr
 
 
+# ---- keys the MLPerf reference's config.yaml brought (issue 14) ------------------------------------------------------
+def notes_of(tmp, **kw) -> list[str]:
+    return prepared(tmp, **kw).notes
+
+
+def p_unused(section, key, value):
+    """A reference key kvtier accepts without acting on it: the run says so in its notes (never silently)."""
+
+    def check(tmp):
+        assert not any(f"{section}.{key}" in n for n in notes_of(tmp))
+        assert any(f"{section}.{key}" in n for n in notes_of(tmp, **{section: {key: value}}))
+
+    return check
+
+
+for _section, _key, _value in (
+    ("eviction", "max_recursion_depth", 10),
+    ("eviction", "max_evictions_hard_cap", 5000),
+    ("eviction", "max_evictions_min", 1000),
+    ("gpu_backend", "memory_fraction", 0.9),
+    ("gpu_backend", "max_eviction_attempts", 100),
+    ("gpu_backend", "free_memory_threshold", 0.1),
+    ("conversation", "max_conversations", 1000),
+    ("autoscaler", "consecutive_samples_required", 2),
+    ("saturation_detection", "read_latency_p95_threshold_ms", 100),
+    ("saturation_detection", "write_latency_p95_threshold_ms", 50),
+    ("saturation_detection", "queue_depth_threshold", 100),
+    ("saturation_detection", "history_window_size", 10),
+):
+    PROBES[f"{_section}.{_key}"] = p_unused(_section, _key, _value)
+
+
+def request_model_run(tmp, model, context, **kw) -> dict:
+    """One user, one 3-turn conversation of `context`-token turns and 40 generated tokens each."""
+    tpl = {"t": {"context_tokens": [context, context], "generate_tokens": [40, 40], "think_time_s": [0, 0]}}
+    return run(
+        tmp,
+        request_model=model,
+        user_templates=tpl,
+        conversation={"end_probability": 0.0, "max_turns": 3},
+        num_users=1,
+        max_requests=3,
+        duration=30,
+        disable_prefix_caching=True,
+        cpu_mem_gb=0,
+        **kw,
+    )["summary"]
+
+
+@probe("request_model")
+def p_request_model(tmp):
+    # kvtier: turn n reads turn n-1 (2 reads), decode ceil(40 / 32) = 2 reads per request; the reference: every
+    # earlier turn (0 + 1 + 2 = 3 reads), decode 1 + 2 reads, and none at all for >= 10k-token requests.
+    ours = request_model_run(tmp, "kvtier", 1000)
+    ref = request_model_run(tmp, "reference", 1000)
+    assert ours["multi_turn_stats"]["previous_turn_hits"] == 2 and ref["multi_turn_stats"]["previous_turn_hits"] == 3
+    assert ours["decode_stats"]["reads"] == 6 and ref["decode_stats"]["reads"] == 9
+    assert ours["prompt_tokens"] == 1000 + 1040 * 2 and ref["prompt_tokens"] == 3000  # increments vs whole contexts
+    assert request_model_run(tmp, "reference", 10_000)["decode_stats"]["reads"] == 0
+    assert request_model_run(tmp, "kvtier", 10_000)["decode_stats"]["reads"] == 6
+    # I/O threads: 8 by default; the reference's min(users, 500) when --io-workers is not given
+    assert prepared(tmp, num_users=20).cfg.effective_io_workers == 8
+    assert prepared(tmp, num_users=20, request_model="reference").cfg.effective_io_workers == 20
+    assert prepared(tmp, num_users=20, request_model="reference", io_workers=3).cfg.effective_io_workers == 3
+
+
+@probe("prefix_cache.min_prefix_length")
+def p_prefix_cache_min_prefix_length(tmp):
+    # the default prompts have 512, 1024 and 768 tokens: at 800 only the second is cached
+    b = prepared(tmp, prefix_cache={"probability": 1.0, "min_prefix_length": 800})
+    assert {s.system_prompt for s in sessions(b)} == {1}
+
+
+@probe("prefix_cache.max_prefix_entries")
+def p_prefix_cache_max_prefix_entries(tmp):
+    b = prepared(tmp, prefix_cache={"probability": 1.0, "max_prefix_entries": 1})
+    assert {s.system_prompt for s in sessions(b)} == {0}
+    assert {s.system_prompt for s in sessions(prepared(tmp, prefix_cache={"probability": 1.0}))} == {0, 1, 2}
+
+
+def rag_ingest(tmp, **kw) -> dict:
+    return run(tmp, enable_rag=True, duration=0.5, **kw)["setup"]["rag_ingest"]
+
+
+@probe("rag.max_chunk_bytes")
+def p_rag_max_chunk_bytes(tmp):
+    assert rag_ingest(tmp, rag={"chunk_tokens": 10, "max_chunk_bytes": 4096})["chunk_bytes"] == 4096
+
+
+@probe("rag.max_documents")
+def p_rag_max_documents(tmp):
+    assert rag_ingest(tmp, rag_num_docs=5, rag={"max_documents": 2})["documents"] == 2
+
+
+def p_rag_doc_tokens(key):
+    # 1,000-token documents of 100-token chunks: 10 chunks each instead of chunks_per_doc (8). "large" needs a model
+    # of 64 layers (this one: 64 x 2 x 1 x 8 x 2 B = 2,048 B per token, as small as the test model).
+    large = key.startswith("large")
+    big = {"model": "big", "model_configs": {"big": {"num_layers": 64, "kv_heads": 1, "head_dim": 8}}}
+
+    def check(tmp):
+        kw = big if large else {}
+        got = rag_ingest(tmp, rag_num_docs=3, rag={"chunk_tokens": 100, key: 1000}, **kw)
+        assert got["chunks"] == 30, got
+        other = ("small" if large else "large") + key[len("large" if large else "small") :]
+        assert rag_ingest(tmp, rag_num_docs=3, rag={"chunk_tokens": 100, other: 1000}, **kw)["chunks"] == 24
+
+    return check
+
+
+for _key in ("large_model_doc_tokens_min", "large_model_doc_tokens_max", "small_model_doc_tokens_min"):
+    PROBES[f"rag.{_key}"] = p_rag_doc_tokens(_key)
+PROBES["rag.small_model_doc_tokens_max"] = p_rag_doc_tokens("small_model_doc_tokens_max")
+
+
+@probe("rag.retrieval_distribution")
+def p_rag_retrieval_distribution(tmp):
+    # 20 documents, one chunk read per query: zipfian reads document 0 about 28% of the time, uniform about 5%
+    def share_of_first(dist):
+        kw = {"rag_num_docs": 20, "rag": {"top_k": 1, "probability": 1.0, "retrieval_distribution": dist}}
+        run(tmp, enable_rag=True, duration=1.5, io_trace_log=str(tmp / "ops.csv"), **kw)
+        keys = [r["key"] for r in csv.DictReader(open(tmp / "ops.csv")) if r["key"].startswith("rag/")]
+        assert len(keys) >= 40, len(keys)
+        return sum(k.startswith("rag/d0/") for k in keys) / len(keys)
+
+    assert share_of_first("zipfian") > 0.15 > share_of_first("uniform")
+
+
+def sharegpt_turns(tmp, **sharegpt):
+    b = prepared(tmp, dataset_path=str(write_sharegpt(tmp / "sg.json", n=4)), sharegpt=sharegpt)
+    return b.workload, [t for c in b.workload.conversations for t in c.turns]
+
+
+@probe("sharegpt.max_context_tokens")
+def p_sharegpt_max_context_tokens(tmp):
+    _, turns_ = sharegpt_turns(tmp)
+    assert max(t.input_tokens for t in turns_) > 20
+    w, turns_ = sharegpt_turns(tmp, max_context_tokens=20)
+    assert max(t.input_tokens for t in turns_) == 20 and w.report.truncated["over_sharegpt_max_context_tokens"] > 0
+
+
+@probe("sharegpt.max_generation_tokens")
+def p_sharegpt_max_generation_tokens(tmp):
+    w, turns_ = sharegpt_turns(tmp, max_generation_tokens=10)
+    assert max(t.output_tokens for t in turns_) == 10 and w.report.truncated["over_sharegpt_max_generation_tokens"]
+
+
+@probe("sharegpt.chars_per_token_estimate")
+def p_sharegpt_chars_per_token_estimate(tmp):
+    w4, t4 = sharegpt_turns(tmp)
+    if not w4.report.tokenizer.startswith("estimate"):
+        pytest.skip("tiktoken's data is on this machine: the estimate is not used")
+    w2, t2 = sharegpt_turns(tmp, chars_per_token_estimate=2)
+    assert sum(t.input_tokens for t in t2) > 1.9 * sum(t.input_tokens for t in t4)
+    assert "chars/2" in w2.report.tokenizer
+
+
+def p_validation_limit(key, flag, over):
+    def check(tmp):
+        if flag != "gpu_mem_gb":  # a GPU tier needs CUDA; the limit is checked before that
+            prepared(tmp, **{flag: over})  # no limit: fine
+        with pytest.raises(ConfigError, match=f"exceeds validation_limits.{key}"):
+            prepared(tmp, **{flag: over}, validation_limits={key: over / 2})
+
+    return check
+
+
+PROBES["validation_limits.max_users"] = p_validation_limit("max_users", "num_users", 8)
+PROBES["validation_limits.max_duration_seconds"] = p_validation_limit("max_duration_seconds", "duration", 4)
+PROBES["validation_limits.max_cpu_memory_gb"] = p_validation_limit("max_cpu_memory_gb", "cpu_mem_gb", 0.002)
+PROBES["validation_limits.max_gpu_memory_gb"] = p_validation_limit("max_gpu_memory_gb", "gpu_mem_gb", 1)
+
+
 def test_every_config_key_has_a_probe():
     assert all_keys() - set(PROBES) == set()
 

@@ -1,0 +1,83 @@
+"""`kvtier bench --prefix-model chained` (issue 15, section 2): sessions' KV as chains of blocks over the real tiered
+store, in rounds. A CPU tier smaller than the working set with no room below it collapses the hit rate (LRU takes
+every session's chain head); a disk tier below keeps it at the ideal. Real tiers, real files, a 256 B/token model so a
+run takes seconds."""
+
+import json
+
+import pytest
+from bench_helpers import run
+
+from replay.synthetic.cli import main
+
+TINY = {"tiny": {"num_layers": 1, "kv_heads": 1, "head_dim": 64}}  # 256 B/token in bf16: a 256-token block is 64 KiB
+# Every turn adds 256 input and 256 answer tokens: two blocks per session per round.
+FIXED = {"chat": {"context_tokens": [256, 256], "generate_tokens": [256, 256], "think_time_s": [0, 0]}}
+# 0.8 x 4 MB of CPU tier = 48 blocks: 8 sessions x 2 blocks x 3 rounds, so the working set crosses it in round 4.
+CPU_GB = 0.004
+NO_ROOM_BELOW_GB = 0.000001  # a disk tier smaller than one block: no tier below the CPU (build_tiers always has one)
+
+
+def chained_run(tmp, **kw) -> dict:
+    cfg = {
+        "model": "tiny",
+        "model_configs": TINY,
+        "user_templates": FIXED,
+        "prefix_model": "chained",
+        "block_size": 256,
+        "rounds": 9,
+        "num_users": 8,
+        "duration": 120,
+        "cpu_mem_gb": CPU_GB,
+        "storage_capacity_gb": 0.05,
+        **kw,
+    }
+    tmp.mkdir(parents=True, exist_ok=True)
+    doc = run(tmp, **cfg)
+    assert doc["_rc"] == 0 and doc["status"] == "completed", doc.get("error")
+    return doc
+
+
+@pytest.mark.slow
+def test_cliff_without_a_tier_below_and_none_with_disk(tmp_path):
+    dram = chained_run(tmp_path / "a", storage_capacity_gb=NO_ROOM_BELOW_GB)
+    tiered = chained_run(tmp_path / "b")
+    for doc in (dram, tiered):
+        rows = doc["rounds"]
+        assert [r["round"] for r in rows] == list(range(1, 10)) and all(r["completed"] == 8 for r in rows)
+        # before the working set crosses the CPU tier both reach the ideal: 2/3, 4/5 of each prompt
+        assert [r["hit_rate"] for r in rows[:3]] == [0.0, pytest.approx(2 / 3), pytest.approx(0.8)]
+        assert all(r["ideal_hit_rate"] > 0.9 for r in rows[6:])
+    late = dram["rounds"][6:]
+    assert all(r["hit_rate"] < 0.25 * r["ideal_hit_rate"] for r in late), [r["hit_rate"] for r in late]
+    for r in tiered["rounds"]:
+        assert r["hit_rate"] >= r["ideal_hit_rate"] - 0.03, r
+    # the tiered run's late hits come mostly from the disk tier, where LRU demoted the chain heads
+    assert all(
+        r["hit_tokens_by_tier"].get("disk", 0) > r["hit_tokens_by_tier"].get("cpu", 0) for r in tiered["rounds"][6:]
+    )
+    # a miss recomputes the whole prompt and rewrites it: late rounds write several times what the tiered run writes
+    assert all(a["kv_written_bytes"] > 3 * b["kv_written_bytes"] for a, b in zip(late, tiered["rounds"][6:]))
+    assert all(a["recomputed_tokens_per_request"] > 10 * 256 for a in late)
+    # kvtier plan's model of the same sessions and tiers agrees once the collapse has happened
+    for doc in (dram, tiered):
+        for r in doc["rounds"][5:]:
+            assert abs(r["predicted_hit_rate"] - r["hit_rate"]) < 0.05, r
+
+
+def test_chained_with_the_reference_request_model_is_a_usage_error(tmp_path, capsys):
+    from bench_helpers import write_config
+
+    path = write_config(tmp_path, prefix_model="chained")
+    assert main(["--config", path, "--request-model", "reference"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvtier bench: ") and "--request-model reference" in err[0]
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_per_round_table_is_printed(tmp_path, capsys):
+    doc = chained_run(tmp_path, rounds=2, num_users=2, storage_capacity_gb=0.01)
+    out = capsys.readouterr().out
+    assert "per round (chained prefix)" in out and "ideal" in out
+    assert json.loads((tmp_path / "out.json").read_text())["block_size"] == 256
+    assert doc["rounds"][1]["ideal_hit_rate"] == pytest.approx(2 / 3)
