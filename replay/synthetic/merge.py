@@ -393,6 +393,48 @@ def merge_results(
     }
 
 
+def sources_table(doc: dict):
+    """One row per source of a merged document: who ran what, when, and what it measured (the summary tables are
+    the merged run's). Host names are shown when the sources ran on more than one."""
+    from rich import box
+    from rich.table import Table
+
+    sources = doc.get("clients") or []
+    starts = [(c["summary"].get("window") or {}).get("start_unix_s") for c in sources]
+    t0 = min((s for s in starts if s is not None), default=0.0)
+    hosts = {(c.get("environment") or {}).get("hostname") for c in sources}
+    t = Table(
+        title=f"{len(sources)} sources (start: s after the first window began; run: its window, s)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for col in ("source", "status", "users", "req", "read GB", "write GB", "start", "run"):
+        t.add_column(col, justify="left" if col in ("source", "status") else "right", no_wrap=col != "source")
+    for c, start in zip(sources, starts):
+        s, disk = c["summary"], (c.get("tiers") or {}).get("disk") or {}
+        name = os.path.basename(str(c.get("source", c.get("client"))))
+        if len(hosts) > 1:
+            name += f" @{(c.get('environment') or {}).get('hostname', '?')}"
+        t.add_row(
+            name,
+            c.get("status", ""),
+            str((c.get("config") or {}).get("num_users", "")),
+            f"{s.get('total_requests', 0):,}",
+            f"{(disk.get('read') or {}).get('bytes', 0) / GB:.2f}",
+            f"{(disk.get('write') or {}).get('bytes', 0) / GB:.2f}",
+            "-" if start is None else f"{start - t0:.2f}",
+            f"{s['elapsed_time']:.2f}",
+        )
+    return t
+
+
+def print_sources(doc: dict) -> None:
+    from rich.console import Console
+
+    if doc.get("clients"):
+        Console().print(sources_table(doc))
+
+
 # ---- kvtier merge ----------------------------------------------------------------------------------------------------
 EXAMPLES = """\
 examples:
@@ -493,6 +535,7 @@ def write_merged(doc: dict, output: str, args, is_default: bool) -> int:
             print(f"{PROG}: {flag} {path}: not written ({exc.strerror or exc})", file=sys.stderr)
             continue
         written.extend(out if isinstance(out, list) else [path])
+    print_sources(doc)
     print_summary(doc, output, written)
     for c in doc["clients"]:
         if c["status"] != "completed":

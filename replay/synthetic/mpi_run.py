@@ -38,7 +38,7 @@ from kvconnector.errors import ConfigError, KvtierError
 from ..cli_common import STOP_SIGNALS, Interrupted, stop_signals_raise
 from .bench import Bench
 from .finish import PROG, _fail, finish
-from .merge import merge_results
+from .merge import merge_results, print_sources
 from .multiclient import share_config, sum_snapshots
 from .view import LiveView, SetupProgress
 
@@ -273,4 +273,5 @@ def _write_merged(cfg, parts: list[dict], output: str, is_default: bool) -> int:
     stops = [s.get("stop_signal") for s in doc["clients"] if s.get("stop_signal")]
     if stops:
         doc["stop_signal"] = stops[0]
+    print_sources(doc)
     return finish(doc, cfg, output, is_default)

@@ -25,7 +25,7 @@ from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop
 from ..outputs.paths import os_reason
 from .config import BenchConfig
 from .finish import _fail, finish
-from .merge import merge_results
+from .merge import merge_results, print_sources
 from .view import STATUS_ENV, LiveView
 
 
@@ -133,6 +133,7 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
         doc["status"], doc["error"] = "failed", "; ".join(failed)
     if stop["signal"] is not None:
         doc["stop_signal"] = signal_name(stop["signal"])
+    print_sources(doc)
     return finish(doc, cfg, output, is_default)
 
 
