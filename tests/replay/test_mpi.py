@@ -1,11 +1,12 @@
 """`mpirun -n 2 kvtier bench` with real Open MPI on this machine: one client per rank, merged by rank 0; a rank
-whose disk fills stops the other and the partial results are merged; a rank that cannot set up stops the job before
-any window starts."""
+whose disk fills, or that gets a SIGINT, stops the other and the partial results are merged; a rank that cannot set
+up stops the job before any window starts."""
 
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -127,3 +128,45 @@ def test_a_rank_whose_disk_fills_stops_the_other_and_partial_results_are_merged(
             p.kill()
             p.wait()
         subprocess.run(["umount", "-l", str(small)])
+
+
+def _rank_pid(mpirun_pid: int, rank: int) -> int | None:
+    """The pid of one rank among mpirun's descendants, found by the rank Open MPI put in its environment."""
+    todo, want = [mpirun_pid], f"OMPI_COMM_WORLD_RANK={rank}".encode()
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_sigint_to_one_rank_stops_the_other_and_partial_results_are_merged(tmp_path):
+    cfg = write_config(tmp_path, duration=60)
+    p = subprocess.Popen(
+        MPIRUN + KVTIER + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        cache1 = tmp_path / "cache" / "rank-1"
+        while not any(f.endswith(".kv") for _, _, files in os.walk(cache1) for f in files):  # rank 1's window began
+            assert time.monotonic() < deadline and p.poll() is None, p.communicate()[1][-3000:]
+            time.sleep(0.2)
+        os.kill(_rank_pid(p.pid, 1), signal.SIGINT)
+        _, stderr = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, stderr[-3000:]
+    doc = json.loads((tmp_path / "out.json").read_text())
+    r0, r1 = doc["clients"]
+    assert doc["status"] == "interrupted" and r1["stop_signal"] == "SIGINT" and r0["stop_signal"] is None
+    assert any("stopped early: rank 1 interrupted" in n for n in r0["notes"])
+    assert max(r0["summary"]["elapsed_time"], r1["summary"]["elapsed_time"]) < 50
+    assert doc["summary"]["total_requests"] == r0["summary"]["total_requests"] + r1["summary"]["total_requests"]
