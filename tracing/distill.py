@@ -11,8 +11,10 @@ device saw it, after merging and splitting):
 * ``rwmixread``: completed block requests, reads vs writes (not app ops);
 * ``iodepth``: the level the outstanding depth (insert to completion,
   sampled at each dispatch) fills up to (see plateau_edge), cross-checked
-  by Little's law (outstanding time of reads plus writes over the real
-  capture window = mean depth), which wins when the two disagree;
+  by Little's law (dispatch rate times mean outstanding time over the span
+  with I/O = mean depth), which wins, rounded up, when the two disagree:
+  a completion the probe never saw keeps its request in the sampled depth
+  but moves neither term of Little's law;
 * ``rw``/``percentage_random``: the share of requests that started where
   the previous one of the same direction ended (sequential) vs elsewhere;
 * ``thinktime``: only if the device was idle (nothing of ours in flight
@@ -55,6 +57,14 @@ __all__ = ["DistillError", "Distilled", "distill", "main", "parse_fio_size", "re
 SEQ_THRESHOLD = 0.8  # this share of sequential requests makes a direction sequential
 MIN_SPLIT_PCT = 1  # bssplit entries rounding below this are dropped (and said so)
 IDLE_MIN_SHARE = 0.05  # thinktime only when idle gaps cover this share of the window
+# The sampled depth's mean may exceed Little's law by this factor (plus one
+# request) before it is taken to carry requests whose completion was never
+# seen (fio's steady queues read 0.8-2.2x here on a loaded 2-CPU VM).
+SAMPLED_MEAN_SLACK = 1.5
+# Issued requests whose completion was never seen: over this share the job
+# says so, over LOST_REFUSE_SHARE the trace is refused (--allow-lossy).
+LOST_WARN_SHARE = 0.02
+LOST_REFUSE_SHARE = 0.5
 # Bounds of a real capture; a trace beyond them is not one (or was edited),
 # and its numbers must not reach the job.
 MAX_WINDOW_S = 366 * 86400  # a capture (and a replay) of at most a year
@@ -235,6 +245,27 @@ def plateau_edge(qd: Hist) -> int:
     return max(1, int(bs[i].lo))
 
 
+def lowest_plateau_edge(qd: Hist, min_share: float = 0.05) -> int | None:
+    """plateau_edge of the lowest cluster of sampled depths: from the first
+    depth sampled at least min_share of the time, up while each depth is
+    still sampled at least half as often as the most sampled one so far.
+    A request whose completion the probe never saw stays counted, so such
+    losses add to every later sample: the trace holds the true pattern
+    shifted up by the requests lost so far, and its lowest copy is the one
+    with the fewest of them. None when no depth holds min_share."""
+    bs = [b for b in qd.buckets if b.lo is not None and b.lo >= 0 and b.count > 0]
+    total = sum(b.count for b in bs)
+    start = next((i for i, b in enumerate(bs) if b.count >= min_share * total), None)
+    if start is None:
+        return None
+    top = bs[start].count
+    i = start
+    while i + 1 < len(bs) and bs[i + 1].lo == bs[i].lo + 1 and bs[i + 1].count >= 0.5 * top:
+        i += 1
+        top = max(top, bs[i].count)
+    return max(1, int(bs[i].lo))
+
+
 def _pct_split(split: list[tuple[int, int]]) -> str:
     return ":".join(f"{fio_size(s)}/{p}" for s, p in split)
 
@@ -250,6 +281,7 @@ def distill(
     runtime_s: int | None = None,
     size: str | None = None,
     allow_truncated: bool = False,
+    allow_lossy: bool = False,
 ) -> Distilled:
     """The job for a parsed trace. DistillError when the trace is truncated
     (unless allow_truncated), holds no block I/O or numbers no capture has."""
@@ -308,6 +340,7 @@ def distill(
             figures[key] = _num(tr, key)
     issued = _op_num(tr, "issued", "read") + _op_num(tr, "issued", "write")
     figures["issued"] = issued
+    _check_loss(tr, issued, reads + writes, figures, notes, allow_lossy)
 
     split_r, nr = size_split(tr, "read") if reads else ([], [])
     split_w, nw = size_split(tr, "write") if writes else ([], [])
@@ -327,7 +360,12 @@ def distill(
         h = tr.hist(f"qdepth_{op}") or tr.hist("qdepth", op)
         if h:
             qd = h if qd is None else qd.merged(h)
-    # outstanding time (insert to complete) when traced, else device time
+    # Little's law: the rate requests were dispatched times their mean
+    # outstanding time (insert to completion when traced, else device time).
+    # Means over the requests whose completion was seen, rates from issues:
+    # a completion the probe never saw (see LOST_WARN_SHARE) then lowers
+    # neither, where a sum of outstanding times would lose its share.
+    busy_n = 0
     busy_us = 0
     for op in ("read", "write"):
         st = (
@@ -336,11 +374,13 @@ def distill(
             or _stats(tr, "d2c_stats_usecs", op)
         )
         if st is not None:
+            busy_n += st.count
             busy_us += st.total
     # the span with I/O in it (first outstanding request to last completion)
     # when the trace has it, so idle time before and after does not dilute it
     span = tr.active_span_ns / 1e9 if tr.active_span_ns and 0 < tr.active_span_ns and window_s is None else window
-    little = busy_us / (span * 1e6) if span > 0 else math.nan
+    rate_n = max(issued, busy_n)
+    little = rate_n * (busy_us / busy_n) / (span * 1e6) if busy_n and span > 0 else math.nan
     if busy_us:
         figures["iodepth_little"] = round(little, 2)
         figures["little_span_s"] = round(span, 3)
@@ -351,14 +391,36 @@ def distill(
         figures["iodepth_sampled_p50"] = qd.quantile(0.5)
         figures["iodepth_sampled_edge"] = edge
         iodepth = max(1, edge)
-        if busy_us and not (0.6 <= edge / max(little, 1e-9) <= 3.0):
-            iodepth = max(1, int(round(little)))
+        if busy_us and edge < 0.6 * little:
+            iodepth = max(1, math.ceil(little - 0.05))
             notes.append(
-                f"sampled depth (edge {edge}) and Little's law ({little:.1f}) disagree: iodepth from Little's law"
+                f"sampled depth (edge {edge}) is under Little's law ({little:.1f}): "
+                "iodepth from Little's law, rounded up"
+            )
+        elif busy_us and qmean > SAMPLED_MEAN_SLACK * little + 1:
+            # The sampled depth counts a request from insert until its
+            # completion is seen: one never seen stays counted, so the
+            # samples can only be too high, while Little's law (means over
+            # the completions seen) is not moved by it. Its lowest cluster
+            # is the least affected; a fill level under Little's law is
+            # not one (the block layer holds a request for less time than
+            # the process does: Little's law there is a lower bound), nor
+            # is one over 3x it and 2 more (a backlog of unseen completions).
+            low = lowest_plateau_edge(qd)
+            figures["iodepth_sampled_low_edge"] = low
+            if low is not None and little - 0.05 <= low <= 3 * little + 2:
+                iodepth = low
+                how = f"the lowest cluster's edge ({low})"
+            else:
+                iodepth = max(1, math.ceil(little - 0.05))
+                how = "Little's law, rounded up"
+            notes.append(
+                f"sampled depth (edge {edge}, mean {qmean:.1f}) is above Little's law ({little:.1f}): "
+                f"requests whose completion was not seen, or bursts; iodepth from {how}"
             )
     elif busy_us:
-        iodepth = max(1, int(round(little)))
-        notes.append("no sampled queue depth in trace: iodepth from Little's law")
+        iodepth = max(1, math.ceil(little - 0.05))
+        notes.append("no sampled queue depth in trace: iodepth from Little's law, rounded up")
     else:
         iodepth = 1
         notes.append("no queue depth or outstanding times in trace: iodepth=1 assumed")
@@ -446,6 +508,39 @@ def distill(
     return d
 
 
+def _check_loss(tr: Trace, issued: int, completed: int, figures: dict, notes: list[str], allow: bool) -> None:
+    """Events the probes never saw. Completions: issued requests whose
+    completion was not seen (a whole capture ends with at most a queue's
+    worth in flight). Probe runs the kernel skipped (missed_events, with
+    syscall probes on): against the block requests seen. Counts are then a
+    sample: the mix, sizes and Little's law (rates from issues, means over
+    seen completions) stay fair, the sampled depth does not. Past
+    LOST_REFUSE_SHARE the sample is mostly holes: refused unless allow."""
+    lost = max(0, issued - completed - max(0, _num(tr, "unmatched_reqs")))
+    lost_share = lost / issued if issued else 0.0
+    missed = tr.meta.get("missed_events", "")
+    missed_n = int(missed) if missed.isdigit() else 0
+    # a request passes 3 block probes at least (insert or issue, issue, completion)
+    missed_share = missed_n / (missed_n + 3 * (issued + completed)) if missed_n else 0.0
+    if lost:
+        figures["lost_completions"] = lost
+    if missed_n:
+        figures["missed_share"] = round(missed_share, 3)
+    worst = max(lost_share, missed_share)
+    if worst > LOST_REFUSE_SHARE and not allow:
+        raise DistillError(
+            f"{100 * lost_share:.0f}% of issued requests have no completion in the trace and the kernel skipped "
+            f"{missed_n} probe runs ({100 * missed_share:.0f}% of block events): more holes than sample; "
+            "capture with --no-syscalls, or --allow-lossy distils what is there"
+        )
+    if worst > LOST_WARN_SHARE:
+        notes.append(
+            f"{lost} of {issued} issued requests ({100 * lost_share:.1f}%) have no completion in the trace"
+            + (f", {missed_n} probe runs skipped" if missed_n else "")
+            + ": counts are a sample; the sampled depth is not used unless Little's law agrees"
+        )
+
+
 def _check_plausible(d: Distilled, window_s: float) -> None:
     """Numbers a real capture cannot give (a trace with huge or edited
     values) are refused here rather than written into a job that fio
@@ -518,7 +613,7 @@ def render_job(d: Distilled, *, source: str, tr: Trace) -> str:
         else None,
     ]
     c("; Queue depth: " + (", ".join(x for x in depth if x) or "not in trace"))
-    for k in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs"):
+    for k in ("requeue_reqs", "merged_reqs", "unmatched_reqs", "dup_issue_reqs", "lost_reqs", "lost_completions"):
         if k in fig:
             c(f"; {k}: {fig[k]}")
     c("; Kept and dropped:")
@@ -641,6 +736,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="distil a truncated trace (cut before its end) from what it has, with a warning",
     )
+    p.add_argument(
+        "--allow-lossy",
+        action="store_true",
+        help="distil a trace that lost over half its block events (see missed_events), with a note",
+    )
     p.add_argument("--dump-json", metavar="FILE", help="also write the parsed histograms as JSON")
     p.add_argument("--no-validate", action="store_true", help="skip fio --parse-only")
     return p
@@ -714,6 +814,7 @@ def main(argv: list[str] | None = None, prog: str = "kvtier distill") -> int:
                     runtime_s=args.runtime_s,
                     size=args.size,
                     allow_truncated=args.allow_truncated,
+                    allow_lossy=args.allow_lossy,
                 )
             except DistillError as exc:
                 raise DistillError(f"{path}: {exc}") from exc
