@@ -82,6 +82,9 @@ def cache_stats(tiers: dict, events: dict, elapsed_s: float, bytes_per_token: in
         "offloads_cpu": sum(t.get("events", {}).get("demotions_in", 0) for t in tiers.values() if t["kind"] == "cpu"),
         "offloads_storage": sum(t.get("events", {}).get("demotions_in", 0) for t in _storage_tiers(tiers)),
     }
+    # The reference names every tier's entries, a disabled tier's as 0 (the spec's Test 2 reads all three).
+    for label in ("gpu", "cpu", "storage", "nvme"):
+        out.setdefault(f"{label}_entries", 0)
     for kind in FAST_KINDS:
         out[f"{kind}_memory_used_gb"] = round(sum(t["used_bytes"] for t in tiers.values() if t["kind"] == kind) / GB, 4)
     for name, t in tiers.items():
