@@ -288,6 +288,8 @@ class Bench:
             "request_histograms": request_histograms(req),
             "autoscaling_stats": outcome.autoscaling,
             "timeline": outcome.timeline,
+            # --prefix-model chained: replay's per-round rows (replay/synthetic/chained.py)
+            **({"block_size": cfg.block_size, "rounds": outcome.rounds} if outcome.rounds else {}),
         }
 
 

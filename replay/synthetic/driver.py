@@ -6,6 +6,9 @@ tokens this turn adds (its input plus the previous answer); (decode) read it cei
 with simulated generation time between batches. --prefill-only skips decode; --decode-only only reads pre-populated
 entries.
 
+--prefix-model chained replaces all of that with sessions in lockstep rounds whose KV is a chain of blocks, reused up
+to the first block missing from every tier (replay/synthetic/chained.py; one row per round in `RunOutcome.rounds`).
+
 --request-model reference does what the MLPerf reference does instead, so the same flags give comparable numbers:
 a request's entry holds its whole context (the source's context tokens), every earlier turn of the conversation is
 read back, a request of 10,000 context tokens or more is prefill only (no decode), decode is one read plus
@@ -41,6 +44,7 @@ from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 
 from .autoscaler import Autoscaler
+from .chained import ChainedRounds
 from .config import BenchConfig
 from .executor import PriorityExecutor
 from .payload import RandomPayload
@@ -108,6 +112,8 @@ class RunOutcome:
     io_saturation: float = 0.0
     # How the run kept its --duration window: see SyntheticDriver._window_report.
     window: dict = field(default_factory=dict)
+    # --prefix-model chained: one row per completed round (replay's per-round columns); empty otherwise.
+    rounds: list[dict] = field(default_factory=list)
 
     @property
     def elapsed_s(self) -> float:
@@ -197,7 +203,10 @@ class SyntheticDriver:
         self._spawners: set[asyncio.Task] = set()
         self._users_started_ns: int | None = None
         background = [asyncio.create_task(self._sample())]
-        if self.workload.timed:
+        self.chained = ChainedRounds(self) if self.cfg.prefix_model == "chained" else None
+        if self.chained is not None:
+            background.append(asyncio.create_task(self._chained_rounds()))
+        elif self.workload.timed:
             background.append(asyncio.create_task(self._dispatch_timed()))
         else:
             self._scale_to(self.cfg.num_users)
@@ -234,6 +243,7 @@ class SyntheticDriver:
             self.autoscaling,
             round(busy, 4),
             window,
+            self.chained.rows if self.chained is not None else [],
         )
 
     def _window_report(self, timed_out: bool, stop_ns: int, cancelled_ns: int, end_ns: int, tasks: int) -> dict:
@@ -345,6 +355,16 @@ class SyntheticDriver:
                 await self._session(session, user)
             if self.workload.kind != "synthetic" and not any(not t.done() and u is not user for u, t in self._users):
                 self._done.set()  # the last user finished the last cycle
+        except asyncio.CancelledError:
+            raise
+        except (KvtierError, OSError) as exc:
+            self._fail(exc)
+
+    async def _chained_rounds(self) -> None:
+        self._users_started_ns = time.perf_counter_ns()
+        self._next_user_id = self.cfg.num_users
+        try:
+            await self.chained.run()
         except asyncio.CancelledError:
             raise
         except (KvtierError, OSError) as exc:
@@ -609,19 +629,47 @@ class SyntheticDriver:
                 storage_ns += r.timing.total_ns
                 decode_misses += not r.hit
                 decode_bytes += r.timing.nbytes
-        # Only whole requests are counted; a request cut by the end of the window is not.
+        self._record_request(
+            session,
+            t_submit,
+            t_start,
+            prompt_tokens=new_tokens,
+            generated_tokens=generate_tokens,
+            storage_ns=storage_ns,
+            gen_ns=gen_ns,
+            prefill_bytes=prefill_bytes,
+            multi_turn=(multi_turn_hits, multi_turn_misses),
+            decode=(batches, decode_misses, decode_bytes),
+        )
+
+    def _record_request(
+        self,
+        session: Session,
+        t_submit: int,
+        t_start: int,
+        *,
+        prompt_tokens: int,
+        generated_tokens: int,
+        storage_ns: int,
+        gen_ns: int,
+        prefill_bytes: int,
+        multi_turn: tuple[int, int],
+        decode: tuple[int, int, int] = (0, 0, 0),
+    ) -> None:
+        """Count one whole request (a request cut by the end of the window is not counted)."""
+        cfg = self.cfg
         e2e = time.perf_counter_ns() - t_submit
         req = self.req
         req.completed += 1
-        req.prompt_tokens += new_tokens
-        req.generated_tokens += generate_tokens
+        req.prompt_tokens += prompt_tokens
+        req.generated_tokens += generated_tokens
         req.end_to_end.record_ns(e2e)
         req.storage_io.record_ns(storage_ns)
         req.generation.record_ns(gen_ns)
         req.queue_wait.record_ns(t_start - t_submit)
-        req.decode_reads += batches
-        req.decode_misses += decode_misses
-        req.decode_bytes_read += decode_bytes
+        req.decode_reads += decode[0]
+        req.decode_misses += decode[1]
+        req.decode_bytes_read += decode[2]
         req.prefill_bytes_written += prefill_bytes
         req.by_profile[session.profile] = req.by_profile.get(session.profile, 0) + 1
         cls = req.by_class.setdefault(session.qos, ClassStats())
@@ -630,7 +678,7 @@ class SyntheticDriver:
         cls.service.record_ns(e2e - gen_ns)
         if self._class_window is not None and session.qos in self._class_window:
             self._class_window[session.qos].record_ns(e2e - gen_ns)
-        req.multi_turn_hits += multi_turn_hits
-        req.multi_turn_misses += multi_turn_misses
+        req.multi_turn_hits += multi_turn[0]
+        req.multi_turn_misses += multi_turn[1]
         if cfg.max_requests and req.completed >= cfg.max_requests:
             self._done.set()

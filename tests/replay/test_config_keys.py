@@ -9,6 +9,7 @@ import pytest
 from bench_helpers import FAST_TEMPLATES, prepared, run
 from pydantic import BaseModel
 from test_bench_modes import write_burstgpt, write_sharegpt
+from test_chained_prefix import chained_run
 
 from kvconnector.errors import ConfigError
 from replay.synthetic.config import BenchConfig
@@ -477,6 +478,38 @@ def p_generation_ms_per_token(tmp):
         user_templates={"t": {**FAST_TEMPLATES["chatbot"], "generate_tokens": [20, 20]}},
     )
     assert s_p50(doc, "generation_latency_ms") >= 20 * 5 * 0.9
+
+
+# ---- the chained prefix model (issue 15): a short run of 2 sessions, 256 input + 256 answer tokens per turn ----------
+def short_chained(tmp, **kw) -> dict:
+    return chained_run(tmp, **{"num_users": 2, "rounds": 3, **kw})
+
+
+@probe("prefix_model")
+def p_prefix_model(tmp):
+    rows = short_chained(tmp)["rounds"]
+    assert [r["hit_rate"] for r in rows] == [0.0, pytest.approx(2 / 3), pytest.approx(0.8)]
+    assert "rounds" not in run(tmp, duration=0.5)  # entries: no rounds, no chains
+
+
+@probe("block_size")
+def p_block_size(tmp):
+    # round 2's prompt is 768 tokens, 512 of them sent before: 2 blocks of 256, or 2 of 200 (400 tokens)
+    assert short_chained(tmp, block_size=200)["rounds"][1]["ideal_hit_rate"] == pytest.approx(400 / 768)
+
+
+@probe("rounds")
+def p_rounds(tmp):
+    assert len(short_chained(tmp, rounds=2)["rounds"]) == 2
+
+
+@probe("generation.prefill_ms_per_token")
+def p_generation_prefill_ms_per_token(tmp):
+    def ttft(ms: float) -> float:
+        gen = {"ms_per_token": {"fast": 0}, "prefill_ms_per_token": {"fast": ms}}
+        return short_chained(tmp, rounds=1, generation_mode="fast", generation=gen)["rounds"][0]["ttft_p50_ms"]
+
+    assert ttft(1.0) >= 256 * 0.9 > ttft(0.0)  # round 1 computes each 256-token prompt
 
 
 @probe("decode.batch_size")
