@@ -256,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="kvtier: %(levelname)s %(message)s")
     if world_size() > 1:  # started by mpirun: this process is one rank of the job
+        if getattr(args, "trials", None) or getattr(args, "submission_check", False):
+            # Never ignored silently: a trial is one whole mpirun job.
+            return _fail(
+                "--trials and --submission-check do not run under mpirun: start mpirun once per trial, "
+                "then `kvtier check` the results files"
+            )
         return run_rank(args)
     try:
         cfg = config_from_args(args)

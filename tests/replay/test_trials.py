@@ -171,3 +171,11 @@ def test_trials_zero_is_a_one_line_mistake(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kvtier bench: --trials 0: give 1 or more"]
     assert not (tmp_path / "out.json").exists()
+
+
+def test_trials_under_mpirun_are_refused_not_ignored(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")  # what mpirun sets for each rank
+    assert bench_main(["--config", write_config(tmp_path), "--trials", "3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvtier bench: --trials and --submission-check do not run under mpirun")
+    assert not (tmp_path / "out.json").exists()
