@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -60,6 +61,13 @@ def load_runs(paths: list[str]) -> list[dict]:
     """Every run in the files, as {file, config, status, summary, environment, model}; a trials document gives one
     run per trial (its per-trial summaries)."""
     runs = []
+    seen: set[str] = set()  # a trial given twice (its own file and a trials document naming it) counts once
+
+    def add(identity: str, run: dict) -> None:
+        if os.path.realpath(identity) not in seen:
+            seen.add(os.path.realpath(identity))
+            runs.append(run)
+
     for path in paths:
         try:
             with open_regular(path) as fh:
@@ -73,7 +81,8 @@ def load_runs(paths: list[str]) -> list[dict]:
         model = (doc.get("model") or {}).get("name") or doc["config"].get("model")
         if doc.get("kind") == "kvtier-bench-trials":
             for t in doc.get("per_trial") or []:
-                runs.append(
+                add(
+                    t.get("file") or f"{path}#{t['trial']}",
                     {
                         "file": f"{path} trial {t['trial']}",
                         "config": doc["config"] | {"seed": t["seed"]},
@@ -81,10 +90,11 @@ def load_runs(paths: list[str]) -> list[dict]:
                         "summary": t["summary"],
                         "environment": doc.get("environment") or {},
                         "model": model,
-                    }
+                    },
                 )
-        elif isinstance(doc.get("summary"), dict):
-            runs.append(
+        elif isinstance((doc.get("summary") or {}).get("cache_stats"), dict):  # a replay result has no cache_stats
+            add(
+                path,
                 {
                     "file": path,
                     "config": doc["config"],
@@ -92,10 +102,10 @@ def load_runs(paths: list[str]) -> list[dict]:
                     "summary": doc["summary"],
                     "environment": doc.get("environment") or {},
                     "model": model,
-                }
+                },
             )
         else:
-            raise BadInput(f"{path}: not a kvtier bench result (no summary)")
+            raise BadInput(f"{path}: not a kvtier bench result (no summary.cache_stats)")
     return runs
 
 

@@ -179,3 +179,11 @@ def test_trials_under_mpirun_are_refused_not_ignored(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvtier bench: --trials and --submission-check do not run under mpirun")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_check_counts_a_trial_once_whichever_files_name_it(three, capsys):
+    doc = str(three["dir"] / "stress.json")
+    check_main([doc, str(three["dir"] / "stress-trial2.json")])
+    assert "runs completed: 3 runs" in capsys.readouterr().out
+    check_main([str(three["dir"] / f"stress-trial{i}.json") for i in (1, 2, 3)])
+    assert "runs completed: 3 runs" in capsys.readouterr().out
