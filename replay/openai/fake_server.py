@@ -2,10 +2,17 @@
 
 It is a *fake* on purpose: it lets tests check that the replayer measures exactly the delays it was given, and lets
 the overhead benchmark run with zero server cost. It streams `/v1/chat/completions` and `/v1/completions`, answers
-`/tokenize`, `/detokenize`, `/health` and `/metrics` (vLLM's prefix-cache counter names, driven by a simple block-hash
-prefix cache over whitespace "tokens"), and can inject faults (`FAULTS`): malformed SSE, a mid-stream disconnect,
+`/tokenize`, `/detokenize`, `/health` and `/metrics` (vLLM's prefix-cache counter names, driven by a block-hash prefix
+cache over whitespace "tokens", see below), and can inject faults (`FAULTS`): malformed SSE, a mid-stream disconnect,
 any HTTP status (``http_500``, ``http_429``...), a stream without [DONE], a stream whose events lack the blank-line
 separator, a response that hangs for `hang_s`; and a slow or hanging ``/tokenize`` (`tokenize_delay_s`).
+
+The prefix cache is vLLM's in miniature: block k's hash covers blocks 0..k (chained), a prompt hits its full blocks up
+to the first one not cached and never the block of its last token, and a finished request leaves the blocks of its
+prompt and its answer (the answer as the next turn will send it back: after "<assistant>" in a chat, right after the
+prompt in a completion), most recent last. `cache_tokens` (`--cache-tokens`) bounds it: past that many tokens of
+blocks the least recently used blocks go first, which are the oldest sessions' chain heads, so replay's per-round hit
+rate collapses once the sessions' working set exceeds it, as vLLM's does (kvtier plan models the same). 0 = no bound.
 
 Use it in-process (`with FakeServer(cfg) as srv: srv.base_url`), which runs its own event loop in a thread, or as a
 process: ``python -m replay.openai.fake_server --port 8123 --ttft-ms 0 --itl-ms 0`` (what the benchmark does, so the
@@ -24,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,6 +53,7 @@ class FakeServerConfig:
     default_max_tokens: int = 16
     continuous_usage: bool = True  # honour stream_options.continuous_usage_stats
     block_size: int = 16  # the fake prefix cache's block size (in whitespace tokens)
+    cache_tokens: int = 0  # the prefix cache's capacity in tokens (whole blocks, LRU); 0 = unbounded
     # request number (0-based, in arrival order) -> fault name from FAULTS or None
     fault_plan: Callable[[int], str | None] | None = None
     # the serializable form (works across processes): {fault name: every Nth request (1-based) gets it}
@@ -63,7 +71,8 @@ class _State:
     hits: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
-    cached_blocks: set = field(default_factory=set)
+    cached_blocks: OrderedDict = field(default_factory=OrderedDict)  # block hash -> None, least recent first
+    evicted_blocks: int = 0
     recent_bodies: deque = field(default_factory=lambda: deque(maxlen=256))  # for tests that check what was sent
     recent_headers: deque = field(default_factory=lambda: deque(maxlen=256))  # the same requests' headers
     metrics_scrapes: int = 0  # GETs of /metrics (tests of the scrape interval)
@@ -97,17 +106,38 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
     state = _State()
     loop_time = time.perf_counter
 
-    def prefix_lookup(tokens: list[str]) -> int:
-        """Count tokens of full blocks already seen (chained hashes, like vLLM), then remember this prompt's blocks."""
-        hits, h, missed = 0, b"", False
-        bs = cfg.block_size
+    bs = cfg.block_size
+    capacity = cfg.cache_tokens // bs if cfg.cache_tokens else None
+
+    def chain(tokens: list[str]) -> list[bytes]:
+        """The chained hashes of the full blocks of `tokens` (block k's hash covers blocks 0..k, like vLLM's)."""
+        out, h = [], b""
         for i in range(0, len(tokens) - len(tokens) % bs, bs):
             h = hashlib.blake2b(h + " ".join(tokens[i : i + bs]).encode(), digest_size=8).digest()
-            if not missed and h in state.cached_blocks and i + bs < len(tokens):
-                hits += bs
-            else:
-                missed = True
-            state.cached_blocks.add(h)
+            out.append(h)
+        return out
+
+    def remember(hashes: list[bytes]) -> None:
+        """Blocks become the most recent (in chain order, so a chain's head is its oldest); LRU ones past the
+        capacity are dropped."""
+        cache = state.cached_blocks
+        for h in hashes:
+            cache[h] = None
+            cache.move_to_end(h)
+        while capacity is not None and len(cache) > capacity:
+            cache.popitem(last=False)
+            state.evicted_blocks += 1
+
+    def prefix_lookup(tokens: list[str]) -> int:
+        """Tokens of full blocks cached, up to the first missing one and never the last token's block; the prompt's
+        blocks are then cached (the hit ones refreshed)."""
+        hits = 0
+        hashes = chain(tokens)
+        for k, h in enumerate(hashes):
+            if h not in state.cached_blocks or (k + 1) * bs >= len(tokens):
+                break
+            hits += bs
+        remember(hashes)
         return hits
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -189,6 +219,9 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
             await resp.write(chunk(text, sent))
             first = False
         state.generation_tokens += sent
+        # The answer's blocks stay cached too (vLLM keeps generated blocks), as the next turn's prompt will hold it.
+        answer = [f"{cfg.word}{i}" for i in range(sent)]
+        remember(chain(tokens + (["<assistant>"] if chat else []) + answer))
         if include_usage:
             u = {
                 "prompt_tokens": len(tokens),
@@ -333,6 +366,10 @@ class FakeServer:
             str(c.hang_s),
             "--tokenize-delay-s",
             str(c.tokenize_delay_s),
+            "--block-size",
+            str(c.block_size),
+            "--cache-tokens",
+            str(c.cache_tokens),
         ]
         if not c.role_chunk:
             cmd.append("--no-role-chunk")
@@ -377,7 +414,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault-every", default="{}", help='JSON, e.g. {"malformed_sse": 5}')
     ap.add_argument("--hang-s", type=float, default=30.0)
     ap.add_argument("--tokenize-delay-s", type=float, default=0.0)
+    ap.add_argument("--block-size", type=int, default=16, help="prefix cache block, in whitespace tokens")
+    ap.add_argument(
+        "--cache-tokens", type=int, default=0, help="prefix cache capacity in tokens (LRU over blocks); 0 = unbounded"
+    )
     args = ap.parse_args(argv)
+    if args.block_size < 1 or args.cache_tokens < 0:
+        ap.error("--block-size must be >= 1 and --cache-tokens >= 0")
     cfg = FakeServerConfig(
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
@@ -387,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         fault_every=json.loads(args.fault_every),
         hang_s=args.hang_s,
         tokenize_delay_s=args.tokenize_delay_s,
+        block_size=args.block_size,
+        cache_tokens=args.cache_tokens,
     )
     web.run_app(
         make_app(cfg),
