@@ -93,19 +93,21 @@ def aggregate(summaries: list[dict]) -> dict[str, dict]:
     return {k: spread([f[k] for f in flat if k in f]) for k in keys}
 
 
-def median_summary(template: dict, agg: dict[str, dict], prefix: str = "") -> dict:
-    """`template` (a trial's summary) with each aggregated figure replaced by its median across trials."""
+def median_summary(summaries: list[dict], agg: dict[str, dict], prefix: str = "") -> dict:
+    """The first summary's shape with each aggregated figure replaced by its median across the trials. Any other
+    value (a status, an SLA verdict, a reason) is kept where every trial has the same one, else None: one trial's
+    verdict is not the trials'."""
     out = {}
-    for k, v in template.items():
+    for k, v in summaries[0].items():
         if k in _SKIP:
             continue
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out[k] = median_summary(v, agg, f"{key}.")
+            out[k] = median_summary([s.get(k) or {} for s in summaries], agg, f"{key}.")
         elif key in agg:
             out[k] = agg[key]["median"]
         else:
-            out[k] = v
+            out[k] = v if all(s.get(k) == v for s in summaries) else None
     return out
 
 
@@ -125,7 +127,7 @@ def trials_document(cfg: BenchConfig, per_trial: list[dict], docs: list[dict], r
         "environment": first.get("environment"),
         "per_trial": per_trial,
         "aggregate": agg,
-        "summary": median_summary(first["summary"], agg) if done else {},
+        "summary": median_summary([d["summary"] for d in done], agg) if done else {},
     }
 
 

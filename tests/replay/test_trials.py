@@ -187,3 +187,18 @@ def test_check_counts_a_trial_once_whichever_files_name_it(three, capsys):
     assert "runs completed: 3 runs" in capsys.readouterr().out
     check_main([str(three["dir"] / f"stress-trial{i}.json") for i in (1, 2, 3)])
     assert "runs completed: 3 runs" in capsys.readouterr().out
+
+
+def test_the_median_summary_keeps_a_verdict_only_where_every_trial_agrees():
+    from replay.synthetic.trials import aggregate, median_summary
+
+    runs = [
+        {"total_requests": n, "qos_stats": {"batch": {"latency_p95_ms": p95, "sla_met": met}}, "status": "completed"}
+        for n, p95, met in ((1, 3.0, True), (3, 5.0, False), (2, 4.0, True))
+    ]
+    s = median_summary(runs, aggregate(runs))
+    assert s == {
+        "total_requests": 2,
+        "qos_stats": {"batch": {"latency_p95_ms": 4.0, "sla_met": None}},
+        "status": "completed",
+    }
