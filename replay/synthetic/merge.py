@@ -5,7 +5,8 @@ single run of all of them would have reported:
 - bytes, operations, requests, tokens, entries and capacities add up; latency percentiles come from the merged
   histograms (`tiers.*.read.histograms`, `request_histograms`, the QoS classes'), never from averaged percentiles;
 - the wall-clock window is the union of the sources' windows (`summary.window.start_unix_s` .. `end_unix_s`), and
-  every rate is over its length: overlapping runs count their common time once, runs one after another add up;
+  every rate is over its length: overlapping runs count their common time once, runs one after another add up
+  (windows of several hosts are placed by each host's clock: a clock skew shifts them by as much);
 - a block device is counted once per host and window: whole-device counters of runs that overlapped on one device
   (every rank of a host sees all of that host's I/O) are taken from one of them, those of other hosts add up;
 - each source's own document is kept under `clients` (without its timeline), named by `source`.
