@@ -2,11 +2,13 @@
 """How closely `kvtier throttlefs` does what it is told, how fast its FUSE path can go, and a kernel cross-check.
 
 Three parts, all with real fio, in one run:
-  ceiling      fio through an unthrottled mount vs fio on the backing directory itself (alternating): the highest
-               bandwidth and lowest latency throttlefs can emulate on this machine. Caps above it cannot be emulated.
+  ceiling      fio through an unthrottled mount vs fio on the backing directory itself (alternating), with the
+               backing on the disk (--dir) and on tmpfs (the FUSE path alone): the highest bandwidth and lowest
+               latency throttlefs can emulate on this machine. Caps above it cannot be emulated.
   accuracy     sequential 1 MiB reads and writes at QD 4 under each --caps value (measured / cap); QD1 4 KiB random
-               reads with each --lat-ms value, base and throttled runs alternating (mean rise vs L); a cap and a
-               latency together (QD1: n / (n / cap + L); QD 8: the cap).
+               reads with each --lat-ms value, base and throttled runs alternating, 3 pairs (median rise vs L); a cap
+               and a latency together (QD1: n / (path's own time + n / cap + L); QD 8: the cap). Backing on tmpfs
+               by default, so the throttle is judged and not the shared disk's 2x swings (--accuracy-backing disk).
   cross-check  the same fio workloads capped at the same bandwidths two ways: by throttlefs, and by the kernel's
                blkio cgroup throttle (cgroup v1 blkio.throttle.{read,write}_bps_device) on a loop device holding
                an ext4 (--direct-io=on). throttlefs's backing directory is on that same ext4, so only the throttle
@@ -30,6 +32,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -44,6 +47,7 @@ from replay.throttle.xcheck import TIE_REL, XCHECK, cross_check
 from replay.throttle.xcheck import missing as xcheck_missing
 
 PROG = "throttlefs_accuracy"
+REPEATS = 3  # base/throttled pairs per latency; the median rise is reported
 
 
 class Progress:
@@ -60,21 +64,23 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def ceiling(mnt: str, back: str, m: Mount, rt: float, prog: Progress) -> list[dict]:
+def ceiling(mnt: str, back: str, m: Mount, rt: float, prog: Progress, backing_kind: str) -> list[dict]:
     m.client.set(bw=0, lat_ms=0)
     rows = []
     for name, rw, bs, qd in (
         ("seq read 1M QD1", "read", "1M", 1),
         ("seq read 1M QD4", "read", "1M", 4),
         ("seq write 1M QD1", "write", "1M", 1),
+        ("seq write 1M QD4", "write", "1M", 4),
         ("rand read 4K QD1", "randread", "4k", 1),
     ):
         got = {}
         for where in ("backing", "mount") if len(rows) % 2 == 0 else ("mount", "backing"):
             got[where] = run_fio(mnt if where == "mount" else back, rw, bs, rt, qd, size="256M")
-            prog.step(f"ceiling {name} on the {where}", got[where])
+            prog.step(f"ceiling ({backing_kind}) {name} on the {where}", got[where])
         rows.append(
             {
+                "backing": backing_kind,
                 "workload": name,
                 "backing_mb_s": got["backing"].bw_bytes_s / 1e6,
                 "mount_mb_s": got["mount"].bw_bytes_s / 1e6,
@@ -94,30 +100,40 @@ def accuracy(mnt: str, m: Mount, caps: list[float], lats: list[float], rt: float
         prog.step(f"cap {direction} {human_rate(cap)} QD4", r)
         out["caps"].append({"direction": direction, "cap_mb_s": cap / 1e6, "measured_mb_s": r.bw_bytes_s / 1e6})
     for lat in lats:
-        rises = []
-        for _ in range(2):
+        pairs = []
+        for _ in range(REPEATS):
             m.client.set(bw=0, lat_ms=0)
             base = run_fio(mnt, "randread", "4k", rt, size="256M")
             prog.step("QD1 4K random read, no added latency", base)
             m.client.set(read_lat_ms=lat)
             slow = run_fio(mnt, "randread", "4k", rt, size="256M")
             prog.step(f"QD1 4K random read, read +{lat:g} ms", slow)
-            rises.append((base.mean_lat_ms, slow.mean_lat_ms))
-        rise = sum(s - b for b, s in rises) / len(rises)
+            pairs.append((base.mean_lat_ms, slow.mean_lat_ms))
         out["latency"].append(
-            {"lat_ms": lat, "base_ms": sum(b for b, _ in rises) / 2, "rise_ms": rise, "allowed_ms": 0.1 * lat + 0.2}
+            {
+                "lat_ms": lat,
+                "base_ms": statistics.median(b for b, _ in pairs),
+                "rise_ms": statistics.median(s - b for b, s in pairs),
+                "rises_ms": [s - b for b, s in pairs],
+                "allowed_ms": 0.1 * lat + 0.2,
+            }
         )
     cap, lat, bs = 50e6, 10.0, 512 * 1024
+    m.client.set(bw=0, lat_ms=0)
+    base = run_fio(mnt, "read", "512k", rt, size="256M")
+    prog.step("read 512K QD1, unthrottled (the path's own time)", base)
     m.client.set(bw=0, lat_ms=0, read_bw=cap, read_lat_ms=lat)
     for qd in (1, 8):
         r = run_fio(mnt, "read", "512k", rt, qd, size="256M")
         prog.step(f"read {human_rate(cap)} + {lat:g} ms, 512K QD{qd}", r)
-        expected = bs / (bs / cap + lat / 1e3) if qd == 1 else cap
+        # QD1: the path's own time per op, then n / cap, then L; QD 8: latencies overlap and the cap binds.
+        expected = bs / (base.mean_lat_ms / 1e3 + bs / cap + lat / 1e3) if qd == 1 else cap
         out["combined"].append(
             {
                 "qd": qd,
                 "cap_mb_s": cap / 1e6,
                 "lat_ms": lat,
+                "path_ms": base.mean_lat_ms,
                 "expected_mb_s": expected / 1e6,
                 "measured_mb_s": r.bw_bytes_s / 1e6,
             }
@@ -189,15 +205,18 @@ def plot(doc: dict, directory: str) -> list[str]:
 def print_tables(doc: dict) -> None:
     if doc.get("ceiling"):
         print("\nceiling: fio through an unthrottled mount vs on the backing directory (same run, alternating)")
-        print(f"{'workload':<20}{'backing MB/s':>14}{'mount MB/s':>12}{'ratio':>7}{'backing ms':>12}{'mount ms':>10}")
+        print(
+            f"{'backing':<8}{'workload':<20}{'backing MB/s':>14}{'mount MB/s':>12}{'ratio':>7}{'backing ms':>12}"
+            f"{'mount ms':>10}"
+        )
         for r in doc["ceiling"]:
             print(
-                f"{r['workload']:<20}{r['backing_mb_s']:>14.1f}{r['mount_mb_s']:>12.1f}{r['bw_ratio']:>7.2f}"
+                f"{r['backing']:<8}{r['workload']:<20}{r['backing_mb_s']:>14.1f}{r['mount_mb_s']:>12.1f}{r['bw_ratio']:>7.2f}"
                 f"{r['backing_lat_ms']:>12.3f}{r['mount_lat_ms']:>10.3f}"
             )
     acc = doc.get("accuracy")
     if acc:
-        print("\ncaps (1 MiB sequential, QD4)")
+        print(f"\ncaps (1 MiB sequential, QD4; backing on {acc['backing']})")
         for r in acc["caps"]:
             print(
                 f"  {r['direction']:<6} cap {r['cap_mb_s']:7.1f} MB/s  measured {r['measured_mb_s']:7.1f}  "
@@ -246,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lat-ms", default="0.5,1,2,5", help="added latencies to check (comma-separated ms)")
     ap.add_argument("--xcheck-bw", default="100MB/s,50MB/s,25MB/s", help="caps for the cgroup cross-check")
     ap.add_argument("--runtime-s", type=float, default=2.5, help="seconds per fio run (default 2.5)")
+    ap.add_argument(
+        "--accuracy-backing",
+        choices=["tmpfs", "disk"],
+        default="tmpfs",
+        help="backing of the accuracy runs (default tmpfs: the throttle judged, not the shared disk's swings)",
+    )
     ap.add_argument("--skip", action="append", default=[], choices=["ceiling", "accuracy", "cross-check"])
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--plots", help="write PNGs into this directory")
@@ -273,17 +298,26 @@ def main(argv: list[str] | None = None) -> int:
         xskip = "--skip cross-check"
     else:
         xskip = xcheck_missing()
-    n = (0 if "ceiling" in a.skip else 8) + (0 if "accuracy" in a.skip else 2 * len(caps) + 4 * len(lats) + 2)
+    n = (0 if "ceiling" in a.skip else 20) + (
+        0 if "accuracy" in a.skip else 2 * len(caps) + 2 * REPEATS * len(lats) + 3
+    )
     n += 0 if xskip else 2 * len(XCHECK) * len(xbw)
     prog = Progress(n)
     print(f"{PROG}: {n} fio runs of {a.runtime_s:g} s; load average {doc['load_start']}", flush=True)
-    mnt, back = tempfile.mkdtemp(dir=a.dir, prefix="mnt-"), tempfile.mkdtemp(dir=a.dir, prefix="back-")
+    shm = tempfile.mkdtemp(dir="/dev/shm", prefix="kvtier-throttlefs-") if os.path.isdir("/dev/shm") else None
     try:
-        with Mount(mnt, back) as m:
-            if "ceiling" not in a.skip:
-                doc["ceiling"] = ceiling(mnt, back, m, a.runtime_s, prog)
-            if "accuracy" not in a.skip:
-                doc["accuracy"] = accuracy(mnt, m, caps, lats, a.runtime_s, prog)
+        for kind, backing_root in (("disk", a.dir), ("tmpfs", shm)):
+            if backing_root is None:
+                continue
+            mnt = tempfile.mkdtemp(dir=a.dir, prefix=f"mnt-{kind}-")
+            back = tempfile.mkdtemp(dir=backing_root, prefix="back-")
+            with Mount(mnt, back) as m:
+                if "ceiling" not in a.skip:
+                    doc.setdefault("ceiling", []).extend(ceiling(mnt, back, m, a.runtime_s, prog, kind))
+                if "accuracy" not in a.skip and kind == a.accuracy_backing:
+                    doc["accuracy"] = accuracy(mnt, m, caps, lats, a.runtime_s, prog)
+                    doc["accuracy"]["backing"] = kind
+            shutil.rmtree(back, ignore_errors=True)
         doc["cross_check"] = (
             {"skipped": xskip}
             if xskip
@@ -292,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; figures so far follow", file=sys.stderr)
     finally:
+        if shm:
+            shutil.rmtree(shm, ignore_errors=True)
         # Never recurse into a mount that is somehow still up: that would delete through it.
         if not any(os.path.ismount(os.path.join(r, d)) for r, ds, _ in os.walk(a.dir) for d in ds):
             shutil.rmtree(a.dir, ignore_errors=True)

@@ -93,6 +93,8 @@ def check_fuse() -> str | None:
         return "no /dev/fuse on this machine (FUSE is not available)"
     if shutil.which("fusermount3") is None:
         return "fusermount3 not found (install the Debian package fuse3)"
+    # mfusepy looks for libfuse 2 first; this passthrough is written for libfuse 3 (its init and config structs).
+    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
     try:
         import mfusepy  # noqa: F401
     except (ImportError, OSError) as exc:

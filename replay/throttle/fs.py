@@ -344,6 +344,7 @@ class Passthrough:
 
 def make_fuse_class():
     """mfusepy.FUSE with read and write handing the C buffer straight to preadv/pwritev (no bytes objects per op)."""
+    os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")  # not libfuse 2, which mfusepy would try first
     import mfusepy  # imported late: it loads libfuse3 at import and fails where it is missing
 
     class ThrottleFUSE(mfusepy.FUSE):

@@ -23,11 +23,19 @@ class Mount:
     """`with Mount(mnt, backing, ["--bw", "1GB/s"]) as m: m.client.set(lat_ms=1)`; stopped with SIGTERM on exit."""
 
     def __init__(
-        self, mountpoint: str, backing: str, args: list[str] | tuple[str, ...] = (), python: str | None = None
+        self,
+        mountpoint: str,
+        backing: str,
+        args: list[str] | tuple[str, ...] = (),
+        launcher: list[str] | tuple[str, ...] | None = None,
+        cwd: str | None = None,
     ):
+        """`launcher`: the command before the mountpoint (default: this Python, -m replay.throttle)."""
         self.mountpoint = mountpoint
         self.backing = backing
-        self.argv = [python or sys.executable, "-m", "replay.throttle", mountpoint, "--backing", backing, *args]
+        self.cwd = cwd
+        launcher = list(launcher) if launcher else [sys.executable, "-m", "replay.throttle"]
+        self.argv = [*launcher, mountpoint, "--backing", backing, *args]
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.client: Client | None = None
@@ -37,7 +45,7 @@ class Mount:
     def start(self, timeout_s: float = 60.0) -> Mount:
         # stderr to a file, not a pipe: the server writes its summary there at exit and must never block on it.
         self._err = tempfile.TemporaryFile("w+")  # closed in stop()
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._err, text=True)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._err, text=True, cwd=self.cwd)
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout_s
@@ -71,7 +79,7 @@ class Mount:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], check=False, capture_output=True)
+            subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], check=False, capture_output=True, cwd=self.cwd)
         self.returncode = self.proc.returncode
         self._err.seek(0)
         self.stderr = self._err.read()

@@ -168,3 +168,15 @@ def test_concurrent_readers_all_progress(dirs):
         out = subprocess.run([sys.executable, "-c", script, f"{mnt}/f"], capture_output=True, text=True, check=True)
         elapsed_s = float(out.stdout)
         assert 0.05 <= elapsed_s < 0.25, elapsed_s
+
+
+def test_deploy_script_mounts_relative_paths_of_the_caller(tmp_path):
+    """deploy/throttlefs.sh (what people start) runs the same server; relative paths are the caller's."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "seen").write_text("through the mount")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "throttlefs.sh")
+    with Mount("m", "b", ["--lat-ms", "0"], launcher=[script], cwd=str(tmp_path)) as m:
+        assert (tmp_path / "m" / "seen").read_text() == "through the mount"
+        assert m.client.settings()["read_lat_ms"] == 0
+    assert m.returncode == 143 and not (tmp_path / "m").is_mount()
