@@ -140,10 +140,10 @@ def test_check_refuses_what_is_not_a_result(tmp_path, capsys):
     assert check_main([str(tmp_path / "missing.json")]) == 2
 
 
-def test_a_signal_during_a_trial_keeps_the_completed_ones(tmp_path):
+def test_a_signal_during_a_trial_keeps_the_completed_ones_and_vary_seed_varies(tmp_path):
     cfg = write_config(tmp_path, duration=2, num_users=3, cpu_mem_gb=0)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "replay.cli", "bench", "--config", cfg, "--trials", "3"],
+        [sys.executable, "-m", "replay.cli", "bench", "--config", cfg, "--trials", "3", "--vary-seed"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -160,6 +160,7 @@ def test_a_signal_during_a_trial_keeps_the_completed_ones(tmp_path):
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["status"] == "interrupted" and doc["trials_completed"] == 1
     assert [t["status"] for t in doc["per_trial"]] == ["completed", "interrupted"]
+    assert [t["seed"] for t in doc["per_trial"]] == [11, 12]  # --vary-seed: seed + i - 1
     assert doc["aggregate"]["total_requests"]["n"] == 1  # medians over the completed trial only
     assert json.loads((tmp_path / "out-trial2.json").read_text())["status"] == "interrupted"
     assert not (tmp_path / "out-trial3.json").exists()
