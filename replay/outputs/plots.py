@@ -44,6 +44,7 @@ FIGURES = (
     "tier_occupancy.png",
     "autoscaling.png",
     "qos_latency.png",
+    "rounds.png",
 )
 REPLAY_FIGURES = ("latency_cdf.png", "timeline.png", "rounds.png")
 
@@ -85,6 +86,7 @@ def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...
         ("tier_occupancy.png", _occupancy),
         ("autoscaling.png", _autoscaling),
         ("qos_latency.png", _qos),
+        ("rounds.png", _rounds),  # kvtier bench --prefix-model chained
     )
     chosen = [(name, draw) for name, draw in draws if figures is None or name in figures]
     return _save_figures(directory, _run_title(doc), chosen, doc)
@@ -534,8 +536,13 @@ def _rounds(plt, summary: dict):
 
     xs = [r["round"] for r in rounds]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    axes[0].plot(xs, values("hit_rate"), "o-", label="measured (server /metrics)")
+    bench = "predicted_hit_rate" in rounds[0]  # kvtier bench's rows: hits counted in the store, plan's prediction
+    axes[0].plot(
+        xs, values("hit_rate"), "o-", label="measured (tiered store)" if bench else "measured (server /metrics)"
+    )
     axes[0].plot(xs, values("ideal_hit_rate"), "s--", label="ideal (reusable prefix)")
+    if bench:
+        axes[0].plot(xs, values("predicted_hit_rate"), "x:", label="kvtier plan's prediction")
     axes[0].set_ylim(0, 1.05)
     axes[0].set_ylabel("prefix hit rate")
     axes[1].plot(xs, values("ttft_p50_ms"), "o-", label="p50")
