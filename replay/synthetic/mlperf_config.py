@@ -202,10 +202,14 @@ REFERENCE_KEYS: list[tuple[str, str, str]] = [
         "accepted, noted, unused: one open conversation per user",
     ),
     ("conversation.max_turns_per_conv / end_conversation_probability", "turn cap; chance to end", "same"),
-    ("autoscaler.min_users / max_users / scale_up_factor / scale_down_factor", "bounds and steps", "same"),
+    (
+        "autoscaler.min_users / max_users / scale_up_factor / scale_down_factor",
+        "bounds and steps (its qos mode steps by a fixed 1.2 / 0.8)",
+        "same: kvtier's qos mode steps by these factors",
+    ),
     (
         "autoscaler.consecutive_samples_required",
-        "agreeing samples before a step",
+        "read, not used by its code (it scales down after 2 samples above the band)",
         "accepted, noted, unused: one decision per autoscaler.interval_s",
     ),
     ("decode.batch_size", "tokens per decode read", "same"),
