@@ -200,9 +200,9 @@ def union_s(intervals: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-def _merged_window(docs: Sequence[dict], intervals: Sequence[tuple[float, float]]) -> dict:
+def _merged_window(docs: Sequence[dict], runs: Sequence[dict], intervals: Sequence[tuple[float, float]]) -> dict:
     """The merged `summary.window`, with the keys a single run's has: counts add up, delays are the worst source's,
-    the ends are the union's."""
+    the ends are the first start and the last end of the single runs (as they wrote them, else their intervals)."""
     windows = [d["summary"].get("window") or {} for d in docs]
     keys = list(dict.fromkeys([*(k for w in windows for k in w), "start_unix_s", "end_unix_s"]))
     out: dict = {}
@@ -214,10 +214,11 @@ def _merged_window(docs: Sequence[dict], intervals: Sequence[tuple[float, float]
             out[k] = max(values, key=lambda v: ENDED_BY_ORDER.get(v, 9)) if values else None
         elif k == "reason":
             out[k] = "; ".join(dict.fromkeys(values))
-        elif k == "start_unix_s":
-            out[k] = round(min(s for s, _ in intervals), 3)
-        elif k == "end_unix_s":
-            out[k] = round(max(e for _, e in intervals), 3)
+        elif k in ("start_unix_s", "end_unix_s"):
+            own = [(r["summary"].get("window") or {}).get(k) for r in runs]
+            ends = [s for s, _ in intervals] if k == "start_unix_s" else [e for _, e in intervals]
+            pick = min if k == "start_unix_s" else max
+            out[k] = round(pick(o if o is not None else iv for o, iv in zip(own, ends)), 3)
         elif k == "duration_s":
             out[k] = max(values) if values else None
         elif values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
@@ -341,7 +342,7 @@ def merge_results(
         events=events,
         bytes_per_token=docs[0]["model"]["bytes_per_token"],
         io_saturation=round(busy_s / ran_s, 4) if ran_s else 0.0,
-        window=_merged_window(docs, intervals),
+        window=_merged_window(docs, runs, intervals),
         autoscaling=[d.get("autoscaling_stats") or [] for d in docs],
         num_clients=sum(d["summary"].get("num_clients", 1) for d in docs),
     )
