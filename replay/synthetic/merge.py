@@ -148,10 +148,6 @@ def merged_config(docs: Sequence[dict]) -> BenchConfig:
     sources agree (else unset: the sources' own configs stay in `clients`)."""
     configs = [_config_of(d, f"source {i + 1}").model_dump(mode="json") for i, d in enumerate(docs)]
     data = dict(configs[0])
-    for key in ADDITIVE:
-        values = [c.get(key) for c in configs]
-        if any(v is not None for v in values):  # gpu_mem_gb None: the default, 0 without CUDA
-            data[key] = sum(v or 0 for v in values)
     for key in PER_SOURCE:
         values = [c.get(key) for c in configs]
         if any(v != values[0] for v in values):
@@ -159,8 +155,13 @@ def merged_config(docs: Sequence[dict]) -> BenchConfig:
     if data.get("cache_dir") is None:
         dirs = {os.path.dirname(c["cache_dir"].rstrip(os.sep)) for c in configs if c.get("cache_dir")}
         data["cache_dir"] = dirs.pop() if len(dirs) == 1 else None
-    data["num_clients"] = min(sum(d["summary"].get("num_clients", 1) for d in docs), 256)
-    return BenchConfig.model_validate(data)
+    sums = {}
+    for key in ADDITIVE:
+        values = [c.get(key) for c in configs]
+        if any(v is not None for v in values):  # gpu_mem_gb None: the default, 0 without CUDA
+            sums[key] = sum(v or 0 for v in values)
+    # The sums are set after validation: a job may exceed what one process accepts (over 100,000 users in all).
+    return BenchConfig.model_validate(data).model_copy(update=sums)
 
 
 # ---- the wall-clock window -------------------------------------------------------------------------------------------
