@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvconnector.errors import ConfigError
 from kvconnector.histogram import LatencyHistogram
 
 from ..plan.model import ChainLRU
@@ -72,6 +73,13 @@ class ChainedRounds:
         self.d = driver
         self.block = driver.cfg.block_size
         self.block_bytes = self.block * driver.bytes_per_token
+        ratio = driver.cfg.eviction.large_entry_limit_ratio
+        largest = max(t.capacity_bytes for t in driver.store.tiers)
+        if self.block_bytes > ratio * largest:  # every block would be refused: a run of misses that measures nothing
+            raise ConfigError(
+                f"--block-size {self.block}: one block ({self.block_bytes:,} B) fits no tier (the largest takes "
+                f"{int(ratio * largest):,} B): give a smaller block or more room"
+            )
         self.rows: list[dict] = []
         self.round = 0  # the round under way (1-based), for progress views
 

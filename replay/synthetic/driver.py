@@ -164,6 +164,8 @@ class SyntheticDriver:
         self._next_user_id = 0
         self._rng = random.Random(seed ^ 0xD21)
         self._class_window: dict[str, LatencyHistogram] | None = None
+        # Made here so that a block no tier can take is a usage error before the run starts.
+        self.chained = ChainedRounds(self) if cfg.prefix_model == "chained" else None
 
     # ---- public ----------------------------------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -203,7 +205,6 @@ class SyntheticDriver:
         self._spawners: set[asyncio.Task] = set()
         self._users_started_ns: int | None = None
         background = [asyncio.create_task(self._sample())]
-        self.chained = ChainedRounds(self) if self.cfg.prefix_model == "chained" else None
         if self.chained is not None:
             background.append(asyncio.create_task(self._chained_rounds()))
         elif self.workload.timed:
