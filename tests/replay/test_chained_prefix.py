@@ -78,6 +78,11 @@ def test_chained_with_the_reference_request_model_is_a_usage_error(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kvtier bench: ") and "--request-model reference" in err[0]
     assert not (tmp_path / "out.json").exists()
+    # a block that fits no tier (200,000 tokens x 2,048 B over 0.95 x 0.2 GB of disk): refused before the run
+    assert main(["--config", path, "--block-size", "200000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--block-size 200000: one block" in err[0] and "fits no tier" in err[0]
+    assert not (tmp_path / "out.json").exists()
 
 
 def test_per_round_table_is_printed(tmp_path, capsys):
