@@ -193,7 +193,12 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
     bench = Bench(rank_cfg)
     made_dir = bool(rank_cfg.cache_dir) and not os.path.lexists(rank_cfg.cache_dir)
 
+    trace_log = phase_hook = None
+
     def clean_up() -> None:
+        if trace_log is not None:
+            bench.store.op_listener = None
+            trace_log.close()
         bench.cleanup()
         if made_dir:  # the rank's subdirectory, if this rank made it and nothing is left in it (--keep-cache)
             try:
@@ -209,6 +214,15 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
                     print(f"{PROG}: {note}", file=sys.stderr)
             with SetupProgress(enabled=cfg.progress and rank == 0) as setup_view:
                 bench.set_up(on_progress=setup_view.update)
+            if rank_cfg.io_trace_log:  # <path>.rank-<r>, on the rank's own host
+                from ..outputs.io_trace import IOTraceLog, set_request_phase
+
+                try:
+                    trace_log = IOTraceLog(rank_cfg.io_trace_log, time.perf_counter_ns())
+                except OSError as exc:
+                    raise ConfigError(f"--io-trace-log {rank_cfg.io_trace_log}: {exc.strerror or exc}") from exc
+                bench.store.op_listener = trace_log
+                phase_hook = set_request_phase
     except ConfigError as exc:
         err = (2, str(exc))
     except KvtierError as exc:
@@ -240,7 +254,7 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
                     stopped_for.append(reason)
                     bench.driver.stop()
 
-            doc = bench.run(on_sample=on_sample)
+            doc = bench.run(on_sample=on_sample, phase_hook=phase_hook)
     except KvtierError as exc:
         run_error = str(exc)
     except Exception as exc:  # a bug: the other ranks must still hear that this one ended

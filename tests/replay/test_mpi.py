@@ -33,7 +33,9 @@ def _env() -> dict:
 
 
 def test_two_ranks_split_the_users_and_rank_0_merges(tmp_path):
-    cfg = write_config(tmp_path, duration=2, num_users=5, storage_capacity_gb=0.4)
+    cfg = write_config(
+        tmp_path, duration=2, num_users=5, storage_capacity_gb=0.4, io_trace_log=str(tmp_path / "ops.csv")
+    )
     p = subprocess.run(MPIRUN + KVTIER + ["--config", cfg], capture_output=True, text=True, timeout=240, env=_env())
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads((tmp_path / "out.json").read_text())
@@ -60,6 +62,9 @@ def test_two_ranks_split_the_users_and_rank_0_merges(tmp_path):
         ends
     )
     assert doc["summary"]["elapsed_time"] == pytest.approx(max(ends) - min(starts), abs=0.01)
+    # Each rank logged its own storage operations.
+    for r in (0, 1):
+        assert len((tmp_path / f"ops.csv.rank-{r}").read_text().splitlines()) > 1
     # Nothing is left behind in the user's cache directory.
     assert list((tmp_path / "cache").iterdir()) == []
 
