@@ -1,19 +1,30 @@
 """Tracer overhead and distiller fidelity, measured (not a timed test).
 
     sudo .venv/bin/python benchmarks/tracer_overhead.py [--runtime-s 5] [--rounds 2] [--dir /var/tmp]
+    sudo .venv/bin/python benchmarks/tracer_overhead.py --target loop --rounds 5 --no-fidelity
+    sudo .venv/bin/python benchmarks/tracer_overhead.py --depth-runs 5 --no-overhead --no-fidelity
 
 Overhead: the same fio job (70% reads of 128 KiB, libaio QD 8, direct; and
 4 KiB random reads, QD 32) is run alternately without the tracer and with
 it attached (all layers, then block only with --no-syscalls), rounds times;
 the tracer is attached before fio starts and filtered on the name "fio", so
 every second of the traced runs is traced. Loss = 1 - traced / untraced
-throughput, medians over rounds.
+throughput, medians over rounds. Cost per event: the time each I/O took
+longer traced (1/IOPS traced - 1/IOPS untraced, medians), over the probe
+runs per I/O counted in the trace (block probes, and syscall entries and
+exits). --target loop runs it on a loop device over a tmpfs file (quiet and
+fast: what is left is the tracer), --target disk on a file in --dir.
 
 Fidelity: the traced run of the first job is distilled into a fio job, which
 is replayed on a fresh file; bandwidth and mean completion latency of the
 replay are compared with the original's.
 
-Needs root, bpftrace and fio. Prints a table; --json FILE writes the figures.
+Depth (--depth-runs N): fio randrw 70% reads of 512 KiB, direct, libaio at
+QD 1, 4, 8 and 32, each traced block-only by pid for 3 s, N times; the
+distilled iodepth of each run, beside Little's law and the sampled edge.
+
+Needs root, bpftrace and fio (and losetup for --target loop). Prints
+tables; --json FILE writes the figures.
 """
 
 from __future__ import annotations
@@ -44,12 +55,12 @@ JOBS = {
 }
 
 
-def fio_run(name: str, args: list[str], path: Path, runtime_s: int, out_json: Path) -> dict:
+def fio_run(name: str, args: list[str], path: Path, runtime_s: int, out_json: Path, size: str = "512m") -> dict:
     cmd = [
         "fio",
         f"--name={name}",
         f"--filename={path}",
-        "--size=512m",
+        f"--size={size}",
         "--direct=1",
         "--ioengine=libaio",
         "--thread",
@@ -78,9 +89,10 @@ def summary(out_json: Path) -> dict:
 
 
 class Tracer:
-    def __init__(self, out: Path, no_syscalls: bool):
+    def __init__(self, out: Path, no_syscalls: bool, target: str = "fio", dev: str | None = None):
         self.out = out
-        cmd = ["bash", str(SH), "fio", "--out", str(out)] + (["--no-syscalls"] if no_syscalls else [])
+        cmd = ["bash", str(SH), target, "--out", str(out)] + (["--no-syscalls"] if no_syscalls else [])
+        cmd += ["--dev", dev] if dev else []
         self.log = open(out.parent / f"{out.name}.log", "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -100,101 +112,274 @@ class Tracer:
         return parse_trace((self.out / "trace.txt").read_text())
 
 
+def events_per_io(tr) -> float:
+    """Probe runs per block request the trace counted: block (io_start, insert,
+    issue, completion; a requeue adds itself and a second issue) and syscall
+    entries and exits of the traced process. Runs filtered out (other
+    processes' syscalls) are not counted: a lower bound of the probe runs."""
+    issued = tr.number("issued_read") + tr.number("issued_write")
+    if not issued:
+        return 0.0
+    n = 4 * issued + 2 * tr.number("requeue_reqs")
+    for name, keys in tr.maps.items():
+        if (name.startswith("sys_") and name.endswith("_usecs")) or name in ("fsync_usecs", "fdatasync_usecs"):
+            for v in keys.values():
+                n += 2 * getattr(v, "total", 0)
+    return n / issued
+
+
+class LoopDevice:
+    """A loop device over a file in tmpfs: a fast, quiet block device."""
+
+    def __init__(self, gib: int):
+        self.dir = Path(tempfile.mkdtemp(prefix="kvtier-tracer-loop-", dir="/dev/shm"))
+        img = self.dir / "loop.img"
+        with open(img, "wb") as f:
+            f.truncate(gib << 30)
+        p = subprocess.run(["losetup", "--find", "--show", str(img)], capture_output=True, text=True)
+        if p.returncode != 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise SystemExit(f"tracer_overhead: losetup failed: {p.stderr.strip()}")
+        self.dev = p.stdout.strip()
+
+    def close(self):
+        subprocess.run(["losetup", "-d", self.dev], check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def overhead(args, work: Path, data: Path, size: str, dev: str | None, results: dict):
+    first = None
+    for job, jargs in JOBS.items():
+        runs: dict[str, list[dict]] = {"untraced": [], "traced": [], "traced-block-only": []}
+        for rnd in range(args.rounds):
+            for mode in runs:
+                out_json = work / f"{job}-{mode}-{rnd}.json"
+                tracer = None
+                if mode != "untraced":
+                    tracer = Tracer(
+                        work / f"trace-{job}-{mode}-{rnd}", no_syscalls=(mode == "traced-block-only"), dev=dev
+                    )
+                s = fio_run(job, jargs, data, args.runtime_s, out_json, size=size)
+                if tracer:
+                    tr = tracer.stop()
+                    s["missed_events"] = tr.meta.get("missed_events")
+                    s["events_per_io"] = events_per_io(tr)
+                    issued = tr.number("issued_read") + tr.number("issued_write")
+                    done = tr.number("completed_read") + tr.number("completed_write")
+                    s["lost_completion_pct"] = 100 * max(0, issued - done) / issued if issued else 0
+                    if job == "randrw70-128k-qd8" and mode == "traced-block-only" and first is None:
+                        first = (tr, s)
+                runs[mode].append(s)
+                print(
+                    f"  {job:<18} {mode:<18} round {rnd}: {s['bw_mib_s']:8.1f} MiB/s "
+                    f"{s['iops']:9.0f} IOPS  clat {s['clat_mean_us']:7.0f} us",
+                    flush=True,
+                )
+        base = statistics.median(r["bw_mib_s"] for r in runs["untraced"])
+        base_iops = statistics.median(r["iops"] for r in runs["untraced"])
+        out = {}
+        for mode, rs in runs.items():
+            iops = statistics.median(r["iops"] for r in rs)
+            v = {
+                "bw_mib_s": round(statistics.median(r["bw_mib_s"] for r in rs), 1),
+                "iops": round(iops),
+                "loss_pct": round(100 * (1 - statistics.median(r["bw_mib_s"] for r in rs) / base), 1),
+            }
+            if mode != "untraced":
+                added_ns = 1e9 / iops - 1e9 / base_iops
+                epi = statistics.median(r["events_per_io"] for r in rs)
+                v.update(
+                    added_ns_per_io=round(added_ns),
+                    events_per_io=round(epi, 1),
+                    ns_per_event=round(added_ns / epi) if epi else None,
+                    missed_events=[r["missed_events"] for r in rs],
+                    lost_completion_pct=round(statistics.median(r["lost_completion_pct"] for r in rs), 2),
+                )
+            out[mode] = v
+        results["overhead"][job] = out
+    return first
+
+
+def fidelity(args, work: Path, first, results: dict):
+    first_trace, first_orig = first
+    d = distill(first_trace, process="bench", runtime_s=args.runtime_s, size="512m")
+    job_text = render_job(d, source="bench", tr=first_trace)
+    (work / "replay.fio").write_text(job_text)
+    if args.keep:
+        keep = Path(args.keep)
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / "replay.fio").write_text(job_text)
+        shutil.copy(work / "trace-randrw70-128k-qd8-traced-block-only-0" / "trace.txt", keep / "trace.txt")
+    rep_json = work / "replay.json"
+    env = dict(os.environ, TARGET=str(work / "replay.dat"))
+    subprocess.run(
+        ["fio", "--output-format=json", f"--output={rep_json}", str(work / "replay.fio")],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=args.runtime_s + 120,
+    )
+    rep = summary(rep_json)
+    results["fidelity"] = {
+        "original": {k: round(v, 3) for k, v in first_orig.items() if isinstance(v, float)},
+        "replay": {k: round(v, 3) for k, v in rep.items()},
+        "bw_diff_pct": round(100 * (rep["bw_mib_s"] / first_orig["bw_mib_s"] - 1), 1),
+        "clat_diff_pct": round(100 * (rep["clat_mean_us"] / first_orig["clat_mean_us"] - 1), 1),
+        "job": {
+            "rw": d.rw,
+            "rwmixread": d.rwmixread,
+            "iodepth": d.iodepth,
+            "bssplit_read": d.bssplit_read,
+            "bssplit_write": d.bssplit_write,
+        },
+    }
+
+
+DEPTH_QDS = (1, 4, 8, 32)
+
+
+def depth_runs(args, work: Path, results: dict):
+    """Distilled iodepth of fio randrw70 512 KiB at known depths, N runs each."""
+    data = work / "depth.dat"
+    out: dict = {}
+    for rnd in range(args.depth_runs):
+        for qd in DEPTH_QDS:
+            fio = subprocess.Popen(
+                ["fio", "--name=depth", f"--filename={data}", "--size=512m", "--rw=randrw", "--rwmixread=70"]
+                + ["--bs=512k", "--direct=1", "--ioengine=libaio", f"--iodepth={qd}", "--thread", "--time_based"]
+                + ["--runtime=120"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                time.sleep(1.0)  # laid out, I/O running
+                tdir = work / f"depth-qd{qd}-{rnd}"
+                p = subprocess.run(
+                    ["bash", str(SH), str(fio.pid), "--dev", str(work), "--duration", "3", "--out", str(tdir)]
+                    + ["--no-syscalls"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+            finally:
+                fio.send_signal(signal.SIGINT)
+                fio.wait(timeout=60)
+            if p.returncode != 0:
+                raise SystemExit(f"tracer_overhead: tracer failed: {p.stderr.strip()[-300:]}")
+            d = distill(parse_trace((tdir / "trace.txt").read_text()))
+            f = d.figures
+            row = {
+                "iodepth": d.iodepth,
+                "little": f.get("iodepth_little"),
+                "edge": f.get("iodepth_sampled_edge"),
+                "issued": f.get("issued"),
+                "lost_completions": f.get("lost_completions", 0),
+            }
+            out.setdefault(str(qd), []).append(row)
+            print(f"  depth QD {qd:<3} run {rnd}: iodepth {d.iodepth:<3} {row}", flush=True)
+    results["depth"] = out
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="examples:\n"
+        "  sudo .venv/bin/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3\n"
+        "  sudo .venv/bin/python benchmarks/tracer_overhead.py --target loop --rounds 5 --no-fidelity\n"
+        "  sudo .venv/bin/python benchmarks/tracer_overhead.py --depth-runs 5 --no-overhead --no-fidelity",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--runtime-s", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dir", default="/var/tmp", help="a folder on a real disk (not tmpfs)")
+    ap.add_argument(
+        "--target",
+        choices=("disk", "loop"),
+        default="disk",
+        help="overhead on a file in --dir (disk) or on a loop device over a tmpfs file (loop)",
+    )
+    ap.add_argument("--loop-gib", type=int, default=1, help="size of the loop device (--target loop)")
+    ap.add_argument("--no-overhead", action="store_true", help="skip the overhead runs")
+    ap.add_argument("--no-fidelity", action="store_true", help="skip the distil-and-replay run")
+    ap.add_argument("--depth-runs", type=int, default=0, help="runs per QD of the iodepth check (0: none)")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--keep", metavar="DIR", help="keep the fidelity trace and its distilled job here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("bpftrace") or not shutil.which("fio"):
         print("tracer_overhead: needs root, bpftrace and fio", file=sys.stderr)
         return 2
+    if args.target == "loop" and not shutil.which("losetup"):
+        print("tracer_overhead: --target loop needs losetup", file=sys.stderr)
+        return 2
+    if args.target == "loop" and not args.no_fidelity:
+        print("tracer_overhead: --target loop measures overhead only: add --no-fidelity", file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="kvtier-tracer-bench-", dir=args.dir))
-    results: dict = {"runtime_s": args.runtime_s, "rounds": args.rounds, "overhead": {}, "fidelity": {}}
-    first_trace = None
-    first_orig = None
+    results: dict = {
+        "runtime_s": args.runtime_s,
+        "rounds": args.rounds,
+        "target": args.target,
+        "load_avg_start": os.getloadavg(),
+        "overhead": {},
+        "fidelity": {},
+    }
+    loop = None
     try:
-        data = work / "bench.dat"
-        for job, jargs in JOBS.items():
-            runs: dict[str, list[dict]] = {"untraced": [], "traced": [], "traced-block-only": []}
-            for rnd in range(args.rounds):
-                for mode in runs:
-                    out_json = work / f"{job}-{mode}-{rnd}.json"
-                    tracer = None
-                    if mode != "untraced":
-                        tracer = Tracer(work / f"trace-{job}-{mode}-{rnd}", no_syscalls=(mode == "traced-block-only"))
-                    s = fio_run(job, jargs, data, args.runtime_s, out_json)
-                    if tracer:
-                        tr = tracer.stop()
-                        s["missed_events"] = tr.meta.get("missed_events")
-                        if job == "randrw70-128k-qd8" and mode == "traced-block-only" and first_trace is None:
-                            first_trace, first_orig = tr, s
-                    runs[mode].append(s)
-                    print(
-                        f"  {job:<18} {mode:<18} round {rnd}: {s['bw_mib_s']:8.1f} MiB/s "
-                        f"{s['iops']:9.0f} IOPS  clat {s['clat_mean_us']:7.0f} us",
-                        flush=True,
-                    )
-            base = statistics.median(r["bw_mib_s"] for r in runs["untraced"])
-            results["overhead"][job] = {
-                mode: {
-                    "bw_mib_s": round(statistics.median(r["bw_mib_s"] for r in rs), 1),
-                    "loss_pct": round(100 * (1 - statistics.median(r["bw_mib_s"] for r in rs) / base), 1),
-                }
-                for mode, rs in runs.items()
-            }
-
-        # fidelity: distil the block-only capture of the 70/30 job, replay it
-        d = distill(first_trace, process="bench", runtime_s=args.runtime_s, size="512m")
-        job_text = render_job(d, source="bench", tr=first_trace)
-        (work / "replay.fio").write_text(job_text)
-        keep = Path(args.keep) if args.keep else None
-        if keep:
-            keep.mkdir(parents=True, exist_ok=True)
-            (keep / "replay.fio").write_text(job_text)
-            shutil.copy(work / "trace-randrw70-128k-qd8-traced-block-only-0" / "trace.txt", keep / "trace.txt")
-        rep_json = work / "replay.json"
-        env = dict(os.environ, TARGET=str(work / "replay.dat"))
-        subprocess.run(
-            ["fio", "--output-format=json", f"--output={rep_json}", str(work / "replay.fio")],
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            timeout=args.runtime_s + 120,
-        )
-        rep = summary(rep_json)
-        results["fidelity"] = {
-            "original": {k: round(v, 3) for k, v in first_orig.items() if isinstance(v, float)},
-            "replay": {k: round(v, 3) for k, v in rep.items()},
-            "bw_diff_pct": round(100 * (rep["bw_mib_s"] / first_orig["bw_mib_s"] - 1), 1),
-            "clat_diff_pct": round(100 * (rep["clat_mean_us"] / first_orig["clat_mean_us"] - 1), 1),
-            "job": {
-                "rw": d.rw,
-                "rwmixread": d.rwmixread,
-                "iodepth": d.iodepth,
-                "bssplit_read": d.bssplit_read,
-                "bssplit_write": d.bssplit_write,
-            },
-        }
+        first = None
+        if not args.no_overhead or not args.no_fidelity:
+            if args.target == "loop":
+                loop = LoopDevice(args.loop_gib)
+                data, size, dev = Path(loop.dev), f"{args.loop_gib}g", loop.dev
+            else:
+                data, size, dev = work / "bench.dat", "512m", None
+            first = overhead(args, work, data, size, dev, results)
+        if not args.no_fidelity and first is not None:
+            fidelity(args, work, first, results)
+        if args.depth_runs:
+            depth_runs(args, work, results)
     finally:
+        if loop:
+            loop.close()
         shutil.rmtree(work, ignore_errors=True)
+    results["load_avg_end"] = os.getloadavg()
 
     print()
-    print(f"Tracer overhead (fio, {args.runtime_s} s per run, median of {args.rounds} rounds)")
-    print(f"{'job':<20}{'mode':<20}{'MiB/s':>10}{'loss':>8}")
-    for job, modes in results["overhead"].items():
-        for mode, v in modes.items():
-            print(f"{job:<20}{mode:<20}{v['bw_mib_s']:>10.1f}{v['loss_pct']:>7.1f}%")
+    la = results["load_avg_start"]
+    print(f"load average at start {la[0]:.1f} {la[1]:.1f} {la[2]:.1f} on {os.cpu_count()} CPUs")
+    if results["overhead"]:
+        print(f"Tracer overhead on {args.target} (fio, {args.runtime_s} s per run, median of {args.rounds} rounds)")
+        print(f"{'job':<20}{'mode':<20}{'IOPS':>9}{'loss':>8}{'+ns/IO':>9}{'ev/IO':>7}{'ns/ev':>7}{'lost':>7}")
+        for job, modes in results["overhead"].items():
+            for mode, v in modes.items():
+                extra = ""
+                if "added_ns_per_io" in v:
+                    extra = (
+                        f"{v['added_ns_per_io']:>9}{v['events_per_io']:>7}{v['ns_per_event'] or '-':>7}"
+                        f"{v['lost_completion_pct']:>6}%"
+                    )
+                print(f"{job:<20}{mode:<20}{v['iops']:>9}{v['loss_pct']:>7.1f}%{extra}")
     f = results["fidelity"]
-    print()
-    print("Fidelity (original fio 70/30 128k QD8, traced block-only, vs the distilled job replayed)")
-    print(f"{'':<12}{'MiB/s':>10}{'clat us':>10}{'reads':>8}")
-    for k in ("original", "replay"):
-        print(f"{k:<12}{f[k]['bw_mib_s']:>10.1f}{f[k]['clat_mean_us']:>10.0f}{f[k]['read_share']:>8.2f}")
-    print(f"{'difference':<12}{f['bw_diff_pct']:>9.1f}%{f['clat_diff_pct']:>9.1f}%")
-    print(f"distilled: {f['job']}")
+    if f:
+        print()
+        print("Fidelity (original fio 70/30 128k QD8, traced block-only, vs the distilled job replayed)")
+        print(f"{'':<12}{'MiB/s':>10}{'clat us':>10}{'reads':>8}")
+        for k in ("original", "replay"):
+            print(f"{k:<12}{f[k]['bw_mib_s']:>10.1f}{f[k]['clat_mean_us']:>10.0f}{f[k]['read_share']:>8.2f}")
+        print(f"{'difference':<12}{f['bw_diff_pct']:>9.1f}%{f['clat_diff_pct']:>9.1f}%")
+        print(f"distilled: {f['job']}")
+    if results.get("depth"):
+        print()
+        print(f"Distilled iodepth, fio randrw70 512k, block-only, {args.depth_runs} runs per QD")
+        print(f"{'fio QD':>6}  {'iodepth per run':<24}{'Little per run':<34}{'in +-25% (6-10 at 8)':>8}")
+        for qd, rows in results["depth"].items():
+            q = int(qd)
+            lo, hi = (6, 10) if q == 8 else (0.75 * q, 1.25 * q)
+            ok = sum(1 for r in rows if lo <= r["iodepth"] <= hi)
+            print(
+                f"{qd:>6}  {' '.join(str(r['iodepth']) for r in rows):<24}"
+                f"{' '.join(str(r['little']) for r in rows):<34}"
+                f"{ok}/{len(rows)}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
