@@ -83,6 +83,14 @@ class ChainedRounds:
         self.rows: list[dict] = []
         self.round = 0  # the round under way (1-based), for progress views
 
+    def progress(self) -> dict:
+        """The round under way and the last whole round's hit rate against its ideal, for the progress view."""
+        out: dict = {"round": self.round}
+        if self.rows:
+            last = self.rows[-1]
+            out["last_round"] = {k: last[k] for k in ("round", "hit_rate", "ideal_hit_rate")}
+        return out
+
     def _sessions(self) -> list[tuple]:
         """(user, session) per user. With `rounds`, synthetic users' sessions get exactly that many turns (sizes drawn
         from their template as usual), dataset sessions are cut to it."""

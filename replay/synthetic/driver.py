@@ -174,6 +174,7 @@ class SyntheticDriver:
     def snapshot(self) -> dict:
         """Cumulative figures for progress views and the timeline."""
         return {
+            **(self.chained.progress() if self.chained is not None else {}),
             "requests": self.req.completed,
             "read_bytes": sum(s.read.nbytes for s in self.store.stats),
             "written_bytes": sum(s.write.nbytes for s in self.store.stats),

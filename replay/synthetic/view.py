@@ -61,6 +61,13 @@ class LiveView:
         wr = (snap["written_bytes"] - prev["written_bytes"]) / GB / dt
         tiers = "  ".join(f"{name} {t['entries']}e/{t['used_bytes'] / GB:.2f}GB" for name, t in snap["tiers"].items())
         users = f"users {snap['users']}  " if snap.get("users") else ""
+        if snap.get("round"):  # --prefix-model chained
+            last = snap.get("last_round")
+            users += f"round {snap['round']}  " + (
+                f"(round {last['round']} hit {last['hit_rate'] or 0:.2f} of ideal {last['ideal_hit_rate'] or 0:.2f})  "
+                if last
+                else ""
+            )
         line = (
             f"{snap['t_s']:6.1f}/{self.duration_s:g}s  {users}requests {snap['requests']:>7}  "
             f"read {rd:6.2f} GB/s  write {wr:6.2f} GB/s  |  {tiers}"

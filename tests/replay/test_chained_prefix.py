@@ -91,3 +91,5 @@ def test_per_round_table_is_printed(tmp_path, capsys):
     assert "per round (chained prefix)" in out and "ideal" in out
     assert json.loads((tmp_path / "out.json").read_text())["block_size"] == 256
     assert doc["rounds"][1]["ideal_hit_rate"] == pytest.approx(2 / 3)
+    # the progress view's samples (and the timeline) carry the round and the last whole round's hit rate
+    assert doc["timeline"][-1]["round"] == 2 and doc["timeline"][-1]["last_round"]["round"] == 2
