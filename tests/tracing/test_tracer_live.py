@@ -185,7 +185,9 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
         tr = parse_trace((out / "trace.txt").read_text())
         issued = tr.number("issued_read") + tr.number("issued_write")
         completed = tr.number("completed_read") + tr.number("completed_write")
-        assert issued > 1000 and abs(issued - completed) <= 16  # a whole capture
+        # a whole capture: a queue's worth in flight at the end, and the completions that never reach the probe
+        # (0.1-1% here, see tracing/README.md; their requests are counted as lost, no longer paired with others)
+        assert issued > 1000 and -16 <= issued - completed <= 16 + issued // 50, (issued, completed)
         job = (out / "job.fio").read_text()
         assert validate_job(job) is None
         assert "bssplit=128k/100,128k/100" in job
@@ -195,11 +197,10 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
 
         # replay the distilled job on a temp file; its mix matches the original's
         d = distill(tr, runtime_s=3, size="128m")
-        # fio keeps 8 requests in flight. The block layer counts a request from insert to completion, and when the
-        # virtio queue is full it requeues (about 3,000 requeue_reqs in 2.3 s in some runs here), so the depth it sees
-        # is 8 or more: Little's law read 8, 15 and 25 in three runs on this disk. Only the lower bound holds here;
-        # a depth that matches fio's own is issue 13's estimator work.
-        assert d.figures["iodepth_little"] >= 6 and d.iodepth >= 6, d.figures
+        # fio keeps 8 requests in flight. The block layer holds each for less time than fio does (submission and
+        # reaping are outside it), so Little's law there stays under 8 (5.8-6.7 here); the job's depth is the level
+        # the sampled depth fills up to (test_depth_fidelity.py checks it over recorded and live captures).
+        assert 3 <= d.figures["iodepth_little"] <= 8.5 and 6 <= d.iodepth <= 10, (d.figures, d.notes)
         job = render_job(d, source="test", tr=tr)
         (tmp_path / "replay.fio").write_text(job)
         rep_json = tmp_path / "replay.json"
