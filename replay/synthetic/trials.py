@@ -13,6 +13,9 @@ trials' own figures; a percentile stays what its trial's histogram says (percent
 
 A stop signal ends the trial under way the way it ends any run (its partial results in its file) and no further
 trial starts; the trials that completed are aggregated and the exit status is the signal's (130, 143).
+
+Other outputs are per trial: --xlsx-output, --csv-output and --io-trace-log get the same `-trial<i>` suffix,
+--plots DIR gets DIR/trial<i>/ for each trial's figures and DIR/trials.png for the spread across trials.
 """
 
 from __future__ import annotations
@@ -145,6 +148,46 @@ def trials_table(doc: dict) -> Table:
     return t
 
 
+def write_trials_plot(doc: dict, directory: str) -> str | None:
+    """`<directory>/trials.png`: per figure of the closing table, each trial's value (dots, by trial number) and the
+    median (line), the CV in the panel's title: how far one trial may stray from the median. None when no figure
+    has a value."""
+    keys = [k for k in TABLE_KEYS if k in doc["aggregate"]]
+    if not keys:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 3
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 2.6 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        a = doc["aggregate"][key]
+        xs = range(1, len(a["values"]) + 1)
+        ax.plot(xs, a["values"], "o", color="tab:blue")
+        ax.axhline(a["median"], color="tab:orange", lw=1.5, label="median")
+        cv = "-" if a["cv"] is None else f"{a['cv']:.0%}"
+        ax.set_title(f"{key.removeprefix('cache_stats.')}\nCV {cv}", fontsize=9)
+        ax.set_xticks(list(xs))
+        ax.set_xlabel("trial", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.set_ylim(bottom=0)
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"kvtier bench: {doc['trials_completed']} trials, {(doc.get('model') or {}).get('name', '?')}")
+    fig.tight_layout()
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "trials.png")
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)  # whole or not at all
+    return path
+
+
 def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, vary_seed: bool = False) -> int:
     """Run `trials` trials of `cfg`, write each trial's results and the trials document; return the exit code."""
     from .cli import run_single  # the CLI module imports this one
@@ -161,7 +204,7 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
                     "seed": cfg.seed + (i - 1 if vary_seed else 0),
                     "xlsx_output": _suffixed(cfg.xlsx_output, i),
                     "csv_output": _suffixed(cfg.csv_output, i),
-                    "plots": _suffixed(cfg.plots, i),
+                    "plots": os.path.join(cfg.plots, f"trial{i}") if cfg.plots else None,
                     "io_trace_log": _suffixed(cfg.io_trace_log, i),
                 }
             )
@@ -208,5 +251,13 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
     if moved:
         print(f"{PROG}: {moved}; trials document written to {written} instead", file=sys.stderr)
     Console().print(trials_table(doc))
+    if cfg.plots:
+        try:
+            plot = write_trials_plot(doc, cfg.plots)
+        except OSError as exc:  # the trials document holds every value; the figure can be drawn again from it
+            print(f"{PROG}: --plots {cfg.plots}: trials.png not written ({exc.strerror or exc})", file=sys.stderr)
+        else:
+            if plot:
+                print(f"{PROG}: trials figure: {plot}", file=sys.stderr)
     print(f"{PROG}: {doc['trials_completed']} of {trials} trials completed; medians in {written}", file=sys.stderr)
     return code

@@ -203,3 +203,16 @@ def test_the_median_summary_keeps_a_verdict_only_where_every_trial_agrees():
         "qos_stats": {"batch": {"latency_p95_ms": 4.0, "sla_met": None}},
         "status": "completed",
     }
+
+
+def test_the_trials_figure_shows_each_trial_and_the_median(three, tmp_path):
+    import matplotlib.image
+
+    from replay.synthetic.trials import TABLE_KEYS, write_trials_plot
+
+    path = write_trials_plot(three["doc"], str(tmp_path / "plots"))
+    assert path == str(tmp_path / "plots" / "trials.png")
+    img = matplotlib.image.imread(path)
+    rows = -(-len([k for k in TABLE_KEYS if k in three["doc"]["aggregate"]]) // 3)
+    assert img.shape[0] == pytest.approx(2.6 * rows * 110, abs=2) and img.shape[1] == pytest.approx(11 * 110, abs=2)
+    assert not list(tmp_path.glob("plots/*.tmp*"))
