@@ -197,10 +197,12 @@ def plot(doc: dict, directory: str) -> list[str]:
         ax.set(
             xlabel="blkio cgroup throttle on a loop device (MB/s)",
             ylabel="throttlefs (MB/s)",
-            title=f"same workload, same cap, two throttles (Kendall tau {xc['kendall_tau']:.2f})",
+            title=f"same workload, same cap, two throttles\norderings over bandwidth agree: "
+            f"{'yes' if xc['orderings_agree'] else 'NO'}; Kendall tau {xc['kendall_tau']:.2f}",
         )
         ax.legend(fontsize=8)
-        fig.tight_layout()
+        fig.text(0.01, 0.005, f"{doc['date']}, load {doc['load_start']}", fontsize=7, color="0.4")
+        fig.tight_layout(rect=(0, 0.02, 1, 1))
         paths.append(os.path.join(directory, "throttlefs_vs_cgroup.png"))
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
