@@ -55,7 +55,6 @@ def build_parser() -> OneLineParser:
     ap.add_argument(
         "--control-port", type=int, default=0, help="control endpoint port on 127.0.0.1 (default: any free)"
     )
-    ap.add_argument("--threads", type=int, default=16, help="FUSE worker threads at most (default 16)")
     ap.add_argument(
         "--max-request", default="1MiB", help="largest FUSE read/write request (default 1MiB; the kernel splits larger)"
     )
@@ -148,8 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         max_request = int(parse_rate(a.max_request))
         if not 4096 <= max_request <= 1 << 20 or max_request % 4096:
             raise SettingError(f"--max-request {a.max_request}: a multiple of 4 KiB from 4KiB to 1MiB")
-        if not 1 <= a.threads <= 256:
-            raise SettingError(f"--threads {a.threads}: 1 to 256")
         if not 0 <= a.control_port <= 65535:
             raise SettingError(f"--control-port {a.control_port}: 0 to 65535")
         mnt, back = check_paths(a.mountpoint, a.backing)
@@ -182,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 foreground=True,
                 direct_io=True,  # every open bypasses the kernel's page cache: the throttle sees every byte
                 use_ino=True,
+                # Worker threads: libfuse's multi-threaded loop (its default, up to 10). libfuse 3.14 prints "Ignoring
+                # invalid max threads value" when started through fuse_main_real, then keeps that default.
                 fsname=f"throttlefs:{back}",
                 subtype="kvtier-throttlefs",
             )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import time
+
 import pytest
 
 from replay.throttle.cli import check_paths, main
@@ -119,3 +122,31 @@ def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err
     assert err.startswith("kvtier throttlefs: ") and needle in err and err.count("\n") == 1
     assert not (tmp_path / "m").is_mount()
+
+
+@pytest.mark.parametrize("op", ["read", "write", "fsync", "open"])
+def test_each_operations_latency_holds_that_operation_only(op):
+    t = Throttle(apply_changes(Settings(), {f"{op}_lat_ms": 30}))
+    for other in ("read", "write", "fsync", "open"):
+        slot, s = t.begin(other, 4096)
+        t0 = time.monotonic_ns()
+        t.finish(other, 4096, slot, s)
+        held_ms = (time.monotonic_ns() - t0) / 1e6
+        assert (held_ms >= 20) == (other == op), (other, held_ms)
+
+
+def test_jitter_spreads_the_added_latency_around_its_value():
+    t = Throttle(Settings(read_lat_ms=5.0, jitter_ms=4.0), rng=random.Random(7))
+    for _ in range(40):
+        slot, s = t.begin("read", 1)
+        t.finish("read", 1, slot, s)
+    c = t.snapshot()["ops"]["read"]
+    # 40 draws within 5 +- 4 ms average near 5 ms; without jitter lat_ns would be exactly 40 x 5 ms.
+    assert c["lat_ns"] != 40 * 5_000_000
+    assert 40 * 3.5e6 < c["lat_ns"] < 40 * 6.5e6
+
+
+def test_a_write_cap_does_not_hold_reads():
+    t = Throttle(Settings(write_bw_bytes_s=1e6))
+    assert t.begin("read", 1 << 20)[0] <= time.monotonic_ns()
+    assert t.begin("write", 1 << 20)[0] - time.monotonic_ns() > 0.9e9
