@@ -87,14 +87,15 @@ def test_merged_counts_are_the_clients_sums(clients):
 
 
 def _same(a, b, path=""):
-    """Equal, numbers to 0.1% (the merged path computes rates from the rounded elapsed time)."""
+    """Equal, numbers to 0.1% or one unit in the 4th decimal place (the merged path computes rates from the rounded
+    elapsed time, and a rate rounded to 4 places may then land one unit off: 0.0910 against 0.0911)."""
     if isinstance(a, dict):
         assert set(a) == set(b), path
         for k in a:
             if k != "histograms":  # the same counts; re-encoded, the bytes may differ
                 _same(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, (int, float)) and not isinstance(a, bool):
-        assert b == pytest.approx(a, rel=1e-3, abs=1e-4), path
+        assert b == pytest.approx(a, rel=1e-3, abs=1.5e-4), path
     else:
         assert a == b, path
 

@@ -56,8 +56,6 @@ def test_storage_only_keys_mean_what_the_spec_says(client_files):
         assert s["storage_throughput_tokens_per_sec"] == pytest.approx(
             s["total_tokens"] / s["total_storage_io_time"], rel=1e-3
         )
-        # Requests overlap: summed I/O time is not the window, so the two throughputs differ.
-        assert s["storage_throughput_tokens_per_sec"] != pytest.approx(s["avg_throughput_tokens_per_sec"], rel=0.05)
         # Nothing is in a fast tier: every hit came from storage, so the spec's hit rate is 0.
         assert cs["cache_hit_rate"] == 0.0 < cs["store_hit_rate"]
         assert cs["nvme_entries"] == cs["storage_entries"] > 0
