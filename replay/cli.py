@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "bench": ("replay.synthetic.cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
     "replay": ("replay.openai.cli", "replay ShareGPT / BurstGPT / synthetic load against an OpenAI-compatible server"),
     "compare": ("replay.synthetic.compare", "side-by-side table of result JSON files, with ratios"),
+    "check": ("replay.synthetic.check", "the MLPerf spec's submission checklist over kvtier bench results files"),
     "merge": ("replay.synthetic.merge", "merge kvtier bench results of several processes, hosts or trials into one"),
     "plan": ("replay.plan.cli", "predict per-round prefix hit rates of long sessions over tiers, and the collapse"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
