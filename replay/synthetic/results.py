@@ -1,7 +1,7 @@
 """The pieces of the results document of `kvtier bench`: the summary, tier details, cache stats, fallbacks.
 
 `summary()` is the one place the summary is built: `Bench.results` calls it with one client's live request stats,
-`multiclient.merge` with N clients' stats merged by `request_stats_of_docs`, so the two documents cannot drift apart.
+`merge.merge_results` with N clients' stats merged by `request_stats_of_docs`, so the two documents cannot drift apart.
 
 Keys follow the MLPerf KV Cache benchmark where the concept is the same (`summary.avg_throughput_tokens_per_sec`,
 `end_to_end_latency_ms`, `cache_stats.tier_<name>_kv_bytes_read_gb`, ...). Tier names in `cache_stats` use that
