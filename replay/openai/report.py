@@ -14,9 +14,9 @@ from typing import Any
 from kvconnector.histogram import LatencyHistogram
 from replay.openai.client import RequestRecord
 from replay.openai.driver import RunState
-from replay.openai.server_metrics import derive
+from replay.openai.server_metrics import _delta, _delta_by, derive
 
-__all__ = ["build_summary", "parse_slo", "request_rows", "run_failure"]
+__all__ = ["build_summary", "media_identity", "parse_slo", "request_rows", "run_failure"]
 
 _SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")
 
@@ -107,9 +107,10 @@ def _goodput(recs: list[RequestRecord], slo: dict[str, float], duration_s: float
     }
 
 
-def _ideal_hit_rate(recs: list[RequestRecord], block_size: int, prev: dict[str, int]) -> float | None:
-    """Upper bound for a round: the part of each prompt that was sent before in its session (previous prompt plus the
-    previous answer), in whole blocks, never the last prompt token (a server always computes it)."""
+def _reusable_tokens(recs: list[RequestRecord], block_size: int, prev: dict[str, int]) -> tuple[int, int]:
+    """(reusable, prompt) tokens of a round: the part of each prompt that was sent before in its session (previous
+    prompt plus the previous answer), in whole blocks, never the last prompt token (a server always computes it); the
+    ideal hit rate is their ratio."""
     reusable = total = 0
     for r in recs:
         if not r.success or r.prompt_tokens is None:
@@ -119,7 +120,7 @@ def _ideal_hit_rate(recs: list[RequestRecord], block_size: int, prev: dict[str, 
         reusable += max(0, reuse // block_size * block_size)
         total += r.prompt_tokens
         prev[r.session_id] = r.prompt_tokens + (r.output_tokens or 0)
-    return round(reusable / total, 6) if total else None
+    return reusable, total
 
 
 def build_summary(
@@ -192,6 +193,7 @@ def build_summary(
             block_size = server_block or 16
         s["block_size"] = block_size
         s["rounds"] = _rounds(state, percentiles, block_size, kv_bytes_per_token, kv_bytes_metric)
+    s["media_identity"] = media_identity(state, s.get("rounds"))
     return s
 
 
@@ -210,6 +212,22 @@ def run_failure(completed: int, errors_by_kind: dict[str, int]) -> str | None:
     return f"{what} ({kinds}){hint}"
 
 
+def _ratio(num: float | None, den: float | None, digits: int = 4) -> float | None:
+    return round(num / den, digits) if num is not None and den else None
+
+
+def _recomputed_tokens(m: dict[str, Any]) -> float | None:
+    """Prompt tokens the server computed (not taken from a cache) over an interval, from its /metrics."""
+    src = m.get("prompt_tokens_by_source")
+    if src and src.get("local_compute") is not None:
+        return src["local_compute"]
+    if m.get("prefix_cache_queries") is not None:
+        return (
+            m["prefix_cache_queries"] - (m.get("prefix_cache_hits") or 0) - (m.get("external_prefix_cache_hits") or 0)
+        )
+    return None
+
+
 def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metric) -> list[dict[str, Any]]:
     by_round: dict[int, list[RequestRecord]] = {}
     for r in state.records:
@@ -220,43 +238,95 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
     for idx, start, end, before, after in state.round_snapshots:
         recs = by_round.get(idx, [])
         ok = [r for r in recs if r.success]
-        ttft = LatencyHistogram()
+        ttft, tpot = LatencyHistogram(), LatencyHistogram()
+        ttft_ns = decode_ns = 0
         for r in ok:
             ttft.record_ns(r.first_token_ns - r.sent_ns)
+            ttft_ns += r.first_token_ns - r.sent_ns
+            decode_ns += max(0, r.last_chunk_ns - r.first_token_ns)
+            if (t := r.tpot_ms()) is not None:
+                tpot.record_ns(int(t * 1e6))
         m = derive(before, after, kv_bytes_per_token, kv_bytes_metric) if before and after else None
         prompt = sum(r.prompt_tokens or 0 for r in ok)
-        recomputed = None
-        if m:
-            src = m.get("prompt_tokens_by_source")
-            if src and src.get("local_compute") is not None:
-                recomputed = src["local_compute"]
-            elif m.get("prefix_cache_queries") is not None:
-                recomputed = (
-                    m["prefix_cache_queries"]
-                    - (m.get("prefix_cache_hits") or 0)
-                    - (m.get("external_prefix_cache_hits") or 0)
-                )
+        reusable, counted = _reusable_tokens(ok, block_size, prev)
+        ideal = round(reusable / counted, 6) if counted else None
+        hit = m["hit_rate"] if m else None
+        recomputed = _recomputed_tokens(m) if m else None
+        # Excess recompute: prompt tokens computed beyond the ones no cache could have held (the unreusable tail).
+        excess = max(0.0, recomputed - (counted - reusable)) if recomputed is not None and counted else None
+        wall_s = (end - start) / 1e9
+        # Each request's time to first token and its decode time, as shares of the round's wall clock, averaged over
+        # the round's requests (they run together, so the shares of one request are what a user of the round sees).
+        lived = len(ok) * (end - start)
+        errors: dict[str, int] = {}
+        for r in recs:
+            if not r.success:
+                errors[r.error_kind or "unknown"] = errors.get(r.error_kind or "unknown", 0) + 1
         rows.append(
             {
                 "round": idx + 1,
                 "requests": len(recs),
                 "completed": len(ok),
-                "hit_rate": m["hit_rate"] if m else None,
-                "ideal_hit_rate": _ideal_hit_rate(ok, block_size, prev),
+                "errors": len(recs) - len(ok),
+                "errors_by_kind": errors or None,
+                "hit_rate": hit,
+                "ideal_hit_rate": ideal,
+                "hit_to_ideal": _ratio(hit, ideal),
                 "prefix_cache_hit_rate": m["prefix_cache_hit_rate"] if m else None,
                 "external_hit_rate": m["external_prefix_cache_hit_rate"] if m else None,
                 "ttft_p50_ms": round(ttft.percentile_ms(50), 3),
                 "ttft_p95_ms": round(ttft.percentile_ms(95), 3),
+                "tpot_p50_ms": round(tpot.percentile_ms(50), 3) if tpot.count else None,
+                "requests_per_s": _ratio(len(ok), wall_s),
+                "ttft_share": _ratio(ttft_ns, lived),
+                "decode_share": _ratio(decode_ns, lived),
                 "prompt_tokens_per_request": round(prompt / len(ok), 1) if ok else None,
+                "reusable_tokens_per_request": round(reusable / len(ok), 1) if ok else None,
                 "recomputed_tokens_per_request": round(recomputed / len(ok), 1)
                 if recomputed is not None and ok
                 else None,
+                "excess_recompute_per_request": round(excess / len(ok), 1) if excess is not None and ok else None,
+                "excess_recompute_share": _ratio(excess, reusable) if excess is not None else None,
                 "kv_written_bytes": m["kv_written_bytes"] if m else None,
+                "kv_bytes_by_tier": m["kv_bytes_by_tier"] if m else None,
                 "preemptions": m["preemptions"] if m else None,
-                "wall_s": round((end - start) / 1e9, 4),
+                "wall_s": round(wall_s, 4),
             }
         )
     return rows
+
+
+def media_identity(state: RunState, rounds: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """What went to each storage medium over the run, to check that two configurations did the same work (the seed's
+    "media identity": total stores and loads per configuration, bytes into each tier): per kvtier tier the bytes and
+    operations written and read (`kvtier_bytes_total` / `kvtier_ops_total` by the exporter's `tier` label), the
+    backend's store and load events, LMCache's stored and hit tokens; and whether the rounds' per-tier bytes add up to
+    the run's (every byte is in exactly one round). None without two snapshots."""
+    a, b = state.metrics_start, state.metrics_last
+    if a is None or b is None:
+        return None
+    tiers: dict[str, dict[str, float]] = {}
+    for (tier, op), v in _delta_by(a, b, "kvtier_bytes_total", "tier", "op").items():
+        tiers.setdefault(tier, {})[f"bytes_{op}"] = v
+    for (tier, op), v in _delta_by(a, b, "kvtier_ops_total", "tier", "op").items():
+        tiers.setdefault(tier, {})[f"ops_{op}"] = v
+    events = {ev: v for (ev,), v in _delta_by(a, b, "kvtier_backend_events_total", "event").items()}
+    out: dict[str, Any] = {
+        "tiers": tiers or None,
+        "bytes_written": sum(t.get("bytes_write", 0.0) for t in tiers.values()) if tiers else None,
+        "bytes_read": sum(t.get("bytes_read", 0.0) for t in tiers.values()) if tiers else None,
+        "stores": events.get("store_ok"),
+        "loads": events.get("load_hits"),
+        "lmcache_stored_tokens": _delta(a, b, "lmcache:num_stored_tokens"),
+        "lmcache_hit_tokens": _delta(a, b, "lmcache:num_hit_tokens"),
+    }
+    if rounds and tiers:
+        summed: dict[str, float] = {}
+        for r in rounds:
+            for tier, ops in (r.get("kv_bytes_by_tier") or {}).items():
+                summed[tier] = summed.get(tier, 0.0) + ops.get("write", 0.0)
+        out["rounds_add_up"] = all(summed.get(t, 0.0) == v.get("bytes_write", 0.0) for t, v in tiers.items())
+    return out
 
 
 def request_rows(state: RunState, *, warmup: bool = False) -> Iterator[dict[str, Any]]:

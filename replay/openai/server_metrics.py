@@ -127,7 +127,10 @@ async def scrape(session: aiohttp.ClientSession, urls: list[str], timeout_s: flo
     snap = Snapshot(time.perf_counter_ns())
     for url in urls:
         try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            # identity: the run's session does not decompress, and prometheus_client gzips when asked (kvtier's
+            # exporter did, and the scrape failed on the gzip bytes)
+            headers = {"Accept-Encoding": "identity"}
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as r:
                 if r.status != 200:
                     snap.errors.append(f"{url}: HTTP {r.status}")
                     continue

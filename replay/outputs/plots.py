@@ -14,6 +14,7 @@
     latency_cdf.png          TTFT (share of requests) and inter-token latency (share of tokens) within x ms (log x)
     timeline.png             each request from sent to last chunk, its first token marked, failed ones in red
     rounds.png               per round, measured against ideal prefix hit rate, and TTFT p50/p95 (runs in rounds)
+    round_bytes.png          KV bytes written, accumulated over the rounds, per kvtier tier (or the server's total)
 
 Both draw with the same frame (log-ms CDF axes with p50/p99 guides, step curves from the histograms, the run's
 label in the corner). A figure whose data is absent (an older file, a run without that feature) is skipped, with an
@@ -46,7 +47,7 @@ FIGURES = (
     "qos_latency.png",
     "rounds.png",
 )
-REPLAY_FIGURES = ("latency_cdf.png", "timeline.png", "rounds.png")
+REPLAY_FIGURES = ("latency_cdf.png", "timeline.png", "rounds.png", "round_bytes.png")
 
 _DPI = 110
 _OP_STYLE = {"read": "-", "write": "--"}
@@ -103,6 +104,7 @@ def write_replay_plots(
         ("latency_cdf.png", _replay_cdf),
         ("timeline.png", lambda plt, s: _timeline(plt, spans)),
         ("rounds.png", _rounds),
+        ("round_bytes.png", _round_bytes),
     )
     return _save_figures(directory, title, draws, summary)
 
@@ -554,5 +556,47 @@ def _rounds(plt, summary: dict):
         ax.legend()
         ax.grid(alpha=0.3)
     fig.suptitle("Per-round prefix reuse and TTFT")
+    fig.tight_layout()
+    return fig
+
+
+def _round_bytes(plt, summary: dict):
+    """Accumulated KV bytes written per round: one line per kvtier tier when the exporter was scraped, else the
+    server's total (recompute rewrites show as a steeper line once reuse collapses)."""
+    rounds = summary.get("rounds")
+    if not rounds:
+        return "not a run in rounds"
+    from matplotlib.ticker import MaxNLocator
+
+    tiers: list[str] = []
+    for r in rounds:
+        for t in r.get("kv_bytes_by_tier") or {}:
+            if t not in tiers:
+                tiers.append(t)
+    series: dict[str, list[float]] = {}
+    if tiers:
+        for t in tiers:
+            series[f"tier {t}"] = [((r.get("kv_bytes_by_tier") or {}).get(t) or {}).get("write", 0.0) for r in rounds]
+    elif any(r.get("kv_written_bytes") is not None for r in rounds):
+        series["KV written (server /metrics)"] = [r.get("kv_written_bytes") or 0.0 for r in rounds]
+    else:
+        return "no KV bytes written in the server's /metrics"
+    xs = [r["round"] for r in rounds]
+    grand = sum(sum(v) for v in series.values())
+    unit, scale = ("GB", GB) if grand >= GB else ("MB", GB / 1000)  # a small run reads better in MB
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, per_round in series.items():
+        acc, total = [], 0.0
+        for v in per_round:
+            total += v
+            acc.append(total / scale)
+        ax.plot(xs, acc, "o-", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"KV bytes written, accumulated ({unit})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("KV written per tier, accumulated over the rounds")
     fig.tight_layout()
     return fig

@@ -20,10 +20,14 @@ _ROUND_COLS = (
     ("round", "round"),
     ("hit_rate", "hit"),
     ("ideal_hit_rate", "ideal"),
+    ("hit_to_ideal", "hit/ideal"),
     ("ttft_p50_ms", "TTFT p50 ms"),
-    ("ttft_p95_ms", "TTFT p95 ms"),
-    ("recomputed_tokens_per_request", "recomputed/req"),
+    ("tpot_p50_ms", "TPOT p50"),
+    ("requests_per_s", "req/s"),
+    ("recomputed_tokens_per_request", "recomp/req"),
+    ("excess_recompute_per_request", "excess/req"),
     ("kv_written_bytes", "KV written B"),
+    ("errors", "err"),
     ("wall_s", "wall s"),
 )
 

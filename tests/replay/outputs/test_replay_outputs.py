@@ -91,7 +91,8 @@ def test_rounds_csv_is_the_summarys_rounds(run):
 def test_replay_figures_are_pngs(run):
     d, s = run
     names = sorted(p.name for p in (d / "plots").iterdir())
-    assert names == sorted(REPLAY_FIGURES)
+    # round_bytes.png needs KV bytes in /metrics (kvtier's exporter, LMCache): the fake server has none
+    assert names == sorted(set(REPLAY_FIGURES) - {"round_bytes.png"})
     for name in names:
         data = (d / "plots" / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, name
