@@ -21,6 +21,7 @@ BLOCK = 16
 ROUNDS = 10
 SESSIONS = 8
 ENTRY = 40_000
+pytestmark = pytest.mark.slow  # two replays of 10 rounds: 5-15 s on a loaded 2-core machine
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
