@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench-cpu: $(BASE_STAMP)
 
 bench-crash: $(BASE_STAMP)
 	$(BIN)/python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash-$$$$
+
+# Needs root (FUSE, losetup, cgroups); about 4 minutes here.
+bench-throttlefs: $(BASE_STAMP) system-deps
+	$(BIN)/python benchmarks/throttlefs_accuracy.py --dir /var/tmp/kvtier-throttlefs-bench \
+	    --json results/throttlefs_accuracy.json --plots results/throttlefs-plots
 
 system-deps:
 	bash deploy/install-system-deps.sh

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "compare": ("replay.synthetic.compare", "side-by-side table of result JSON files, with ratios"),
     "check": ("replay.synthetic.check", "the MLPerf spec's submission checklist over kvtier bench results files"),
     "merge": ("replay.synthetic.merge", "merge kvtier bench results of several processes, hosts or trials into one"),
+    "throttlefs": ("replay.throttle.cli", "mount a FUSE passthrough that caps bandwidth and adds per-op latency"),
     "plan": ("replay.plan.cli", "predict per-round prefix hit rates of long sessions over tiers, and the collapse"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
 }
