@@ -15,14 +15,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from kvconnector.errors import ConfigError
 from kvconnector.models import DTYPE_BYTES, resolve_model
-from kvconnector.units import human_bytes
+from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
 
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
 from ..outputs.paths import check_outputs, write_results
 from ..settings import documented, load_settings
 from .model import ORDERS, POLICIES, PlanResult, TierSpec, Workload, simulate
-from .sizes import parse_size
 
 PROG = "kvtier plan"
 ENV_PREFIX = "KVTIER_PLAN_"

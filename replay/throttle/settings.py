@@ -10,20 +10,11 @@ import dataclasses
 import re
 from typing import Any
 
+from kvconnector.units import parse_size
+
 OPS = ("read", "write", "fsync", "open")
 
-_PREFIX = {
-    "": 1,
-    "k": 10**3,
-    "m": 10**6,
-    "g": 10**9,
-    "t": 10**12,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-}
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kmgt]i?)?\s*(b|bytes?)?\s*(/\s*s|ps)?\s*$", re.IGNORECASE)
+_PER_SECOND = re.compile(r"\s*(/\s*s|ps)\s*$", re.IGNORECASE)
 
 
 class SettingError(ValueError):
@@ -39,10 +30,10 @@ def parse_rate(text: str | float | int) -> float:
     else:
         if text.strip().lower() in ("off", "none", "0"):
             return 0.0
-        m = _RATE.match(text)
-        if not m or (m.group(2) and m.group(2).lower() not in _PREFIX):
-            raise SettingError(f"'{text}' is not a rate (examples: 250MB/s, 1GiB/s, 0 for no cap)")
-        value = float(m.group(1)) * _PREFIX[(m.group(2) or "").lower()]
+        try:
+            value = parse_size(_PER_SECOND.sub("", text), allow_zero=True)
+        except ValueError:
+            raise SettingError(f"'{text}' is not a rate (examples: 250MB/s, 1GiB/s, 0 for no cap)") from None
     if value < 0 or value != value or value == float("inf"):
         raise SettingError(f"'{text}' is not a rate (it must be 0 or more)")
     return value

@@ -10,10 +10,10 @@ from collections import OrderedDict
 
 import pytest
 
+from kvconnector.units import parse_size
 from replay.plan import ChainLRU, TierSpec, Workload, simulate
 from replay.plan import cli as plan_cli
 from replay.plan.model import rounds_held
-from replay.plan.sizes import parse_size
 
 # Seed 001 (shared/seeds/001_...): C = 112, 20 rounds, 5,000 forced output tokens, 88.1 KB/token, block 256,
 # 400 GiB DRAM vs 50 GiB DRAM over 46.09 TB NVMe-oF. First prompt and follow-up are not stated: 10,000 and 50 is
