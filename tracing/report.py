@@ -119,13 +119,19 @@ def format_processes(tr: Trace, matched: dict[int, dict] | None = None) -> str:
     rows = process_rows(tr, matched)
     if not rows:
         return ""
+    # one traced process: the tracer keeps no per-process counts (the totals are its)
+    counted = any(tr.maps.get(f"proc_{op}_bytes") for op in ("read", "write"))
+
+    def b(n: int) -> str:
+        return _fmt_bytes(n) if counted else "-"
+
     lines = ["block I/O by process (bytes submitted; instance from matched.tsv):"]
     head = f"{'inst':>4} {'pid':>8} {'task':<16}{'read':>11}{'write':>11}  why"
     lines += [head, "-" * 78]
     for r in rows:
         lines.append(
-            f"{r['group'] or '-':>4} {r['pid']:>8} {r['comm'][:15]:<16}{_fmt_bytes(r['read_bytes']):>11}"
-            f"{_fmt_bytes(r['write_bytes']):>11}  {r['why'][:40]}"
+            f"{r['group'] or '-':>4} {r['pid']:>8} {r['comm'][:15]:<16}{b(r['read_bytes']):>11}"
+            f"{b(r['write_bytes']):>11}  {r['why'][:40]}"
         )
     groups = sorted({r["group"] for r in rows})
     if len(groups) > 1:
@@ -134,7 +140,7 @@ def format_processes(tr: Trace, matched: dict[int, dict] | None = None) -> str:
         for g in groups:
             rs = [r for r in rows if r["group"] == g]
             rd, wr = sum(r["read_bytes"] for r in rs), sum(r["write_bytes"] for r in rs)
-            lines.append(f"  instance {g or '-'}: {len(rs)} processes, read {_fmt_bytes(rd)}, write {_fmt_bytes(wr)}")
+            lines.append(f"  instance {g or '-'}: {len(rs)} processes, read {b(rd)}, write {b(wr)}")
     rd, wr = issued_bytes(tr, "read"), issued_bytes(tr, "write")
     if rd or wr:
         lines.append(f"issued to the device: read {_fmt_bytes(rd)}, write {_fmt_bytes(wr)} (after merges)")

@@ -184,7 +184,7 @@ done < <(sed -n 's|^[[:space:]]*//@layer \([a-z_]*\) \(.*\)$|\1 \2|p' "$BT")
 if [[ "${layer_on[block]:-0}" != 1 ]]; then
 	say "WARNING: no block tracepoints: only the syscall layer will be seen"
 	# these extend the block layer's probes and maps
-	for dep in owner queue requeue merge; do
+	for dep in owner perproc queue requeue merge; do
 		if [[ "${layer_on[$dep]:-0}" == 1 ]]; then
 			layer_on[$dep]=0
 			on_list="$(echo " $on_list " | sed "s/ $dep / /; s/^ *//; s/ *$//")"
@@ -205,17 +205,17 @@ if [[ -e "$TRACEFS/kprobe_events" ]]; then kp="offered (not needed)"; else
 	kp="not offered by this kernel (not needed: tracepoints only)"; fi
 
 # layers this capture does not need
+# (not storage layers: left out of layers_off, which says what was not seen)
 drop_layer() {
 	if [[ "${layer_on[$1]:-0}" == 1 ]]; then
 		layer_on[$1]=0
-		on_list="$(echo " $on_list " | sed "s/ $1 / /; s/^ *//; s/ *$//")"
-		off_list="$off_list $1($2)"
+		on_list=" $(echo " $on_list " | sed "s/ $1 / /; s/^ *//; s/ *$//")"
 	fi
 }
-if (( all )); then
-	drop_layer follow "every process"; drop_layer mailbox "every process"
-elif (( simple )); then
-	drop_layer follow "pids without --children"; drop_layer mailbox "pids only"
+if (( all || simple )); then
+	drop_layer follow; drop_layer mailbox
+	# one process (or all): its per-process bytes are the totals
+	(( ${#pids[@]} > 1 )) || drop_layer perproc
 elif [[ "${layer_on[follow]:-0}" != 1 ]]; then
 	say "WARNING: no task:task_newtask: children started while tracing are added by a rescan each second, not from their start"
 fi
@@ -257,7 +257,7 @@ if (( all )); then
 elif (( n_matched == 0 )); then
 	say "no process matches '$target_desc' yet; tracing what matches once it starts (rescanned each second)"
 else
-	say "targets: $n_matched processes match '$target_desc' (pid [instance] task: why: command line):"
+	say "targets: $n_matched process$( (( n_matched > 1 )) && echo es) matched by '$target_desc' (pid [instance] task: why: command line):"
 	while IFS=$'\t' read -r p g c w cmd; do
 		[[ "$p" == \#* ]] && continue
 		say "  $p [$g] $c: $w: ${cmd:0:90}"
@@ -290,7 +290,8 @@ for g in $captures; do
 done
 if (( ! all && ! simple )); then
 	watch_args=(); for t in "${traces[@]}"; do watch_args+=(--trace "$t"); done
-	( cd "$HERE/.." && exec python3 -m tracing.targets watch "${tgt_args[@]}" --out "$out" "${watch_args[@]}" ) &
+	( cd "$HERE/.." && exec python3 -m tracing.targets watch "${tgt_args[@]}" --out "$out" "${watch_args[@]}" \
+		--captures "$(echo $captures | tr ' ' ,)" ) &
 	watcher=$! mailer=$watcher
 fi
 
@@ -409,7 +410,7 @@ for g in $captures; do
 	fi
 done
 n_now=$(grep -vc '^#' "$matched" || true)
-(( all )) || say "traced $n_now processes (matched.tsv), $((n_now - n_matched)) of them found while tracing"
+(( all )) || say "traced $n_now process$( (( n_now == 1 )) || echo es) (matched.tsv), $((n_now - n_matched)) of them found while tracing"
 # A tracer run with sudo leaves its output to the user who asked for it:
 # the folder when it made it, else only the files it wrote (never what was
 # there before, never through a link)

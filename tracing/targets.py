@@ -289,7 +289,7 @@ def resolve(
     for pid in list(follow):
         for c in descendants(pid):
             if c not in why and c not in skip:
-                why[c] = f"child of {pid}"
+                why[c] = f"{'child' if procs[c].ppid == pid else 'descendant'} of {pid}"
     # KV servers named by the matched engines' command lines
     kv_of: dict[int, list[int]] = {}
     if kv_server:
@@ -300,7 +300,7 @@ def resolve(
                 why[spid] = f"KV server of {wanted[port]} (port {port})"
                 for c in descendants(spid):
                     if c not in why and c not in skip:
-                        why[c] = f"child of {spid}"
+                        why[c] = f"{'child' if procs[c].ppid == spid else 'descendant'} of {spid}"
             elif spid in why and spid != wanted[port]:
                 why[spid] += f"; KV server of {wanted[port]} (port {port})"
     # groups: a matched process with no matched ancestor roots one; a KV
@@ -355,6 +355,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "watch":
             s.add_argument("--trace", action="append", required=True, help="a trace file to wait for and read")
             s.add_argument("--interval-s", type=float, default=1.0)
+            s.add_argument("--captures", default="0", help="instances with a capture, comma-separated; 0: one of all")
     return p
 
 
@@ -382,7 +383,16 @@ def _group_for(m: Match, procs: dict[int, Proc], known: dict[int, int]) -> int:
     return max(known.values(), default=0) + 1
 
 
-def _append(tsv: str, m: Match) -> None:
+def _append(tsv: str, m: Match, captures: set[int]) -> None:
+    if 0 not in captures and m.group not in captures:
+        # --per-instance: one bpftrace per instance found at start
+        print(
+            f"storage_latency_stack: NOT traced: {m.pid} {m.comm} ({m.why}) is a new instance; "
+            "--per-instance traces the instances found at start (restart the tracer to add it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     with open(tsv, "a") as f:
         f.write(m.tsv() + "\n")
     print(f"storage_latency_stack: now tracing {m.pid} [{m.group}] {m.comm} ({m.why})", file=sys.stderr, flush=True)
@@ -399,6 +409,7 @@ def watch(args) -> int:
     # ends this watcher with SIGTERM once it has
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     names = _names(args.names)
+    captures = {int(c) for c in args.captures.split(",") if c.strip()}
     known: dict[int, int] = {}
     tsv = os.path.join(args.out, "matched.tsv")
     with open(tsv) as f:
@@ -417,6 +428,7 @@ def watch(args) -> int:
                 pass
             time.sleep(0.05)
     pos = dict.fromkeys(args.trace, 0)
+    pending: dict[int, tuple[int, int, float]] = {}
     while True:
         procs = scan()
         # what the kernel followed: listed, with the command line it has now
@@ -435,11 +447,19 @@ def watch(args) -> int:
                 fm = _FOLLOW_RE.search(line)
                 if fm:
                     pid, parent, group = (int(x) for x in fm.groups())
-                    if pid not in known:
-                        known[pid] = group
-                        p = procs.get(pid) or read_proc(pid)
-                        comm, cmd = (p.comm, p.cmdline) if p else ("?", "(exited)")
-                        _append(tsv, Match(pid, group, f"child of {parent} (started while tracing)", comm, cmd))
+                    pending.setdefault(pid, (parent, group, time.monotonic()))
+        # a followed child is listed a moment after its fork, once it has
+        # exec'd or renamed itself (at the fork it is a copy of its parent)
+        for pid, (parent, group, t) in list(pending.items()):
+            if time.monotonic() - t < 0.5:
+                continue
+            del pending[pid]
+            if pid not in known:
+                known[pid] = group
+                p = read_proc(pid)
+                comm, cmd = (p.comm, p.cmdline) if p else ("?", "(exited)")
+                why = f"child of {parent} (started while tracing)"
+                _append(tsv, Match(pid, group, why, comm, cmd), captures)
         for m in resolve(
             names,
             args.pid,
@@ -454,7 +474,7 @@ def watch(args) -> int:
             known[m.pid] = m.group = g
             m.why += " (started while tracing)"
             _mail(m.pid, g)
-            _append(tsv, m)
+            _append(tsv, m, captures)
         time.sleep(args.interval_s)
 
 

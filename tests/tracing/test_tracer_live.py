@@ -68,7 +68,9 @@ def ensure_tracefs():
 
 @pytest.mark.slow
 @_live
-@pytest.mark.parametrize("drop", [None, "follow", "mailbox", "owner", "queue", "requeue", "merge", "syscalls", "block"])
+@pytest.mark.parametrize(
+    "drop", [None, "follow", "mailbox", "owner", "perproc", "queue", "requeue", "merge", "syscalls", "block"]
+)
 def test_script_compiles_without_attaching(tmp_path, drop):
     # bpftrace 0.17 has no --dry-run; --emit-elf runs the parser, semantic
     # checks and code generation and writes the ELF without attaching or
@@ -76,7 +78,7 @@ def test_script_compiles_without_attaching(tmp_path, drop):
     ensure_tracefs()
     keep = set(LAYERS) - {drop}
     if drop == "block":  # the wrapper drops what extends the block layer too
-        keep -= {"owner", "queue", "requeue", "merge"}
+        keep -= {"owner", "perproc", "queue", "requeue", "merge"}
     src = tmp_path / "v.bt"
     src.write_text(strip_layers(keep))
     p = subprocess.run(
