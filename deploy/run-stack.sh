@@ -33,6 +33,8 @@
 #              degraded (recomputes).
 #   With --instances N > 1, instance i's vLLM listens on P+1+i, LMCache on P2+i / P3+i, and a round-robin proxy
 #   (deploy/rr_proxy.py) on P. Instance i's local disk tier is --kv-dir/inst<i>; --shared-dir is shared by all.
+#   Tiers of N instances (endpoints.json "tiers"): private (each its own disk tier, no --shared-dir: the baseline a
+#   shared tier is judged against), private+shared (--shared-dir too), shared (--shared-dir and --disk-gb 0).
 #
 # example:
 #   $ deploy/make-tiny-model.py /tmp/tiny && deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 \
@@ -196,7 +198,14 @@ cmd_up() {
     [[ $l2kind == kvtier || ($mode == mp && -z $shared) ]] || die "--l2 lmcache-fs needs --mode mp and no --shared-dir"
     [[ $io_mode == direct || $io_mode == buffered ]] || die "--io-mode is direct or buffered"
     [[ $n =~ ^[1-9][0-9]*$ ]] || die "--instances must be a positive integer"
-    ((n == 1)) || [[ -n $shared ]] || die "--instances $n needs --shared-dir (that is what the instances share)"
+    # ---- instance tiers (private / private+shared / shared) ----
+    local tiers=private
+    [[ -n $shared ]] && tiers=private+shared
+    if [[ $l2kind == kvtier && $disk_gb =~ ^0*(\.0*)?$ ]]; then
+        [[ -n $shared ]] || die "--disk-gb 0 leaves kvtier no tier: give --shared-dir or a size"
+        tiers=shared
+    fi
+    # ---- end instance tiers ----
     mport=${mport:-$((hport + 10))}
     mkdir -p "$STATE"
     chmod 700 "$STATE"
@@ -277,8 +286,8 @@ EOF
     fi
     local joined
     joined=$(IFS=,; echo "${insts[*]}")
-    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "state_dir": "%s", "instances": [%s]}\n' \
-        "$mode" "$l2kind" "$device" "$vport" "$name" "$shared" "$STATE" "$joined" > "$STATE/endpoints.json"
+    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "tiers": "%s", "state_dir": "%s", "instances": [%s]}\n' \
+        "$mode" "$l2kind" "$device" "$vport" "$name" "$shared" "$tiers" "$STATE" "$joined" > "$STATE/endpoints.json"
 
     for ((i = 0; i < n; i++)); do
         if [[ $mode == mp ]]; then
