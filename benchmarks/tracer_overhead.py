@@ -12,8 +12,11 @@ every second of the traced runs is traced. Loss = 1 - traced / untraced
 throughput, medians over rounds. Cost per event: the time each I/O took
 longer traced (1/IOPS traced - 1/IOPS untraced, medians), over the probe
 runs per I/O counted in the trace (block probes, and syscall entries and
-exits). --target loop runs it on a loop device over a tmpfs file (quiet and
-fast: what is left is the tracer), --target disk on a file in --dir.
+exits); and the kernel's own measure, kernel.bpf_stats_enabled set for the
+run: run time per probe run and probe runs per I/O (every run, the ones
+the filters drop included). --target loop runs it on a loop device over a
+tmpfs file (quiet and fast: what is left is the tracer), --target disk on a
+file in --dir.
 
 Fidelity: the traced run of the first job is distilled into a fio job, which
 is replayed on a fresh file; bandwidth and mean completion latency of the
@@ -105,7 +108,35 @@ class Tracer:
             time.sleep(0.05)
         raise SystemExit("tracer did not attach in 60 s")
 
+    def prog_stats(self) -> tuple[int, int]:
+        """(run_time_ns, run_cnt) summed over the BPF programs of the wrapper's
+        bpftrace: what the kernel measured the probes cost (with
+        kernel.bpf_stats_enabled=1; zeros without it)."""
+        kids, todo = set(), {self.proc.pid}
+        while todo:  # the wrapper's descendants
+            parent = todo.pop()
+            for st in Path("/proc").glob("[0-9]*/stat"):
+                try:
+                    fields = st.read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == parent and int(st.parent.name) not in kids:
+                    kids.add(int(st.parent.name))
+                    todo.add(int(st.parent.name))
+        ns = cnt = 0
+        for pid in kids:
+            for fd in Path(f"/proc/{pid}/fdinfo").glob("*"):
+                try:
+                    info = dict(ln.split(":", 1) for ln in fd.read_text().splitlines() if ":" in ln)
+                except OSError:
+                    continue
+                if "prog_type" in info:
+                    ns += int(info.get("run_time_ns", "0").strip() or 0)
+                    cnt += int(info.get("run_cnt", "0").strip() or 0)
+        return ns, cnt
+
     def stop(self):
+        self.run_ns, self.run_cnt = self.prog_stats()
         os.killpg(self.proc.pid, signal.SIGINT)
         self.proc.wait(timeout=120)
         self.log.close()
@@ -164,6 +195,8 @@ def overhead(args, work: Path, data: Path, size: str, dev: str | None, results: 
                     tr = tracer.stop()
                     s["missed_events"] = tr.meta.get("missed_events")
                     s["events_per_io"] = events_per_io(tr)
+                    s["prog_ns_per_run"] = tracer.run_ns / tracer.run_cnt if tracer.run_cnt else None
+                    s["prog_runs_per_io"] = tracer.run_cnt / (s["iops"] * args.runtime_s) if s["iops"] else None
                     issued = tr.number("issued_read") + tr.number("issued_write")
                     done = tr.number("completed_read") + tr.number("completed_write")
                     s["lost_completion_pct"] = 100 * max(0, issued - done) / issued if issued else 0
@@ -195,6 +228,11 @@ def overhead(args, work: Path, data: Path, size: str, dev: str | None, results: 
                     missed_events=[r["missed_events"] for r in rs],
                     lost_completion_pct=round(statistics.median(r["lost_completion_pct"] for r in rs), 2),
                 )
+                measured = [r for r in rs if r.get("prog_ns_per_run")]
+                if measured:  # the kernel's own measure of the probes (bpf_stats_enabled)
+                    v["prog_ns_per_run"] = round(statistics.median(r["prog_ns_per_run"] for r in measured))
+                    v["prog_runs_per_io"] = round(statistics.median(r["prog_runs_per_io"] for r in measured), 1)
+                    v["prog_ns_per_io"] = round(v["prog_ns_per_run"] * v["prog_runs_per_io"])
             out[mode] = v
         results["overhead"][job] = out
     return first
@@ -324,6 +362,11 @@ def main(argv=None) -> int:
         "fidelity": {},
     }
     loop = None
+    stats = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_was = stats.read_text().strip() if stats.exists() else None
+    if stats_was == "0" and not args.no_overhead:
+        stats.write_text("1")  # per-program run time, for the cost per probe run; put back below
+        print("tracer_overhead: kernel.bpf_stats_enabled set to 1 for the run (back to 0 at the end)")
     try:
         first = None
         if not args.no_overhead or not args.no_fidelity:
@@ -338,6 +381,8 @@ def main(argv=None) -> int:
         if args.depth_runs:
             depth_runs(args, work, results)
     finally:
+        if stats_was == "0" and not args.no_overhead:
+            stats.write_text("0")
         if loop:
             loop.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -358,6 +403,15 @@ def main(argv=None) -> int:
                         f"{v['lost_completion_pct']:>6}%"
                     )
                 print(f"{job:<20}{mode:<20}{v['iops']:>9}{v['loss_pct']:>7.1f}%{extra}")
+        print("+ns/IO, ns/ev: from throughput (noisy on a shared machine); ev/IO: probe runs the trace counted")
+        print(f"{'job':<20}{'mode':<20}{'probe ns/run':>13}{'runs/IO':>9}{'probe ns/IO':>12}  (kernel's bpf_stats)")
+        for job, modes in results["overhead"].items():
+            for mode, v in modes.items():
+                if "prog_ns_per_run" in v:
+                    print(
+                        f"{job:<20}{mode:<20}{v['prog_ns_per_run']:>13}{v['prog_runs_per_io']:>9}"
+                        f"{v['prog_ns_per_io']:>12}"
+                    )
     f = results["fidelity"]
     if f:
         print()
