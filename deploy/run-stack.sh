@@ -13,16 +13,27 @@
 #   --disk-gb G            local disk tier per instance; 0 = none (puts go straight to the shared tier)  [4]
 #   --shared-gb G          shared tier capacity accounted per instance  [4]
 #   --io-mode direct|buffered   I/O of the local disk tier  [direct]
-#   --l2 kvtier|lmcache-fs      L2 adapter of the LMCache MP server (mp only)  [kvtier]
+#   --l2 kvtier|lmcache-fs|none L2 adapter of the LMCache MP server (mp only)  [kvtier]
 #                          lmcache-fs: LMCache's own "fs" L2 adapter on --kv-dir, for comparisons (no kvtier, no
 #                          kvtier metrics; --io-mode direct = its use_odirect, --disk-gb and --shared-dir unused)
-#   --l1-gb G              LMCache's own memory (L1) per instance  [1]
+#                          none: LMCache's memory (L1) only, what is evicted from it is gone (the DRAM-only
+#                          configuration of a long-session experiment; --disk-gb and --shared-dir unused)
+#   --l1-gb G              LMCache's own memory (L1) per instance, fractions allowed (0.004 = 4 MB)  [1]
+#                          (the L2 size is --disk-gb, plus --shared-gb with --shared-dir)
+#   --lmcache-arg ARG      extra argument for the LMCache MP server (repeatable), e.g. --eviction-trigger-watermark
 #   --chunk-size N         LMCache chunk size in tokens  [256]
 #   --served-name NAME     model name served by vLLM  [tiny]
 #   --state-dir DIR        pids, logs, commands, endpoints.json  [$KVTIER_STACK_DIR or /tmp/kvtier-stack-$UID]
 #   --timeout S            seconds to wait for every server to be healthy  [300]
 #   --python PY            interpreter with vllm and lmcache  [$PYTHON or .venv/bin/python]
 #   --vllm-arg ARG         extra argument for vLLM (repeatable)
+# vLLM's own settings (defaults: what the end-to-end tests were sized for):
+#   --max-model-len N      longest prompt + answer in tokens  [2048]
+#   --max-num-seqs N       requests vLLM runs at once  [8]
+#   --prefix-caching on|off    vLLM's own prefix cache (off: every reuse comes through LMCache)  [off]
+#   --block-size N         vLLM's KV block size in tokens  [vLLM's default]
+#   --kv-space GIB         vLLM's KV cache: VLLM_CPU_KVCACHE_SPACE on cpu (whole GiB), --kv-cache-memory-bytes on
+#                          cuda  [$VLLM_CPU_KVCACHE_SPACE or 1 on cpu; vLLM's default on cuda]
 #
 # What runs (every server on 127.0.0.1, each in its own process group):
 #   mp:        per instance an LMCache MP server (python -m lmcache.v1.multiprocess.http_server) with the kvtier L2
@@ -162,7 +173,9 @@ cmd_restart_lmcache() {  # stop one LMCache server (TERM, or KILL for a crash te
 cmd_up() {
     local device="" model="" vport="" lport="" hport="" kvdir="" shared="" n=1 mode=mp mport="" disk_gb=4 shared_gb=4
     local io_mode=direct l1_gb=1 chunk=256 name=tiny timeout=300 l2kind=kvtier
-    local -a vextra=()
+    local -a vextra=() lextra=()
+    # vLLM's settings (issue 15: the long-session experiment sizes them)
+    local max_len=2048 max_seqs=8 prefix_caching=off vblock="" kv_space=""
     while (($#)); do
         case $1 in
             --device) device=$2; shift 2 ;;
@@ -186,6 +199,12 @@ cmd_up() {
             --timeout) timeout=$2; shift 2 ;;
             --python) PY=$2; shift 2 ;;
             --vllm-arg) vextra+=("$2"); shift 2 ;;
+            --lmcache-arg) lextra+=("$2"); shift 2 ;;
+            --max-model-len) max_len=$2; shift 2 ;;
+            --max-num-seqs) max_seqs=$2; shift 2 ;;
+            --prefix-caching) prefix_caching=$2; shift 2 ;;
+            --block-size) vblock=$2; shift 2 ;;
+            --kv-space) kv_space=$2; shift 2 ;;
             *) die "up: unknown option $1 (see the header of $0)" ;;
         esac
     done
@@ -194,8 +213,21 @@ cmd_up() {
     [[ -n $vport && -n $lport && -n $hport ]] || die "--vllm-port, --lmcache-port and --lmcache-http-port are required"
     [[ -n $kvdir ]] || die "--kv-dir DIR is required"
     [[ $mode == mp || $mode == inprocess ]] || die "--mode is mp or inprocess"
-    [[ $l2kind == kvtier || $l2kind == lmcache-fs ]] || die "--l2 is kvtier or lmcache-fs"
-    [[ $l2kind == kvtier || ($mode == mp && -z $shared) ]] || die "--l2 lmcache-fs needs --mode mp and no --shared-dir"
+    [[ $l2kind == kvtier || $l2kind == lmcache-fs || $l2kind == none ]] || die "--l2 is kvtier, lmcache-fs or none"
+    [[ $l2kind == kvtier || ($mode == mp && -z $shared) ]] || die "--l2 $l2kind needs --mode mp and no --shared-dir"
+    [[ $max_len =~ ^[1-9][0-9]*$ ]] || die "--max-model-len must be a positive integer"
+    [[ $max_seqs =~ ^[1-9][0-9]*$ ]] || die "--max-num-seqs must be a positive integer"
+    [[ $prefix_caching == on || $prefix_caching == off ]] || die "--prefix-caching is on or off"
+    [[ -z $vblock || $vblock =~ ^[1-9][0-9]*$ ]] || die "--block-size must be a positive integer"
+    [[ $l1_gb =~ ^[0-9]*\.?[0-9]+$ ]] && "$PY" -c 'import sys; sys.exit(float(sys.argv[1]) <= 0)' "$l1_gb" \
+        || die "--l1-gb must be a number of GB > 0"
+    if [[ -n $kv_space ]]; then
+        if [[ $device == cpu ]]; then
+            [[ $kv_space =~ ^[1-9][0-9]*$ ]] || die "--kv-space on cpu is whole GiB (VLLM_CPU_KVCACHE_SPACE), got $kv_space"
+        else
+            [[ $kv_space =~ ^[0-9]*\.?[0-9]+$ ]] || die "--kv-space must be a number of GiB"
+        fi
+    fi
     [[ $io_mode == direct || $io_mode == buffered ]] || die "--io-mode is direct or buffered"
     [[ $n =~ ^[1-9][0-9]*$ ]] || die "--instances must be a positive integer"
     # ---- instance tiers (private / private+shared / shared) ----
@@ -220,7 +252,13 @@ cmd_up() {
 
     local -a venv=(env "HF_HUB_OFFLINE=1" "TRANSFORMERS_OFFLINE=1" "VLLM_NO_USAGE_STATS=1" "DO_NOT_TRACK=1"
                    "PYTHONHASHSEED=0" "LMCACHE_TRACK_USAGE=false" "PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}")
-    [[ $device == cpu ]] && venv+=("VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}")
+    [[ $device == cpu ]] && venv+=("VLLM_CPU_KVCACHE_SPACE=${kv_space:-${VLLM_CPU_KVCACHE_SPACE:-1}}")
+    local -a vsettings=(--max-model-len "$max_len" --max-num-seqs "$max_seqs")
+    if [[ $prefix_caching == on ]]; then vsettings+=(--enable-prefix-caching); else vsettings+=(--no-enable-prefix-caching); fi
+    [[ -n $vblock ]] && vsettings+=(--block-size "$vblock")
+    if [[ -n $kv_space && $device == cuda ]]; then
+        vsettings+=(--kv-cache-memory-bytes "$("$PY" -c 'import sys; print(int(float(sys.argv[1]) * 2**30))' "$kv_space")")
+    fi
     local deadline=$((SECONDS + timeout)) i
     local -a insts=()
     for ((i = 0; i < n; i++)); do
@@ -241,17 +279,20 @@ EOF
         local kvcfg
         if [[ $mode == mp ]]; then
             local l2
+            local -a l2arg=()
             if [[ $l2kind == kvtier ]]; then
                 l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "plugin", "module_path": "kvconnector.lmcache.l2_adapter",
                      "class_name": "KvtierL2Adapter", "adapter_params": json.loads(sys.argv[1])}))' "$params")
-            else
+            elif [[ $l2kind == lmcache-fs ]]; then
                 l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "fs", "base_path": sys.argv[1],
                      "use_odirect": sys.argv[2] == "direct"}))' "$dir" "$io_mode")
             fi
+            [[ $l2kind == none ]] || l2arg=(--l2-adapter "$l2")  # none: no adapter, LMCache's L1 is all there is
             start "lmcache$i" "${venv[@]}" "$PY" -m lmcache.v1.multiprocess.http_server \
                 --host 127.0.0.1 --port $((lport + i)) --http-host 127.0.0.1 --http-port $((hport + i)) \
                 --prometheus-port $((hport + 20 + i)) --chunk-size "$chunk" --l1-size-gb "$l1_gb" \
-                --eviction-policy LRU --supported-transfer-mode auto --l2-adapter "$l2"
+                --eviction-policy LRU --supported-transfer-mode auto ${l2arg[@]+"${l2arg[@]}"} \
+                ${lextra[@]+"${lextra[@]}"}
             kvcfg=$("$PY" -c 'import json,sys; print(json.dumps({"kv_connector": "LMCacheMPConnector",
                 "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": int(sys.argv[1])}}))' \
@@ -273,11 +314,11 @@ EOF
         local -a ienv=("${venv[@]}")
         [[ $mode == inprocess ]] && ienv+=("LMCACHE_CONFIG_FILE=$STATE/lmcache-inst$i.yaml")
         start "vllm$i" "${ienv[@]}" "$PY" -m vllm.entrypoints.openai.api_server --model "$model" \
-            --served-model-name "$name" --dtype bfloat16 --max-model-len 2048 --max-num-seqs 8 --enforce-eager \
-            --host 127.0.0.1 --port "$vp" --no-enable-prefix-caching --kv-transfer-config "$kvcfg" \
+            --served-model-name "$name" --dtype bfloat16 "${vsettings[@]}" --enforce-eager \
+            --host 127.0.0.1 --port "$vp" --kv-transfer-config "$kvcfg" \
             ${vextra[@]+"${vextra[@]}"}
-        insts+=("$(printf '{"vllm": "http://127.0.0.1:%s", "lmcache_port": %s, "lmcache_http": "http://127.0.0.1:%s", "kvtier_metrics": "http://127.0.0.1:%s/metrics", "kv_dir": "%s"}' \
-            "$vp" $((lport + i)) $((hport + i)) $((mport + i)) "$dir")")
+        insts+=("$(printf '{"vllm": "http://127.0.0.1:%s", "lmcache_port": %s, "lmcache_http": "http://127.0.0.1:%s", "kvtier_metrics": "http://127.0.0.1:%s/metrics", "lmcache_metrics": "http://127.0.0.1:%s/metrics", "kv_dir": "%s"}' \
+            "$vp" $((lport + i)) $((hport + i)) $((mport + i)) $((hport + i)) "$dir")")
     done
     if ((n > 1)); then
         local -a backs=()
@@ -306,6 +347,7 @@ EOF
     for ((i = 0; i < n; i++)); do
         [[ $mode == mp ]] && echo "lmcache  http://127.0.0.1:$((hport + i))  (MP server 127.0.0.1:$((lport + i)))"
         if [[ $l2kind == kvtier ]]; then echo "kvtier   http://127.0.0.1:$((mport + i))/metrics"
+        elif [[ $l2kind == none ]]; then echo "l2       none (LMCache L1 only, $l1_gb GB)"
         else echo "l2       LMCache fs adapter on $kvdir (use_odirect: $([[ $io_mode == direct ]] && echo true || echo false))"; fi
     done
     echo "state    $STATE  (pids, logs, endpoints.json; stop with: deploy/run-stack.sh down --state-dir $STATE)"
