@@ -319,6 +319,12 @@ def media_identity(state: RunState, rounds: list[dict[str, Any]] | None = None) 
         "loads": events.get("load_hits"),
         "lmcache_stored_tokens": _delta(a, b, "lmcache:num_stored_tokens"),
         "lmcache_hit_tokens": _delta(a, b, "lmcache:num_hit_tokens"),
+        # LMCache's MP server (0.5.6): every store goes through its memory (L1), so its chunk counters are the
+        # stores and loads of a configuration without kvtier too
+        "lmcache_l1_chunks_written": _delta(a, b, "lmcache_mp_l1_write_chunks_total"),
+        "lmcache_l1_chunks_read": _delta(a, b, "lmcache_mp_l1_read_chunks_total"),
+        "lmcache_l1_chunks_evicted": _delta(a, b, "lmcache_mp_l1_evicted_chunks_total"),
+        "lmcache_lookup_hit_tokens": _delta(a, b, "lmcache_mp_lookup_hit_tokens_total"),
     }
     if rounds and tiers:
         summed: dict[str, float] = {}
