@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""reload_vs_recompute.py	TTFT per prompt length: recompute (uncached) vs reload from LMCache L1, kvtier's disk tier
+and the disk tier under throttlefs latencies; the reload/recompute ratio and the break-even per-operation latency.
+
+usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,2048,4000] [--lat-ms 0.5,1,2,5]
+                                         [--repeats 3] [--dir DIR] [--json OUT] [--plot PNG]
+                                         [--big-layers 4] [--big-hidden 512]
+
+Seed 002 found reloading an evicted prefix beat recomputing it 3.5-4.6x on an A100. Here, per model, one stack is
+started by deploy/run-stack.sh (vLLM on CPU, LMCache MP server, kvtier's L2 adapter with its disk tier, O_DIRECT)
+whose --kv-dir is a throttlefs mount (replay/throttle) over a directory on the disk; the mount starts with no
+throttle. For each prompt length and repeat, with a prompt never sent before:
+  1. uncached: the prompt, computed in full (recompute), its chunks stored to L1 and to the disk tier;
+  2. L1: the same prompt again (LMCache's memory);
+  3. disk: POST /cache/clear (L1 empty), page cache dropped, the prompt again: read back from kvtier's disk tier;
+  4. disk +L ms for each --lat-ms: the mount adds L ms to every read, write, fsync and open; L1 cleared, caches
+     dropped, the prompt again. The mount goes back to no added latency afterwards.
+TTFT is client-side (request sent -> first token event, streaming, max_tokens 1). Per length the medians, the ratio
+reload/recompute (< 1: reloading wins) and the break-even latency: a least-squares line through disk TTFT vs added
+latency (0 and each --lat-ms) crosses the uncached TTFT there (the per-op latency a tier may add before reload stops
+beating recompute). The mount's own counters say how many operations a reload cost (open + read ops per hit), which
+is the line's slope in ms per ms. Hits are checked with vLLM's external prefix-cache counter; a reload that was not a
+hit is reported and left out.
+
+Models: `tiny` is deploy/make-tiny-model.py's (2 layers, hidden 128): it recomputes fast. `big` is built here, offline,
+with the same tokenizer and random weights: --big-layers layers of --big-hidden (4 KV heads of 64), so prefill costs
+more (a 4k prompt takes hundreds of ms on this CPU) and its KV is larger per token. vLLM runs with --max-model-len
+4096 for both. Needs root (drop_caches, FUSE).
+
+example: sudo .venv/bin/python benchmarks/reload_vs_recompute.py --repeats 3 --json reload.json --plot reload.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+MAX_MODEL_LEN = 4096
+
+
+def _make_tiny():
+    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "deploy" / "make-tiny-model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_big(out_dir: Path, tiny_dir: Path, layers: int, hidden: int) -> dict:
+    """A random-weight Llama with the tiny model's tokenizer: more layers, wider. Reused when the stamp matches."""
+    stamp = out_dir / "kvtier-big-model.json"
+    want = {"layers": layers, "hidden": hidden}
+    if stamp.exists() and {k: json.loads(stamp.read_text()).get(k) for k in want} == want:
+        return json.loads(stamp.read_text())
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    tok.save_pretrained(out_dir)
+    torch.manual_seed(0)
+    heads, kv_heads = hidden // 64, 4
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=64,
+        max_position_embeddings=MAX_MODEL_LEN,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    info = dict(
+        want, parameters=sum(p.numel() for p in model.parameters()), kv_bytes_per_token=layers * kv_heads * 64 * 4
+    )
+    stamp.write_text(json.dumps(info))
+    return info
+
+
+def fresh_prompts(model_dir: str, n_tokens: int, n: int, salt: int) -> list[str]:
+    """n prompts of n_tokens never sent before: windows of the standard library's sources, shifted by salt."""
+    import sysconfig
+
+    from kvtier_stack import _tokenizer
+
+    tok = _tokenizer(model_dir)
+    ids: list[int] = []
+    for name in ("typing.py", "argparse.py", "inspect.py", "pathlib/_local.py", "pathlib.py", "tarfile.py"):
+        p = Path(sysconfig.get_paths()["stdlib"], name)
+        if p.exists():
+            ids += tok(p.read_text())["input_ids"]
+    step = 101
+    need = salt * step + n * step + n_tokens
+    if len(ids) < need:
+        raise SystemExit(f"reload_vs_recompute: not enough source text for {n} prompts of {n_tokens} tokens")
+    return [tok.decode(ids[(salt + i) * step : (salt + i) * step + n_tokens]) for i in range(n)]
+
+
+def fit_break_even(points: list[tuple[float, float]], uncached: float) -> tuple[float | None, float | None]:
+    """(slope ms of TTFT per ms added, added latency where the line meets the uncached TTFT), None where undefined."""
+    if len(points) < 2:
+        return None, None
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None, None
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    if b <= 0:
+        return b, None
+    return b, (uncached - a) / b
+
+
+def run_model(a, name: str, model_dir: str, log) -> dict:
+    from kvtier_stack import down, up, vllm_external_hits
+    from ttft_kvtier_vs_lmcache import clear_l1, drop_caches, stream_ttft
+
+    from replay.throttle import Mount
+
+    work = Path(a.dir) / name
+    shutil.rmtree(work, ignore_errors=True)
+    backing, mnt, state = work / "backing", work / "mnt", work / "state"
+    backing.mkdir(parents=True)
+    mnt.mkdir()
+    res: dict = {"model": name, "model_dir": model_dir, "lengths": {}}
+    with Mount(str(mnt), str(backing), ["--bw", "0", "--lat-ms", "0"]) as m:
+        t0 = time.monotonic()
+        stack = up(state, model_dir, mnt, "--disk-gb", "4", "--l1-gb", "2", "--vllm-arg", "--max-model-len",
+                   "--vllm-arg", str(MAX_MODEL_LEN), timeout_s=600)  # fmt: skip
+        res["start_s"] = round(time.monotonic() - t0, 1)
+        base, lm = stack.vllm, stack.inst(0)["lmcache_http"]
+        try:
+            for w in fresh_prompts(model_dir, 256, 2, 900):  # warm-up: first requests pay one-off costs
+                stream_ttft(base, w, 1, timeout_s=300)
+            for li, length in enumerate(a.lengths):
+                rows: dict[str, list[float]] = {"uncached": [], "l1": [], "disk": []}
+                for lat in a.lat_ms:
+                    rows[f"disk+{lat:g}"] = []
+                ops_per_hit: list[float] = []
+                failed: list[str] = []
+                for k, prompt in enumerate(fresh_prompts(model_dir, length, a.repeats, 40 * li)):
+
+                    def timed(label: str, check_hit: bool = True, prompt=prompt, k=k, rows=rows, failed=failed,
+                              length=length) -> None:  # fmt: skip
+                        h0 = vllm_external_hits(base)
+                        r = stream_ttft(base, prompt, 1, timeout_s=600, label=label)
+                        hit = vllm_external_hits(base) - h0
+                        if not r["ok"] or (check_hit and hit < 256):
+                            failed.append(f"{label} #{k}: {r['error'] or f'{hit:.0f} hit tokens'}")
+                            return
+                        rows[label].append(r["ttft_ms"])
+                        log(f"  {name} {length:>5} tok  {label:<10} {r['ttft_ms']:8.1f} ms  ({hit:.0f} hit tokens)")
+
+                    timed("uncached", check_hit=False)
+                    time.sleep(1.0)  # let the L2 stores of the computed chunks finish before reading them back
+                    timed("l1")
+                    for lat in [0.0, *a.lat_ms]:
+                        m.client.set(lat_ms=lat)
+                        clear_l1(lm)
+                        drop_caches()
+                        before = m.client.stats()
+                        timed("disk" if lat == 0 else f"disk+{lat:g}")
+                        after = m.client.stats()
+                        if lat == 0:
+                            ops_per_hit.append(
+                                sum(after["ops"][o]["ops"] - before["ops"][o]["ops"] for o in ("read", "open"))
+                            )
+                    m.client.set(lat_ms=0)
+                med = {k: (statistics.median(v) if v else None) for k, v in rows.items()}
+                unc = med["uncached"]
+                pts = [(0.0, med["disk"])] + [(lat, med[f"disk+{lat:g}"]) for lat in a.lat_ms]
+                slope, be = fit_break_even([p for p in pts if p[1] is not None], unc) if unc else (None, None)
+                res["lengths"][str(length)] = {
+                    "samples_ms": rows,
+                    "median_ms": med,
+                    "reload_over_recompute": {
+                        k: (v / unc if v is not None and unc else None) for k, v in med.items() if k != "uncached"
+                    },
+                    "slope_ms_per_ms": slope,
+                    "break_even_lat_ms": be,
+                    "ops_per_disk_hit": statistics.median(ops_per_hit) if ops_per_hit else None,
+                    "failed": failed,
+                }
+        finally:
+            down(state)
+    return res
+
+
+def report(results: list[dict], lats: list[float]) -> None:
+    head = f"{'model':<6} {'tokens':>6} {'uncached':>9} {'L1':>7} {'disk':>7}"
+    head += "".join(f" {'+' + format(lat, 'g') + 'ms':>8}" for lat in lats)
+    head += f" {'disk/unc':>9} {'L1/unc':>7} {'ops/hit':>7} {'break-even':>10}"
+    print(head)
+    print(
+        f"{'':<6} {'':>6} {'ms p50':>9} {'ms p50':>7} {'ms p50':>7}"
+        + " " * (9 * len(lats))
+        + f" {'':>9} {'':>7} {'':>7} {'ms/op':>10}"
+    )
+
+    def f(v, w, fmt=".1f"):
+        return f"{'-':>{w}}" if v is None else f"{v:>{w}{fmt}}"
+
+    for r in results:
+        for length, d in r["lengths"].items():
+            m, rr = d["median_ms"], d["reload_over_recompute"]
+            line = f"{r['model']:<6} {length:>6} {f(m['uncached'], 9)} {f(m['l1'], 7)} {f(m['disk'], 7)}"
+            line += "".join(f" {f(m[f'disk+{lat:g}'], 8)}" for lat in lats)
+            line += f" {f(rr['disk'], 9, '.2f')} {f(rr['l1'], 7, '.2f')} {f(d['ops_per_disk_hit'], 7, '.0f')}"
+            line += f" {f(d['break_even_lat_ms'], 10, '.2f')}"
+            print(line + (f"  ({len(d['failed'])} failed)" if d["failed"] else ""))
+
+
+def plot(results: list[dict], lats: list[float], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results, strict=True):
+        for i, (length, d) in enumerate(r["lengths"].items()):
+            m = d["median_ms"]
+            xs = [0.0, *lats]
+            ys = [m["disk"], *[m[f"disk+{lat:g}"] for lat in lats]]
+            c = f"C{i}"
+            ax.plot([x for x, y in zip(xs, ys, strict=True) if y], [y for y in ys if y], "o-", color=c,
+                    label=f"{length} tok: disk reload")  # fmt: skip
+            if m["uncached"]:
+                ax.axhline(m["uncached"], color=c, ls="--", lw=1, label=f"{length} tok: recompute")
+            if m["l1"]:
+                ax.plot([0], [m["l1"]], "s", color=c, mfc="none")
+        ax.set_xlabel("latency added per operation by throttlefs (ms)")
+        ax.set_ylabel("TTFT p50 (ms)")
+        ax.set_title(f"{r['model']} model: reload vs recompute (squares: L1)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.text(0.995, 0.005, "benchmarks/reload_vs_recompute.py", ha="right", va="bottom", fontsize=7, color="0.45")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--models", default="tiny,big", help="tiny, big or both, in order")
+    ap.add_argument("--lengths", default="1024,2048,4000", help="prompt lengths in tokens (<= 4095)")
+    ap.add_argument("--lat-ms", default="0.5,1,2,5", help="latencies added per operation for the disk reloads")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp/reload-vs-recompute", help="work dir (models, mount, state; wiped)")
+    ap.add_argument("--big-layers", type=int, default=4)
+    ap.add_argument("--big-hidden", type=int, default=512)
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    a = ap.parse_args()
+    prog = "reload_vs_recompute"
+    try:
+        a.lengths = [int(x) for x in a.lengths.split(",")]
+        a.lat_ms = [float(x) for x in a.lat_ms.split(",")]
+    except ValueError:
+        print(f"{prog}: --lengths and --lat-ms are comma-separated numbers", file=sys.stderr)
+        return 2
+    models = a.models.split(",")
+    if set(models) - {"tiny", "big"} or any(not 256 <= n < MAX_MODEL_LEN for n in a.lengths):
+        print(f"{prog}: --models from tiny,big; --lengths between 256 and {MAX_MODEL_LEN - 1}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print(f"{prog}: needs root (drop_caches, FUSE)", file=sys.stderr)
+        return 2
+    tiny = Path(a.dir) / "models" / "tiny"
+    _make_tiny().ensure(str(tiny))
+    dirs = {"tiny": str(tiny)}
+    info = {}
+    if "big" in models:
+        big = Path(a.dir) / "models" / f"big-{a.big_layers}x{a.big_hidden}"
+        info["big"] = build_big(big, tiny, a.big_layers, a.big_hidden)
+        dirs["big"] = str(big)
+    t0 = time.monotonic()
+    load0 = os.getloadavg()
+    results = []
+    for name in models:
+        print(f"{prog}: {name} model, stack starting", file=sys.stderr, flush=True)
+        results.append(run_model(a, name, dirs[name], lambda s: print(s, file=sys.stderr, flush=True)))
+    wall = time.monotonic() - t0
+    doc = {"results": results, "models": info, "wall_s": round(wall, 1), "loadavg_start": load0,
+           "loadavg_end": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}  # fmt: skip
+    report(results, a.lat_ms)
+    print(f"wall {wall:.0f} s; load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f} (2 vCPUs)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(doc, indent=2))
+    if a.plot:
+        plot(results, a.lat_ms, a.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
