@@ -7,7 +7,8 @@
 kvtier's disk tier sits on a throttlefs mount (replay/throttle) for the whole sweep; between points only the mount's
 settings change, through its control endpoint, never a remount. Each point runs the driver once per pass as its own
 process (`kvtier bench` with --cache-dir on the mount, or `kvtier replay` against a deploy/run-stack.sh stack whose
---kv-dir is the mount, LMCache's L1 cleared before each point so what is measured is the kvtier tier).
+--kv-dir is the mount, LMCache's L1 cleared before each point so what is measured is the kvtier tier; one
+unmeasured warm-up run first, so every point finds the same prefixes stored).
 
 Order (grid.schedule): each pass walks the grid serpentine, every second pass backwards (ABBA), with the unthrottled
 reference first in every pass and once more at the end, so machine drift spreads over the grid instead of lining up
