@@ -140,7 +140,8 @@ def format_processes(tr: Trace, matched: dict[int, dict] | None = None) -> str:
         for g in groups:
             rs = [r for r in rows if r["group"] == g]
             rd, wr = sum(r["read_bytes"] for r in rs), sum(r["write_bytes"] for r in rs)
-            lines.append(f"  instance {g or '-'}: {len(rs)} processes, read {b(rd)}, write {b(wr)}")
+            n = f"{len(rs)} process{'' if len(rs) == 1 else 'es'}"
+            lines.append(f"  instance {g or '-'}: {n}, read {b(rd)}, write {b(wr)}")
     rd, wr = issued_bytes(tr, "read"), issued_bytes(tr, "write")
     if rd or wr:
         lines.append(f"issued to the device: read {_fmt_bytes(rd)}, write {_fmt_bytes(wr)} (after merges)")
@@ -273,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("trace", help="storage_latency_stack output (text or JSON)")
     p.add_argument("--plots", metavar="DIR", help="write PNG histograms into DIR")
-    p.add_argument("--matched", metavar="TSV", help="the matched processes (default: matched.tsv beside TRACE)")
+    p.add_argument(
+        "--matched", metavar="TSV", help="the matched processes (default: matched.tsv beside TRACE, or one folder up)"
+    )
     try:
         args = p.parse_args(argv)
     except SystemExit as exc:
@@ -289,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if tr.truncated:  # the table holds only what came before the cut
         print(f"report: warning: {args.trace} is truncated (" + "; ".join(tr.cuts[:3]) + ")", file=sys.stderr)
     matched_path = Path(args.matched) if args.matched else Path(args.trace).parent / "matched.tsv"
+    if not args.matched and not matched_path.is_file():  # --per-instance: DIR/group<N>/trace.txt, DIR/matched.tsv
+        matched_path = Path(args.trace).parent.parent / "matched.tsv"
     matched = None
     if matched_path.is_file():
         try:

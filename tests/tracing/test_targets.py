@@ -278,3 +278,35 @@ def test_warns_while_tracing_when_the_targets_do_no_block_io(tmp_path):
     finally:
         idle.kill()
         idle.wait()
+
+
+def test_report_breaks_bytes_down_by_process_and_instance(tmp_path):
+    text = (
+        "# kvtier layers_on: owner perproc block\n"
+        "capture_window_ns: 1000000000\n"
+        "@proc_read_bytes[101, python]: 4194304\n"
+        "@proc_read_bytes[202, python]: 1048576\n"
+        "@proc_write_bytes[101, python]: 2097152\n"
+        "@proc_write_bytes[303, VLLM::Worker]: 8192\n"
+        "@io_read_bytes[135168]: 3\n"
+        "# kvtier missed_events: 0\n"
+    )
+    tsv = tmp_path / "matched.tsv"
+    tsv.write_text(
+        "# pid\tgroup\tcomm\twhy\tcmdline\n"
+        "101\t1\tpython\tKV server of 100 (port 5555)\tpython -m lmcache...\n"
+        "202\t2\tpython\tKV server of 200 (port 5556)\tpython -m lmcache...\n"
+        "303\t1\tVLLM::Worker\tchild of 100\tVLLM::Worker\n"
+        "100\t1\tpython\tvllm: program 'vllm.entrypoints.openai.api_server'\tpython -m vllm...\n"
+    )
+    tr = parse_trace(text)
+    rows = {r["pid"]: r for r in process_rows(tr, read_matched(tsv))}
+    assert rows[101]["read_bytes"] == 4 << 20 and rows[101]["write_bytes"] == 2 << 20 and rows[101]["group"] == 1
+    assert rows[100]["read_bytes"] == 0 and rows[100]["group"] == 1  # matched, no I/O: listed
+    table = format_processes(tr, read_matched(tsv))
+    assert "instance 1: 3 processes, read 4.0 MiB, write 2.0 MiB" in table
+    assert "instance 2: 1 process, read 1.0 MiB, write 0 B" in table
+    assert "issued to the device: read 396.0 KiB" in table
+    # one process traced: no per-process counts in the trace, so none are shown as zero
+    one = parse_trace("capture_window_ns: 1\n@issued_read: 0\n")
+    assert "    -          -" in format_processes(one, {7: {"group": 1, "comm": "fio", "why": "--pid", "cmdline": ""}})
