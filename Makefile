@@ -40,6 +40,8 @@ bench-ttft: $(TEST_STAMP)
 
 bench-tracer: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3
+	$(BIN)/python benchmarks/tracer_overhead.py --target loop --rounds 3 --runtime-s 4 --no-fidelity
+	$(BIN)/python benchmarks/tracer_overhead.py --depth-runs 5 --no-overhead --no-fidelity
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
