@@ -8,7 +8,7 @@ Three ways to pace:
   slot (client queue time) separately.
 - closed loop (`users`): U users each run sessions back to back, with think time between turns.
 - long sessions (`rounds`): C sessions advance one turn per round together; metrics are scraped between rounds, so
-  each round gets its own row.
+  each round gets its own row; the think time is a pause between rounds.
 Every multi-turn request sends the whole history with the server's own earlier answers appended.
 """
 
@@ -382,6 +382,12 @@ class Driver:
         for r in range(rounds):
             if self.aborted:
                 break
+            if r and self.o.think_time_ms:
+                # the pause between rounds (think time): a cache's own timers (LMCache's once-a-second eviction) get
+                # their share of a round, as in rounds of minutes, and the pause is no part of either round's wall
+                await self._sleep_until(time.perf_counter_ns() + int(self.o.think_time_ms * 1e6))
+                if self.aborted:
+                    break
             start = max(time.perf_counter_ns(), self.s.t0_ns)
             await self._sleep_until(start)
             await self._finish([asyncio.create_task(one(p, r, start)) for p in plans])

@@ -114,3 +114,26 @@ def test_kv_bytes_per_tier_per_round_and_media_identity(runs):
     written = write_replay_plots(small, [], tmp / "plots")
     png = tmp / "plots" / "round_bytes.png"
     assert str(png) in written and png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_think_time_is_a_pause_between_rounds(tmp_path):
+    out = tmp_path / "pause.json"
+    with FakeServer(FakeServerConfig(block_size=BLOCK)) as srv:
+        argv = ["--base-url", srv.base_url, "--model", "fake", "--output", str(out), "--quiet", "--source", "synthetic"]
+        argv += [
+            "--rounds",
+            "3",
+            "--concurrency",
+            "2",
+            "--output-len",
+            "4",
+            "--input-len",
+            "8",
+            "--think-time-ms",
+            "400",
+        ]
+        assert main(argv) == 0
+    s = json.loads(out.read_text())
+    walls = sum(r["wall_s"] for r in s["rounds"])
+    assert s["duration_s"] - walls >= 2 * 0.4 * 0.95  # two pauses, outside every round's wall clock
+    assert all(r["wall_s"] < 0.4 for r in s["rounds"]), [r["wall_s"] for r in s["rounds"]]

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""collapse.py	The long-session hit-rate cliff on the real CPU stack (issue 15, section 3): predicted, then measured.
+
+usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 8] [--concurrency 4] [--input-len 384]
+                              [--output-len 32] [--l1-mb 4] [--disk-mb 256] [--chunk-size 256] [--base-port 18700]
+                              [--configs l1only,tiered]
+
+Seed 001's experiment scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
+token): C sessions advance one round at a time, each round's prompt is the whole history (the earlier prompts and
+the server's own answers) plus --input-len new tokens, sent to /v1/completions (the exact text, so the next prompt
+starts with the same tokens and the block chain holds; the chat template did not re-tokenize identically).
+1. `kvtier plan` with the same parameters predicts per round the ideal and the hit rate of each configuration
+   (LMCache stores prefill KV only: answers recomputed; L1 at LMCache's eviction watermark, --l1-watermark of
+   --l1-mb).
+2. For each configuration a stack is started by deploy/run-stack.sh (vLLM's own prefix cache off, so every reuse
+   comes through LMCache), `kvtier replay --rounds N --concurrency C --output-len L` runs, the stack is stopped:
+     l1only  LMCache's memory only (--l2 none): what LRU evicts is gone;
+     tiered  the same L1 over the kvtier disk tier (--l2 kvtier, --disk-mb).
+3. Predicted vs measured per round, the media identity of each run, and verdicts: l1only's late-round hit rate
+   below a quarter of the ideal, tiered within 5 points of it, the plan within 5 points of each measurement.
+Everything lands in a new directory (--out, default results/collapse-<UTC time>; an existing one is refused):
+plan.json + plan.png, <config>.json + plots per configuration, collapse.json (the table), stacks' logs.
+
+example (2 cores, loaded machine: about 6 minutes, most of it two stack start-ups):
+  benchmarks/collapse.py --rounds 8 --concurrency 4 --input-len 384 --output-len 32 --l1-mb 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = os.environ.get("PYTHON") or (str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else "python3")
+# LMCache MP's L1 eviction (0.5.6, storage_controllers/eviction_controller.py): a loop wakes once a second and, when
+# the L1 is above --eviction-trigger-watermark (default 0.8) of its size, evicts --eviction-ratio (0.2) of its keys in
+# LRU order; between ticks a store that finds no room is dropped (the chunk is not cached), it evicts nothing.
+CONFIGS = ("l1only", "tiered")
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(
+        prog="benchmarks/collapse.py",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="/tmp/kvtier-tiny-model", help="model dir (made by deploy/make-tiny-model.py)")
+    p.add_argument("--out", help="new results directory (default results/collapse-<UTC time>)")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--input-len", type=int, default=384, help="new tokens per round")
+    p.add_argument("--output-len", type=int, default=32, help="answer tokens per round (forced)")
+    p.add_argument("--l1-mb", type=float, default=4.0, help="LMCache L1 (MB, 1e6 bytes)")
+    p.add_argument("--disk-mb", type=float, default=256.0, help="kvtier disk tier of the tiered configuration (MB)")
+    p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk, the block of the ideal and the plan")
+    p.add_argument("--l1-watermark", type=float, default=0.8, help="LMCache's eviction trigger watermark (0.8)")
+    p.add_argument("--l1-evict-ratio", type=float, default=0.2, help="LMCache's eviction ratio per tick (0.2)")
+    p.add_argument("--round-pause", type=float, default=0.0, help="seconds between rounds (replay's think time)")
+    p.add_argument("--base-port", type=int, default=18700, help="vLLM on it, LMCache on +10, +20, kvtier on +30")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered")
+    a = p.parse_args(argv)
+    a.configs = [c for c in a.configs.split(",") if c]
+    bad = [c for c in a.configs if c not in CONFIGS]
+    if bad or not a.configs:
+        p.error(f"--configs: unknown {bad}; known: {', '.join(CONFIGS)}")
+    for k in ("rounds", "concurrency", "input_len", "output_len", "chunk_size"):
+        if getattr(a, k) <= 0:
+            p.error(f"--{k.replace('_', '-')} must be > 0")
+    if a.l1_mb <= 0 or a.disk_mb <= 0:
+        p.error("--l1-mb and --disk-mb must be > 0")
+    if not (0 < a.l1_watermark <= 1 and 0 < a.l1_evict_ratio <= 1):
+        p.error("--l1-watermark and --l1-evict-ratio must be in (0, 1]")
+    return a
+
+
+def template_overheads(model: str) -> tuple[int, int]:
+    """Tokens the completion rendering adds (replay.openai.driver): around the first prompt, and per later round
+    (the separator, 'User: ', '\\nAssistant:'), counted with the model's own tokenizer."""
+    from transformers import AutoTokenizer
+
+    from replay.openai.driver import _render_completion_prompt
+
+    tok = AutoTokenizer.from_pretrained(model)
+
+    def n(text: str) -> int:
+        return len(tok(text, add_special_tokens=True)["input_ids"])
+
+    u, a = "alpha beta gamma", "delta epsilon"
+    first = n(_render_completion_prompt(None, [], u)) - n(u) + 1  # +1: the special token n(u) counted once
+    second = n(_render_completion_prompt(None, [(u, a)], u))
+    per_round = second - n(_render_completion_prompt(None, [], u)) - (n(u) - 1) - (n(a) - 1)
+    return max(0, first - 1), max(0, per_round)
+
+
+def run(cmd: list[str], log: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+    if log:
+        log.write_text(f"$ {' '.join(cmd)}\n--- stdout\n{res.stdout}\n--- stderr\n{res.stderr}")
+    if check and res.returncode != 0:
+        raise SystemExit(f"collapse.py: failed ({res.returncode}): {' '.join(cmd)}\n{res.stderr[-2000:]}")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    out = Path(a.out or ROOT / "results" / time.strftime("collapse-%Y%m%d-%H%M%S", time.gmtime()))
+    if out.exists() and any(out.iterdir()):
+        print(f"collapse.py: {out} exists and is not empty; give a new --out", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    model = Path(a.model)
+    if not (model / "config.json").exists():
+        say(f"making the tiny model in {model}")
+        run([PY, "deploy/make-tiny-model.py", str(model)])
+    l1_bytes = int(a.l1_mb * 1e6)
+    first_over, round_over = template_overheads(str(model))
+    i0 = a.input_len + first_over
+    follow = a.input_len + round_over
+    load0 = os.getloadavg()
+
+    # 1. the prediction, before any server
+    # the plan's L1: what LMCache keeps after its eviction ticks, the watermark's share
+    tiers = {"l1only": f"--tier l1={int(l1_bytes * a.l1_watermark)}B", "tiered": None}
+    tiers["tiered"] = tiers["l1only"] + f" --tier disk={int(a.disk_mb * 1e6)}B"
+    plan_cmd = [PY, "-m", "replay.plan.cli", "--concurrency", str(a.concurrency), "--rounds", str(a.rounds)]
+    plan_cmd += ["--first-input-len", str(i0), "--input-len", str(follow), "--output-len", str(a.output_len)]
+    plan_cmd += ["--block-size", str(a.chunk_size), "--model", str(model / "config.json"), "--kv-dtype", "bf16"]
+    plan_cmd += ["--answer-kv", "recomputed", "--output", str(out / "plan.json"), "--plots", str(out), "--quiet"]
+    for c in a.configs:
+        plan_cmd += ["--config", f"{c}={tiers[c]}"]
+    say(f"kvtier plan: first prompt {i0} tokens, {follow} more per round, L1 {l1_bytes / 1e6:g} MB x {a.l1_watermark}")
+    run(plan_cmd, out / "plan.log")
+    plan = json.loads((out / "plan.json").read_text())
+    predicted = {c["name"]: c["rounds"] for c in plan["configurations"]}
+
+    # 2. the measurements, one stack at a time (two stacks on 2 cores slow each other)
+    bp = a.base_port
+    measured: dict[str, dict] = {}
+    for c in a.configs:
+        state = out / f"stack-{c}"
+        kvdir = out / f"kv-{c}"
+        up = [str(ROOT / "deploy/run-stack.sh"), "up", "--device", "cpu", "--model", str(model)]
+        up += ["--vllm-port", str(bp), "--lmcache-port", str(bp + 10), "--lmcache-http-port", str(bp + 20)]
+        up += ["--metrics-port", str(bp + 30), "--kv-dir", str(kvdir), "--state-dir", str(state)]
+        up += ["--l1-gb", f"{l1_bytes / 1e9:g}", "--chunk-size", str(a.chunk_size), "--prefix-caching", "off"]
+        up += ["--max-model-len", str(min(32768, i0 + a.rounds * (follow + a.output_len) + 64))]
+        up += ["--max-num-seqs", str(a.concurrency)]
+        up += ["--lmcache-arg", "--eviction-trigger-watermark", "--lmcache-arg", str(a.l1_watermark)]
+        up += ["--lmcache-arg", "--eviction-ratio", "--lmcache-arg", str(a.l1_evict_ratio)]
+        up += ["--l2", "none"] if c == "l1only" else ["--l2", "kvtier", "--disk-gb", f"{a.disk_mb / 1e3:g}"]
+        say(f"{c}: starting the stack (vLLM + LMCache{' + kvtier disk' if c == 'tiered' else ''}), about 1-2 min")
+        try:
+            run(up, out / f"up-{c}.log")
+            metrics = [f"http://127.0.0.1:{bp}/metrics", f"http://127.0.0.1:{bp + 20}/metrics"]
+            if c == "tiered":
+                metrics.append(f"http://127.0.0.1:{bp + 30}/metrics")
+            rp = [PY, "-m", "replay.openai.cli", "--base-url", f"http://127.0.0.1:{bp}", "--model", "tiny"]
+            rp += ["--endpoint", "completions", "--source", "synthetic", "--rounds", str(a.rounds)]
+            rp += ["--concurrency", str(a.concurrency), "--input-len", str(a.input_len)]
+            rp += ["--output-len", str(a.output_len), "--block-size", str(a.chunk_size), "--quiet"]
+            rp += ["--think-time-ms", str(a.round_pause * 1000)]
+            rp += ["--output", str(out / f"{c}.json"), "--plots", str(out / f"plots-{c}")]
+            for u in metrics:
+                rp += ["--metrics-url", u]
+            say(f"{c}: kvtier replay --rounds {a.rounds} --concurrency {a.concurrency} --output-len {a.output_len}")
+            t = time.monotonic()
+            run(rp, out / f"replay-{c}.log")
+            say(f"{c}: done in {time.monotonic() - t:.0f} s")
+            measured[c] = json.loads((out / f"{c}.json").read_text())
+        finally:
+            run([str(ROOT / "deploy/run-stack.sh"), "down", "--state-dir", str(state)], check=False)
+    load1 = os.getloadavg()
+
+    # 3. predicted vs measured
+    rows = []
+    for c in a.configs:
+        pred = predicted.get(c, [])
+        for i, m in enumerate(measured[c]["rounds"]):
+            p = pred[i] if i < len(pred) else {}
+            rows.append(
+                {
+                    "config": c,
+                    "round": m["round"],
+                    "ideal_plan": p.get("ideal_hit_rate"),
+                    "ideal_replay": m["ideal_hit_rate"],
+                    "predicted": p.get("predicted_hit_rate"),
+                    "measured": m["hit_rate"],
+                    "hit_to_ideal": m.get("hit_to_ideal"),
+                    "excess_recompute_share": m.get("excess_recompute_share"),
+                    "ttft_p50_ms": m["ttft_p50_ms"],
+                    "prompt_tokens": m["prompt_tokens_per_request"],
+                }
+            )
+    verdicts = _verdicts(rows, a.configs, a.rounds)
+    doc = {
+        "command": " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "loadavg_before": [round(x, 2) for x in load0],
+        "loadavg_after": [round(x, 2) for x in load1],
+        "workload": {"first_prompt_tokens": i0, "tokens_per_round": follow, "output_len": a.output_len},
+        "rows": rows,
+        "media_identity": {c: measured[c].get("media_identity") for c in a.configs},
+        "verdicts": verdicts,
+    }
+    (out / "collapse.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _print(doc)
+    print(f"\nresults in {out}")
+    return 0 if all(v["ok"] for v in verdicts.values()) else 1
+
+
+def _verdicts(rows, configs, rounds) -> dict[str, dict]:
+    late = max(2, rounds - rounds // 4)  # the last quarter of the rounds
+    out: dict[str, dict] = {}
+
+    def sel(c, r0=2):
+        return [r for r in rows if r["config"] == c and r["round"] >= r0 and r["measured"] is not None]
+
+    if "l1only" in configs:
+        rs = sel("l1only", late)
+        worst = max((r["measured"] / r["ideal_plan"] for r in rs if r["ideal_plan"]), default=None)
+        out["l1only collapses (late hit < ideal / 4)"] = {"ok": worst is not None and worst < 0.25, "value": worst}
+    if "tiered" in configs:
+        rs = sel("tiered")
+        gap = max((abs(r["measured"] - r["ideal_plan"]) for r in rs if r["ideal_plan"] is not None), default=None)
+        out["tiered within 5 points of the ideal"] = {"ok": gap is not None and gap <= 0.05, "value": gap}
+    for c in configs:
+        rs = sel(c)
+        gap = max((abs(r["measured"] - r["predicted"]) for r in rs if r["predicted"] is not None), default=None)
+        out[f"plan within 5 points of {c}"] = {"ok": gap is not None and gap <= 0.05, "value": gap}
+    return out
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def _print(doc) -> None:
+    cols = ("config", "round", "prompt_tokens", "ideal_plan", "ideal_replay", "predicted", "measured")
+    cols += ("hit_to_ideal", "excess_recompute_share", "ttft_p50_ms")
+    print("  ".join(f"{c:>12}" for c in cols))
+    for r in doc["rows"]:
+        print("  ".join(f"{_fmt(r[c]):>12}" for c in cols))
+    for c, mi in doc["media_identity"].items():
+        print(f"media identity {c}: {json.dumps(mi)}")
+    for name, v in doc["verdicts"].items():
+        print(f"{'PASS' if v['ok'] else 'FAIL'}  {name}  ({_fmt(v['value'])})")
+    print(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} (2 cores)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
