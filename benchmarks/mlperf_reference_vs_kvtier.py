@@ -473,6 +473,64 @@ def print_tables(runs: list[dict], rats: list[dict]) -> None:
     con.print(rows_table("kvtier / reference, per round then median", ratio_rows, cols))
 
 
+COLORS = {"reference": "tab:gray", "kvtier": "tab:blue", "kvtier-refmodel": "tab:green"}
+
+
+def write_plot(doc: dict, path: str) -> None:
+    """Three panels, one column per model and side, one mark per round: bandwidth in the window, CPU per GiB, and
+    each run's life split into set-up, window and after (bars: the median round)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    runs = [r for r in doc["runs"] if r["status"] == "ok"]
+    cols = list(dict.fromkeys((r["model"], r["side"]) for r in runs))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    panels = (("device_gbps", "process I/O in the window, GB/s"), ("cpu_s_per_gib", "CPU-s per GiB moved"))
+    for ax, (key, title) in zip(axes, panels, strict=False):
+        for i, col in enumerate(cols):
+            vals = [r[key] for r in runs if (r["model"], r["side"]) == col and r.get(key) is not None]
+            ax.scatter([i] * len(vals), vals, color=COLORS[col[1]], zorder=3)
+            if vals:
+                ax.bar(i, statistics.median(vals), color=COLORS[col[1]], alpha=0.35)
+        ax.set_title(title)
+    ax = axes[2]
+    for i, col in enumerate(cols):
+        mine = [r for r in runs if (r["model"], r["side"]) == col and r.get("setup_s") is not None]
+        if not mine:
+            continue
+        r = sorted(mine, key=lambda x: x["wall_s"])[len(mine) // 2]
+        parts = (r["setup_s"], r["window_s"], max(0.0, r["wall_s"] - r["setup_s"] - r["window_s"]))
+        bottom = 0.0
+        for part, shade in zip(parts, ("#bbbbbb", COLORS[col[1]], "tab:red"), strict=True):
+            ax.bar(i, part, bottom=bottom, color=shade)
+            bottom += part
+        gb = (r.get("io_after_window_bytes") or 0) / GB
+        ax.text(i, bottom, f"{gb:.1f} GB\nafter", ha="center", va="bottom", fontsize=7)
+    ax.set_title("wall time of the median round, s")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)
+    handles = [Patch(color="#bbbbbb", label="set-up"), Patch(facecolor="none", edgecolor="black", label="window")]
+    ax.legend(handles=[*handles, Patch(color="tab:red", label="after the window")], fontsize=8, loc="upper right")
+    labels = [f"{m}\n{s}" for m, s in cols]
+    for ax in axes:
+        ax.set_xticks(range(len(cols)), labels, rotation=35, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    f = doc["flags"]
+    load = (doc["host"]["load_at_start"][0], doc["host"].get("load_at_end", [0])[0])
+    fig.suptitle(
+        f"MLPerf reference vs kvtier bench: {f['num_users']} users, {f['duration']} s, gpu/cpu 0, generation none, "
+        f"seed {f['seed']}; {doc['started_at']}, load {load[0]:.1f} -> {load[1]:.1f} on {doc['host']['cpu_count']} "
+        "CPUs",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png.tmp") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
 def plan(a) -> list[tuple[str, int, str]]:
     """(model, round, side) in run order: rounds outside, models inside, the side order reversed every round."""
     order = []
@@ -570,9 +628,11 @@ def main(argv: list[str] | None = None) -> int:
     with atomic_path(json_path, suffix=".json.tmp") as tmp, open(tmp, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
+    plot = os.path.splitext(json_path)[0] + ".png"
     if doc["runs"]:
         print_tables(doc["runs"], doc["ratios"])
-    print(f"results: {json_path} (the tools' own JSON and logs: {logs})")
+        write_plot(doc, plot)
+    print(f"results: {json_path}, {plot} (the tools' own JSON and logs: {logs})")
     return code
 
 
