@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -117,6 +118,10 @@ def issued_bytes(tr: Trace, op: str) -> int:
 
 def format_processes(tr: Trace, matched: dict[int, dict] | None = None) -> str:
     rows = process_rows(tr, matched)
+    # a --per-instance capture holds one instance: the others' rows (all zero) are not its
+    inst = re.search(r"\binstance (\d+)\b", tr.meta.get("filter", ""))
+    if inst:
+        rows = [r for r in rows if r["group"] == int(inst.group(1))]
     if not rows:
         return ""
     # one traced process: the tracer keeps no per-process counts (the totals are its)

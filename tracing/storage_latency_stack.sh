@@ -57,7 +57,7 @@ PROG=storage_latency_stack
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 say() { echo "$PROG: $*" >&2; }
-usage() { sed -n '3,51p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,50p' "$0" | sed 's/^# \{0,1\}//'; }
 
 names=() pids=() all=0 children=0 kv_server=1 per_instance=0
 dev_arg="" duration="" want_fio=0 out="" json=0 no_sys=0

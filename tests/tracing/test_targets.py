@@ -307,6 +307,12 @@ def test_report_breaks_bytes_down_by_process_and_instance(tmp_path):
     assert "instance 1: 3 processes, read 4.0 MiB, write 2.0 MiB" in table
     assert "instance 2: 1 process, read 1.0 MiB, write 0 B" in table
     assert "issued to the device: read 396.0 KiB" in table
+    # a --per-instance capture: its instance only
+    per = parse_trace(
+        text.replace("# kvtier layers_on", "# kvtier filter: vllm instance 2 dev loop0 (7:0)\n# kvtier layers_on")
+    )
+    table2 = format_processes(per, read_matched(tsv))
+    assert "KV server of 200" in table2 and "KV server of 100" not in table2
     # one process traced: no per-process counts in the trace, so none are shown as zero
     one = parse_trace("capture_window_ns: 1\n@issued_read: 0\n")
     assert "    -          -" in format_processes(one, {7: {"group": 1, "comm": "fio", "why": "--pid", "cmdline": ""}})
