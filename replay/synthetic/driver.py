@@ -371,6 +371,9 @@ class SyntheticDriver:
             raise
         except (KvtierError, OSError) as exc:
             self._fail(exc)
+        except Exception as exc:  # a bug: the run fails (never "completed" with rounds missing), traceback logged
+            self._fail(exc)
+            raise
 
     async def _dispatch_timed(self) -> None:
         """Open loop: each session starts at its first turn's (scaled) trace time, its turns at theirs."""
