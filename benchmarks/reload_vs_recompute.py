@@ -2,9 +2,10 @@
 """reload_vs_recompute.py	TTFT per prompt length: recompute (uncached) vs reload from LMCache L1, kvtier's disk tier
 and the disk tier under throttlefs latencies; the reload/recompute ratio and the break-even per-operation latency.
 
-usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,2048,4000] [--lat-ms 0.5,1,2,5]
-                                         [--repeats 3] [--dir DIR] [--json OUT] [--plot PNG]
-                                         [--big-layers 4] [--big-hidden 512]
+usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,2048,4000] [--lat-ms 2,10,30]
+                                         [--repeats 2] [--dir DIR] [--json OUT] [--plot PNG]
+                                         [--big-layers 4] [--big-hidden 512] [--big-heads 8] [--big-kv-heads 4]
+                                         [--big-intermediate 1408]
 
 Seed 002 found reloading an evicted prefix beat recomputing it 3.5-4.6x on an A100. Here, per model, one stack is
 started by deploy/run-stack.sh (vLLM on CPU, LMCache MP server, kvtier's L2 adapter with its disk tier, O_DIRECT)
@@ -15,25 +16,35 @@ throttle. For each prompt length and repeat, with a prompt never sent before:
   3. disk: POST /cache/clear (L1 empty), page cache dropped, the prompt again: read back from kvtier's disk tier;
   4. disk +L ms for each --lat-ms: the mount adds L ms to every read, write, fsync and open; L1 cleared, caches
      dropped, the prompt again. The mount goes back to no added latency afterwards.
+Steps 3-4 run in increasing latency on even repeats and decreasing on odd ones, so drift (other people's load, a
+warming server) does not line up with the latency axis.
 TTFT is client-side (request sent -> first token event, streaming, max_tokens 1). Per length the medians, the ratio
-reload/recompute (< 1: reloading wins) and the break-even latency: a least-squares line through disk TTFT vs added
-latency (0 and each --lat-ms) crosses the uncached TTFT there (the per-op latency a tier may add before reload stops
-beating recompute). The mount's own counters say how many operations a reload cost (open + read ops per hit), which
-is the line's slope in ms per ms. Hits are checked with vLLM's external prefix-cache counter; a reload that was not a
-hit is reported and left out.
+reload/recompute (< 1: reloading wins) and the break-even latency, the per-op latency a tier may add before reload
+stops beating recompute, two ways: `interp`, linear interpolation between the two measured latencies whose median disk
+TTFTs bracket the uncached median (the first crossing; '>L' when none crosses up to the largest L, '<=0' when reload
+already loses unthrottled); `fit`, where a least-squares line through the disk medians vs added latency (0 and each
+--lat-ms) meets the uncached median (it uses every point, so one noisy median moves it less). The mount's own counters
+say how many operations a reload cost (open + read ops per hit): the line's slope (ms of TTFT per ms added)
+equals it if they run one after another, less where they overlap. Hits are checked with vLLM's external prefix-cache
+counter; a reload that was not a hit is reported and left out.
 
-Models: `tiny` is deploy/make-tiny-model.py's (2 layers, hidden 128): it recomputes fast. `big` is built here, offline,
-with the same tokenizer and random weights: --big-layers layers of --big-hidden (4 KV heads of 64), so prefill costs
-more (a 4k prompt takes hundreds of ms on this CPU) and its KV is larger per token. vLLM runs with --max-model-len
-4096 for both. Needs root (drop_caches, FUSE).
+Models: `tiny` is deploy/make-tiny-model.py's (2 layers, hidden 128, 512 B of KV per token): it recomputes fast.
+`big` is built by the same script with its size options, offline, random weights: by default 4 layers of 512, 8 heads
+and 4 KV heads of 64, MLP 1408 (16M parameters, 4 KiB of KV per token), so prefill costs more (a 4k prompt takes
+hundreds of ms on this CPU). vLLM runs with --max-model-len 4096 for both. Needs root (drop_caches, FUSE).
 
-example: sudo .venv/bin/python benchmarks/reload_vs_recompute.py --repeats 3 --json reload.json --plot reload.png
+examples:
+  sudo .venv/bin/python benchmarks/reload_vs_recompute.py --json reload.json --plot reload.png
+  sudo .venv/bin/python benchmarks/reload_vs_recompute.py --models big --lengths 1024,4000 --lat-ms 5,50 --repeats 4
+  .venv/bin/python benchmarks/reload_vs_recompute.py --from-json reload.json --plot reload.png   # table and plot again
+  sudo .venv/bin/python benchmarks/reload_vs_recompute.py --models big --big-layers 8 --big-hidden 768 --big-heads 12
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -57,44 +68,6 @@ def _make_tiny():
     return mod
 
 
-def build_big(out_dir: Path, tiny_dir: Path, layers: int, hidden: int) -> dict:
-    """A random-weight Llama with the tiny model's tokenizer: more layers, wider. Reused when the stamp matches."""
-    stamp = out_dir / "kvtier-big-model.json"
-    want = {"layers": layers, "hidden": hidden}
-    if stamp.exists() and {k: json.loads(stamp.read_text()).get(k) for k in want} == want:
-        return json.loads(stamp.read_text())
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(tiny_dir)
-    tok.save_pretrained(out_dir)
-    torch.manual_seed(0)
-    heads, kv_heads = hidden // 64, 4
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=hidden * 11 // 4,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=64,
-        max_position_embeddings=MAX_MODEL_LEN,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-    )
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    info = dict(
-        want, parameters=sum(p.numel() for p in model.parameters()), kv_bytes_per_token=layers * kv_heads * 64 * 4
-    )
-    stamp.write_text(json.dumps(info))
-    return info
-
-
 def fresh_prompts(model_dir: str, n_tokens: int, n: int, salt: int) -> list[str]:
     """n prompts of n_tokens never sent before: windows of the standard library's sources, shifted by salt."""
     import sysconfig
@@ -112,6 +85,21 @@ def fresh_prompts(model_dir: str, n_tokens: int, n: int, salt: int) -> list[str]
     if len(ids) < need:
         raise SystemExit(f"reload_vs_recompute: not enough source text for {n} prompts of {n_tokens} tokens")
     return [tok.decode(ids[(salt + i) * step : (salt + i) * step + n_tokens]) for i in range(n)]
+
+
+def interp_break_even(points: list[tuple[float, float]], uncached: float) -> tuple[float | None, str]:
+    """(latency, how): the first crossing of the disk TTFT curve over the uncached TTFT, linear between the two
+    measured latencies around it. how: 'interp', 'below' (reload loses at the first point), 'above' (never crosses;
+    latency is the largest measured) or 'none'."""
+    pts = sorted(points)
+    if not pts:
+        return None, "none"
+    if pts[0][1] >= uncached:
+        return pts[0][0], "below"
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if y1 >= uncached:
+            return x0 + (uncached - y0) * (x1 - x0) / (y1 - y0), "interp"
+    return pts[-1][0], "above"
 
 
 def fit_break_even(points: list[tuple[float, float]], uncached: float) -> tuple[float | None, float | None]:
@@ -144,9 +132,11 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
     res: dict = {"model": name, "model_dir": model_dir, "lengths": {}}
     with Mount(str(mnt), str(backing), ["--bw", "0", "--lat-ms", "0"]) as m:
         t0 = time.monotonic()
-        stack = up(state, model_dir, mnt, "--disk-gb", "4", "--l1-gb", "2", "--vllm-arg", "--max-model-len",
-                   "--vllm-arg", str(MAX_MODEL_LEN), timeout_s=600)  # fmt: skip
+        stack = up(state, model_dir, mnt, "--disk-gb", "4", "--l1-gb", "2", "--max-model-len", str(MAX_MODEL_LEN),
+                   timeout_s=900)  # fmt: skip
         res["start_s"] = round(time.monotonic() - t0, 1)
+        log(f"{name}: stack up in {res['start_s']:.0f} s; {len(a.lengths)} lengths x {a.repeats} repeats x "
+            f"{3 + len(a.lat_ms)} requests")  # fmt: skip
         base, lm = stack.vllm, stack.inst(0)["lmcache_http"]
         try:
             for w in fresh_prompts(model_dir, 256, 2, 900):  # warm-up: first requests pay one-off costs
@@ -158,6 +148,8 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
                 ops_per_hit: list[float] = []
                 failed: list[str] = []
                 for k, prompt in enumerate(fresh_prompts(model_dir, length, a.repeats, 40 * li)):
+                    log(f"{name}: {length} tokens, repeat {k + 1}/{a.repeats} (length {li + 1}/{len(a.lengths)}, "
+                        f"load {os.getloadavg()[0]:.1f})")  # fmt: skip
 
                     def timed(label: str, check_hit: bool = True, prompt=prompt, k=k, rows=rows, failed=failed,
                               length=length) -> None:  # fmt: skip
@@ -173,7 +165,8 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
                     timed("uncached", check_hit=False)
                     time.sleep(1.0)  # let the L2 stores of the computed chunks finish before reading them back
                     timed("l1")
-                    for lat in [0.0, *a.lat_ms]:
+                    order = [0.0, *a.lat_ms] if k % 2 == 0 else [*reversed(a.lat_ms), 0.0]
+                    for lat in order:
                         m.client.set(lat_ms=lat)
                         clear_l1(lm)
                         drop_caches()
@@ -188,15 +181,20 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
                 med = {k: (statistics.median(v) if v else None) for k, v in rows.items()}
                 unc = med["uncached"]
                 pts = [(0.0, med["disk"])] + [(lat, med[f"disk+{lat:g}"]) for lat in a.lat_ms]
-                slope, be = fit_break_even([p for p in pts if p[1] is not None], unc) if unc else (None, None)
+                pts = [p for p in pts if p[1] is not None]
+                slope, be = fit_break_even(pts, unc) if unc else (None, None)
+                be_i, be_how = interp_break_even(pts, unc) if unc else (None, "none")
                 res["lengths"][str(length)] = {
                     "samples_ms": rows,
                     "median_ms": med,
+                    "min_ms": {k: (min(v) if v else None) for k, v in rows.items()},
                     "reload_over_recompute": {
                         k: (v / unc if v is not None and unc else None) for k, v in med.items() if k != "uncached"
                     },
                     "slope_ms_per_ms": slope,
                     "break_even_lat_ms": be,
+                    "break_even_interp_ms": be_i,
+                    "break_even_interp": be_how,
                     "ops_per_disk_hit": statistics.median(ops_per_hit) if ops_per_hit else None,
                     "failed": failed,
                 }
@@ -208,12 +206,12 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
 def report(results: list[dict], lats: list[float]) -> None:
     head = f"{'model':<6} {'tokens':>6} {'uncached':>9} {'L1':>7} {'disk':>7}"
     head += "".join(f" {'+' + format(lat, 'g') + 'ms':>8}" for lat in lats)
-    head += f" {'disk/unc':>9} {'L1/unc':>7} {'ops/hit':>7} {'break-even':>10}"
+    head += f" {'disk/unc':>9} {'L1/unc':>7} {'ops/hit':>7} {'break-even':>10} {'break-even':>10}"
     print(head)
     print(
         f"{'':<6} {'':>6} {'ms p50':>9} {'ms p50':>7} {'ms p50':>7}"
         + " " * (9 * len(lats))
-        + f" {'':>9} {'':>7} {'':>7} {'ms/op':>10}"
+        + f" {'':>9} {'':>7} {'':>7} {'interp ms':>10} {'fit ms':>10}"
     )
 
     def f(v, w, fmt=".1f"):
@@ -225,7 +223,11 @@ def report(results: list[dict], lats: list[float]) -> None:
             line = f"{r['model']:<6} {length:>6} {f(m['uncached'], 9)} {f(m['l1'], 7)} {f(m['disk'], 7)}"
             line += "".join(f" {f(m[f'disk+{lat:g}'], 8)}" for lat in lats)
             line += f" {f(rr['disk'], 9, '.2f')} {f(rr['l1'], 7, '.2f')} {f(d['ops_per_disk_hit'], 7, '.0f')}"
-            line += f" {f(d['break_even_lat_ms'], 10, '.2f')}"
+            how, bi = d.get("break_even_interp", "none"), d.get("break_even_interp_ms")
+            cell = {"interp": f"{bi:.2f}" if bi is not None else "-", "below": "<=0", "none": "-"}.get(
+                how, f">{bi:g}" if bi is not None else "-"
+            )
+            line += f" {cell:>10} {f(d['break_even_lat_ms'], 10, '.2f')}"
             print(line + (f"  ({len(d['failed'])} failed)" if d["failed"] else ""))
 
 
@@ -246,11 +248,13 @@ def plot(results: list[dict], lats: list[float], path: str) -> None:
                     label=f"{length} tok: disk reload")  # fmt: skip
             if m["uncached"]:
                 ax.axhline(m["uncached"], color=c, ls="--", lw=1, label=f"{length} tok: recompute")
+                if d.get("break_even_interp") == "interp":  # where reload stops beating recompute
+                    ax.plot([d["break_even_interp_ms"]], [m["uncached"]], "x", color=c, ms=9, mew=2)
             if m["l1"]:
                 ax.plot([0], [m["l1"]], "s", color=c, mfc="none")
         ax.set_xlabel("latency added per operation by throttlefs (ms)")
         ax.set_ylabel("TTFT p50 (ms)")
-        ax.set_title(f"{r['model']} model: reload vs recompute (squares: L1)", fontsize=10)
+        ax.set_title(f"{r['model']} model: reload vs recompute (squares: L1, x: break-even)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.text(0.995, 0.005, "benchmarks/reload_vs_recompute.py", ha="right", va="bottom", fontsize=7, color="0.45")
@@ -259,20 +263,38 @@ def plot(results: list[dict], lats: list[float], path: str) -> None:
     plt.close(fig)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--models", default="tiny,big", help="tiny, big or both, in order")
     ap.add_argument("--lengths", default="1024,2048,4000", help="prompt lengths in tokens (<= 4095)")
-    ap.add_argument("--lat-ms", default="0.5,1,2,5", help="latencies added per operation for the disk reloads")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lat-ms", default="2,10,30", help="latencies added per operation for the disk reloads (ms)")
+    ap.add_argument("--repeats", type=int, default=2, help="fresh prompts per length (default 2)")
     ap.add_argument("--dir", default="/var/tmp/reload-vs-recompute", help="work dir (models, mount, state; wiped)")
-    ap.add_argument("--big-layers", type=int, default=4)
-    ap.add_argument("--big-hidden", type=int, default=512)
-    ap.add_argument("--json")
-    ap.add_argument("--plot")
-    a = ap.parse_args()
+    ap.add_argument("--big-layers", type=int, default=4, help="layers of the big model (default 4)")
+    ap.add_argument("--big-hidden", type=int, default=512, help="its hidden size (default 512)")
+    ap.add_argument("--big-heads", type=int, default=8, help="its attention heads (default 8)")
+    ap.add_argument("--big-kv-heads", type=int, default=4, help="its KV heads (default 4)")
+    ap.add_argument("--big-intermediate", type=int, default=1408, help="its MLP width (default 1408)")
+    ap.add_argument("--json", help="write every sample, median, ratio and break-even here")
+    ap.add_argument("--plot", help="PNG: TTFT vs added latency per length, recompute as dashed lines")
+    ap.add_argument("--from-json", metavar="JSON", help="no run: the table (and --plot) from an earlier run's --json")
+    a = ap.parse_args(argv)
     prog = "reload_vs_recompute"
+    if a.from_json:
+        try:
+            doc = json.loads(Path(a.from_json).read_text())
+            lats = sorted({float(k[5:]) for r in doc["results"] for d in r["lengths"].values() for k in d["median_ms"]
+                           if k.startswith("disk+")})  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"{prog}: --from-json {a.from_json}: {exc}", file=sys.stderr)
+            return 2
+        report(doc["results"], lats)
+        print(f"run of {doc.get('date')}: wall {doc.get('wall_s')} s; load average {doc['loadavg_start'][0]:.1f} -> "
+              f"{doc['loadavg_end'][0]:.1f} (2 vCPUs)")  # fmt: skip
+        if a.plot:
+            plot(doc["results"], lats, a.plot)
+        return 0
     try:
         a.lengths = [int(x) for x in a.lengths.split(",")]
         a.lat_ms = [float(x) for x in a.lat_ms.split(",")]
@@ -283,17 +305,32 @@ def main() -> int:
     if set(models) - {"tiny", "big"} or any(not 256 <= n < MAX_MODEL_LEN for n in a.lengths):
         print(f"{prog}: --models from tiny,big; --lengths between 256 and {MAX_MODEL_LEN - 1}", file=sys.stderr)
         return 2
+    if a.repeats < 1 or any(lat <= 0 for lat in a.lat_ms):
+        print(f"{prog}: --repeats at least 1; --lat-ms positive (0, no throttle, is always measured)", file=sys.stderr)
+        return 2
+    mk = _make_tiny()
+    big_shape = {"layers": a.big_layers, "hidden": a.big_hidden, "heads": a.big_heads, "kv_heads": a.big_kv_heads,
+                 "intermediate": a.big_intermediate, "max_len": MAX_MODEL_LEN}  # fmt: skip
+    try:
+        mk.check_shape(big_shape)
+    except ValueError as exc:
+        print(f"{prog}: {str(exc).replace('--', '--big-')}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print(f"{prog}: needs root (drop_caches, FUSE)", file=sys.stderr)
         return 2
     tiny = Path(a.dir) / "models" / "tiny"
-    _make_tiny().ensure(str(tiny))
     dirs = {"tiny": str(tiny)}
-    info = {}
+    info = {"tiny": mk.ensure(str(tiny))}
     if "big" in models:
-        big = Path(a.dir) / "models" / f"big-{a.big_layers}x{a.big_hidden}"
-        info["big"] = build_big(big, tiny, a.big_layers, a.big_hidden)
+        big = Path(a.dir) / "models" / "big-{layers}x{hidden}-h{heads}-kv{kv_heads}-i{intermediate}".format(**big_shape)
+        print(f"{prog}: big model {big.name} (built once, offline)", file=sys.stderr, flush=True)
+        info["big"] = mk.ensure(str(big), **big_shape)
         dirs["big"] = str(big)
+    for name in models:
+        i = info[name]
+        print(f"{prog}: {name}: {i['layers']} layers x {i['hidden']}, {i['parameters'] / 1e6:.1f}M parameters, "
+              f"{i['kv_bytes_per_token']} B of KV per token", file=sys.stderr)  # fmt: skip
     t0 = time.monotonic()
     load0 = os.getloadavg()
     results = []
