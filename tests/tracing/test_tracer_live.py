@@ -232,7 +232,8 @@ def test_session_sees_syscall_and_block_layers(tmp_path):
     work = Path(disk_tmp_dir()) / f"kvtier-session-{os.getpid()}"
     work.mkdir(exist_ok=True)
     wl = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("io_workload.py")), str(work / "wl.dat"), "6"],
+        # runs until killed below: attaching takes over 6 s at a load average of 20 (the workload used to end first)
+        [sys.executable, str(Path(__file__).with_name("io_workload.py")), str(work / "wl.dat"), "120"],
         stdout=subprocess.PIPE,
         text=True,
     )
