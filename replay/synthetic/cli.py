@@ -266,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         output, is_default = check_output_paths(cfg)
+        if cfg.enable_latency_tracing:  # before the set-up, so a user without root hears it at once
+            from tracing.session import TracingUnavailable, check_available
+
+            try:
+                check_available()
+            except TracingUnavailable as exc:
+                raise ConfigError(f"--enable-latency-tracing: {exc}") from exc
     except ConfigError as exc:
         return _fail(str(exc))
     trials = getattr(args, "trials", None)
