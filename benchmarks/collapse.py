@@ -2,7 +2,8 @@
 """collapse.py	The long-session hit-rate cliff on the real CPU stack (issue 15, section 3): predicted, then measured.
 
 usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 8] [--concurrency 4] [--input-len 384]
-                              [--output-len 32] [--l1-mb 4] [--disk-mb 256] [--chunk-size 256] [--base-port 18700]
+                              [--output-len 32] [--l1-mb 16] [--l1-watermark 0.25] [--l1-evict-ratio 0.25]
+                              [--round-pause 3] [--disk-mb 256] [--chunk-size 256] [--base-port 18700]
                               [--configs l1only,tiered]
 
 Seed 001's experiment scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
@@ -11,7 +12,10 @@ the server's own answers) plus --input-len new tokens, sent to /v1/completions (
 starts with the same tokens and the block chain holds; the chat template did not re-tokenize identically).
 1. `kvtier plan` with the same parameters predicts per round the ideal and the hit rate of each configuration
    (LMCache stores prefill KV only: answers recomputed; L1 at LMCache's eviction watermark, --l1-watermark of
-   --l1-mb).
+   --l1-mb). LMCache evicts once a second, not on demand, and drops a store that finds no room: the defaults leave
+   room for a round's stores above the watermark (16 MB, 0.25) and pause 3 s between rounds so the eviction ticks
+   run between rounds, as they would between rounds of minutes (without that, the tiered run lost its late rounds:
+   stores dropped in a full L1 never reach L2 either).
 2. For each configuration a stack is started by deploy/run-stack.sh (vLLM's own prefix cache off, so every reuse
    comes through LMCache), `kvtier replay --rounds N --concurrency C --output-len L` runs, the stack is stopped:
      l1only  LMCache's memory only (--l2 none): what LRU evicts is gone;
@@ -21,8 +25,8 @@ starts with the same tokens and the block chain holds; the chat template did not
 Everything lands in a new directory (--out, default results/collapse-<UTC time>; an existing one is refused):
 plan.json + plan.png, <config>.json + plots per configuration, collapse.json (the table), stacks' logs.
 
-example (2 cores, loaded machine: about 6 minutes, most of it two stack start-ups):
-  benchmarks/collapse.py --rounds 8 --concurrency 4 --input-len 384 --output-len 32 --l1-mb 4
+example (2 cores, loaded machine: 8-10 minutes, most of it two stack start-ups):
+  benchmarks/collapse.py --rounds 8 --concurrency 4 --input-len 384 --output-len 32 --l1-mb 16 --round-pause 3
 """
 
 from __future__ import annotations
@@ -59,12 +63,12 @@ def parse(argv):
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--input-len", type=int, default=384, help="new tokens per round")
     p.add_argument("--output-len", type=int, default=32, help="answer tokens per round (forced)")
-    p.add_argument("--l1-mb", type=float, default=4.0, help="LMCache L1 (MB, 1e6 bytes)")
+    p.add_argument("--l1-mb", type=float, default=16.0, help="LMCache L1 (MB, 1e6 bytes)")
     p.add_argument("--disk-mb", type=float, default=256.0, help="kvtier disk tier of the tiered configuration (MB)")
     p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk, the block of the ideal and the plan")
-    p.add_argument("--l1-watermark", type=float, default=0.8, help="LMCache's eviction trigger watermark (0.8)")
-    p.add_argument("--l1-evict-ratio", type=float, default=0.2, help="LMCache's eviction ratio per tick (0.2)")
-    p.add_argument("--round-pause", type=float, default=0.0, help="seconds between rounds (replay's think time)")
+    p.add_argument("--l1-watermark", type=float, default=0.25, help="LMCache's eviction trigger watermark")
+    p.add_argument("--l1-evict-ratio", type=float, default=0.25, help="LMCache's eviction ratio per tick")
+    p.add_argument("--round-pause", type=float, default=3.0, help="seconds between rounds (replay's think time)")
     p.add_argument("--base-port", type=int, default=18700, help="vLLM on it, LMCache on +10, +20, kvtier on +30")
     p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered")
     a = p.parse_args(argv)
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "collapse.json").write_text(json.dumps(doc, indent=2) + "\n")
     _print(doc)
+    plot(doc, out / "collapse.png")
     print(f"\nresults in {out}")
     return 0 if all(v["ok"] for v in verdicts.values()) else 1
 
@@ -237,6 +242,40 @@ def _verdicts(rows, configs, rounds) -> dict[str, dict]:
         gap = max((abs(r["measured"] - r["predicted"]) for r in rs if r["predicted"] is not None), default=None)
         out[f"plan within 5 points of {c}"] = {"ok": gap is not None and gap <= 0.05, "value": gap}
     return out
+
+
+def plot(doc: dict, path: Path) -> None:
+    """Predicted (lines) against measured (markers) hit rate per round, each configuration, with the ideal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    configs = list(dict.fromkeys(r["config"] for r in doc["rows"]))
+    first = [r for r in doc["rows"] if r["config"] == configs[0]]
+    ax.plot([r["round"] for r in first], [r["ideal_plan"] for r in first], "k--", label="ideal (answers recomputed)")
+    # hollow squares behind small dots: where both configurations measured the same, both stay visible
+    for c, color, mark in zip(
+        configs, ("tab:red", "tab:blue"), (dict(marker="s", ms=10, mfc="none"), dict(marker="o", ms=5))
+    ):
+        rs = [r for r in doc["rows"] if r["config"] == c]
+        xs = [r["round"] for r in rs]
+        ax.plot(xs, [r["predicted"] for r in rs], "-", color=color, alpha=0.6, label=f"{c}: kvtier plan")
+        ax.plot(xs, [r["measured"] for r in rs], color=color, ls="none", label=f"{c}: measured", **mark)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("round")
+    ax.set_ylabel("prefix hit rate")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    w = doc["workload"]
+    ax.set_title(
+        f"first prompt {w['first_prompt_tokens']} tok, +{w['tokens_per_round']}+{w['output_len']} per round", fontsize=9
+    )
+    fig.text(0.995, 0.005, f"benchmarks/collapse.py {doc['date_utc']} UTC", ha="right", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _fmt(v) -> str:
