@@ -72,17 +72,21 @@ def parse(argv):
     p.add_argument("--base-port", type=int, default=18700, help="vLLM on it, LMCache on +10, +20, kvtier on +30")
     p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered")
     a = p.parse_args(argv)
+
+    def bad_usage(msg: str):  # one line and exit 2, not the usage text
+        p.exit(2, f"benchmarks/collapse.py: {msg}\n")
+
     a.configs = [c for c in a.configs.split(",") if c]
     bad = [c for c in a.configs if c not in CONFIGS]
     if bad or not a.configs:
-        p.error(f"--configs: unknown {bad}; known: {', '.join(CONFIGS)}")
+        bad_usage(f"--configs: unknown {bad}; known: {', '.join(CONFIGS)}")
     for k in ("rounds", "concurrency", "input_len", "output_len", "chunk_size"):
         if getattr(a, k) <= 0:
-            p.error(f"--{k.replace('_', '-')} must be > 0")
+            bad_usage(f"--{k.replace('_', '-')} must be > 0")
     if a.l1_mb <= 0 or a.disk_mb <= 0:
-        p.error("--l1-mb and --disk-mb must be > 0")
+        bad_usage("--l1-mb and --disk-mb must be > 0")
     if not (0 < a.l1_watermark <= 1 and 0 < a.l1_evict_ratio <= 1):
-        p.error("--l1-watermark and --l1-evict-ratio must be in (0, 1]")
+        bad_usage("--l1-watermark and --l1-evict-ratio must be in (0, 1]")
     return a
 
 
