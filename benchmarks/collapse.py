@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     "round": m["round"],
                     "ideal_plan": p.get("ideal_hit_rate"),
                     "ideal_replay": m["ideal_hit_rate"],
+                    # replay's own ideal for a prefill-only cache: the plan's ideal, measured from the run's prompts
+                    "ideal_prompt_only": m.get("ideal_hit_rate_prompt_only"),
                     "predicted": p.get("predicted_hit_rate"),
                     "measured": m["hit_rate"],
                     "hit_to_ideal": m.get("hit_to_ideal"),
@@ -287,11 +289,11 @@ def _fmt(v) -> str:
 
 
 def _print(doc) -> None:
-    cols = ("config", "round", "prompt_tokens", "ideal_plan", "ideal_replay", "predicted", "measured")
+    cols = ("config", "round", "prompt_tokens", "ideal_plan", "ideal_prompt_only", "predicted", "measured")
     cols += ("hit_to_ideal", "excess_recompute_share", "ttft_p50_ms")
     print("  ".join(f"{c:>12}" for c in cols))
     for r in doc["rows"]:
-        print("  ".join(f"{_fmt(r[c]):>12}" for c in cols))
+        print("  ".join(f"{_fmt(r.get(c)):>12}" for c in cols))
     for c, mi in doc["media_identity"].items():
         print(f"media identity {c}: {json.dumps(mi)}")
     for name, v in doc["verdicts"].items():

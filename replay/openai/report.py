@@ -107,20 +107,27 @@ def _goodput(recs: list[RequestRecord], slo: dict[str, float], duration_s: float
     }
 
 
-def _reusable_tokens(recs: list[RequestRecord], block_size: int, prev: dict[str, int]) -> tuple[int, int]:
-    """(reusable, prompt) tokens of a round: the part of each prompt that was sent before in its session (previous
-    prompt plus the previous answer), in whole blocks, never the last prompt token (a server always computes it); the
-    ideal hit rate is their ratio."""
-    reusable = total = 0
+def _reusable_tokens(
+    recs: list[RequestRecord], block_size: int, prev: dict[str, tuple[int, int]]
+) -> tuple[int, int, int]:
+    """(reusable, reusable without the answers, prompt) tokens of a round: the part of each prompt that was sent
+    before in its session (previous prompt plus the previous answer; or the previous prompt only, for a cache that
+    keeps prefill KV only, as LMCache does), in whole blocks, never the last prompt token (a server always computes
+    it); the ideal hit rates are their ratios to the prompt tokens."""
+    reusable = prompt_only = total = 0
     for r in recs:
         if not r.success or r.prompt_tokens is None:
             continue
-        before = prev.get(r.session_id, 0)
-        reuse = min(before, r.prompt_tokens - 1)
-        reusable += max(0, reuse // block_size * block_size)
+        with_answer, without = prev.get(r.session_id, (0, 0))
+        for before, acc in ((with_answer, 0), (without, 1)):
+            blocks = max(0, min(before, r.prompt_tokens - 1) // block_size * block_size)
+            if acc:
+                prompt_only += blocks
+            else:
+                reusable += blocks
         total += r.prompt_tokens
-        prev[r.session_id] = r.prompt_tokens + (r.output_tokens or 0)
-    return reusable, total
+        prev[r.session_id] = (r.prompt_tokens + (r.output_tokens or 0), r.prompt_tokens)
+    return reusable, prompt_only, total
 
 
 def build_summary(
@@ -233,7 +240,7 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
     for r in state.records:
         if r.round_index is not None:
             by_round.setdefault(r.round_index, []).append(r)
-    prev: dict[str, int] = {}
+    prev: dict[str, tuple[int, int]] = {}
     rows = []
     for idx, start, end, before, after in state.round_snapshots:
         recs = by_round.get(idx, [])
@@ -248,7 +255,7 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
                 tpot.record_ns(int(t * 1e6))
         m = derive(before, after, kv_bytes_per_token, kv_bytes_metric) if before and after else None
         prompt = sum(r.prompt_tokens or 0 for r in ok)
-        reusable, counted = _reusable_tokens(ok, block_size, prev)
+        reusable, prompt_only, counted = _reusable_tokens(ok, block_size, prev)
         ideal = round(reusable / counted, 6) if counted else None
         hit = m["hit_rate"] if m else None
         recomputed = _recomputed_tokens(m) if m else None
@@ -271,6 +278,8 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
                 "errors_by_kind": errors or None,
                 "hit_rate": hit,
                 "ideal_hit_rate": ideal,
+                # the ideal of a cache that keeps prefill KV only (LMCache): the answers are computed again
+                "ideal_hit_rate_prompt_only": round(prompt_only / counted, 6) if counted else None,
                 "hit_to_ideal": _ratio(hit, ideal),
                 "prefix_cache_hit_rate": m["prefix_cache_hit_rate"] if m else None,
                 "external_hit_rate": m["external_prefix_cache_hit_rate"] if m else None,
