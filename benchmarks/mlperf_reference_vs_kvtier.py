@@ -303,6 +303,7 @@ def run_one(side: str, model: str, rnd: int, a, ctx: dict, label: str) -> dict:
         delta = d1.minus(d0)
         rec["diskstats_read_bytes"], rec["diskstats_write_bytes"] = delta["read_bytes"], delta["written_bytes"]
     rec.update(reported(side, out))
+    rec["status"] = judge(rec)
     # Where the window lay in the child's life: the reference prints a line as it starts its clock, kvtier writes
     # the window's start time into its JSON.
     start_unix = rec.pop("window_start_unix", None)
@@ -345,13 +346,24 @@ def reported(side: str, out: str) -> dict:
     decode = _get(s, "cache_stats.decode_bytes_read_gb") if side != "reference" else None
     return {
         "reported": True,
-        "requests": s.get("total_requests"),
+        "requests": s.get("total_requests", doc.get("requests_completed")),
         "window_s": s.get("elapsed_time"),
         "reported_read_bytes": _get(s, f"{src}.total_read_bytes"),
         "reported_write_bytes": _get(s, f"{src}.total_write_bytes"),
         "decode_bytes_read_gb": decode,
         "window_start_unix": _get(s, "window.start_unix_s"),
     }
+
+
+def judge(rec: dict) -> str:
+    """A run's status: a clean exit counts only with a results file that has a window."""
+    if rec["status"] != "ok":
+        return rec["status"]
+    if not rec.get("reported"):
+        return "no results file"
+    if not rec.get("window_s"):
+        return "no summary (no request completed)"  # the reference writes none then, and exits 0
+    return "ok"
 
 
 def _bytes_at(samples: list, t: float) -> int:

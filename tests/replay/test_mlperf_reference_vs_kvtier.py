@@ -119,3 +119,13 @@ def test_plan_reverses_the_side_order_every_round():
     order = m.plan(a)
     assert order[:3] == [("tiny-1b", 1, s) for s in m.SIDES]
     assert order[6:9] == [("tiny-1b", 2, s) for s in reversed(m.SIDES)] and len(order) == 12
+
+
+def test_a_clean_exit_without_a_summary_is_not_ok(tmp_path):
+    # What the reference writes when no request completed in its window: no summary, exit 0.
+    out = tmp_path / "ref.json"
+    out.write_text(json.dumps({"requests_completed": 0, "end_to_end_latencies": []}))
+    rec = {"status": "ok", **m.reported("reference", str(out))}
+    assert rec["requests"] == 0 and m.judge(rec) == "no summary (no request completed)"
+    assert m.judge({"status": "ok", **m.reported("kvtier", str(tmp_path / "absent.json"))}) == "no results file"
+    assert m.judge({"status": "exit 1", "reported": True, "window_s": 20.0}) == "exit 1"
