@@ -246,6 +246,9 @@ def plot(results: list[dict], lats: list[float], path: str) -> None:
             c = f"C{i}"
             ax.plot([x for x, y in zip(xs, ys, strict=True) if y], [y for y in ys if y], "o-", color=c,
                     label=f"{length} tok: disk reload")  # fmt: skip
+            for x, key in zip(xs, ["disk", *[f"disk+{lat:g}" for lat in lats]], strict=True):
+                samples = d.get("samples_ms", {}).get(key, [])  # each sample, faint: the spread is the load's
+                ax.plot([x] * len(samples), samples, ".", color=c, alpha=0.3, ms=4)
             if m["uncached"]:
                 ax.axhline(m["uncached"], color=c, ls="--", lw=1, label=f"{length} tok: recompute")
                 if d.get("break_even_interp") == "interp":  # where reload stops beating recompute
@@ -254,7 +257,9 @@ def plot(results: list[dict], lats: list[float], path: str) -> None:
                 ax.plot([0], [m["l1"]], "s", color=c, mfc="none")
         ax.set_xlabel("latency added per operation by throttlefs (ms)")
         ax.set_ylabel("TTFT p50 (ms)")
-        ax.set_title(f"{r['model']} model: reload vs recompute (squares: L1, x: break-even)", fontsize=10)
+        ax.set_title(
+            f"{r['model']} model: reload vs recompute\n(squares: L1, x: break-even, dots: samples)", fontsize=10
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.text(0.995, 0.005, "benchmarks/reload_vs_recompute.py", ha="right", va="bottom", fontsize=7, color="0.45")
