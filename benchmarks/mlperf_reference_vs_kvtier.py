@@ -640,11 +640,12 @@ def main(argv: list[str] | None = None) -> int:
     with atomic_path(json_path, suffix=".json.tmp") as tmp, open(tmp, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
-    plot = os.path.splitext(json_path)[0] + ".png"
+    written = [json_path]
     if doc["runs"]:
         print_tables(doc["runs"], doc["ratios"])
-        write_plot(doc, plot)
-    print(f"results: {json_path}, {plot} (the tools' own JSON and logs: {logs})")
+        written.append(os.path.splitext(json_path)[0] + ".png")
+        write_plot(doc, written[-1])
+    print(f"results: {', '.join(written)} (the tools' own JSON and logs: {logs})")
     return code
 
 
