@@ -16,7 +16,8 @@ FLAGS = --config CONFIG --model M --num-users U --duration D --gpu-mem-gb 0 --cp
         --seed 42 --storage-capacity-gb S --cache-dir <fresh dir under --dir> --output <json>
 CONFIG is the reference's own kv_cache_benchmark/config.yaml for both tools. The flags mean the same in both
 (kvtier's `--help` and replay/synthetic/README.md; the reference's kv_cache/cli.py): --duration is the measurement
-window in seconds, --storage-capacity-gb the disk tier's size (the reference's 0 = "all free space" is avoided).
+window in seconds, --storage-capacity-gb the disk tier's size (the reference's 0 = "all free space" is avoided), given
+to kvtier converted so both tiers hold the same bytes (the reference reads it as GiB, kvtier as 1e9 bytes).
 
 Per run:
   process R/W    bytes the child process itself read from / wrote to the block layer (wait4 rusage ru_inblock /
@@ -95,7 +96,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--duration", type=int, default=20, help="measurement window, seconds (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--storage-capacity-gb", type=float, default=20.0)
+    p.add_argument("--storage-capacity-gb", type=float, default=20.0, help="disk tier, GiB (default: %(default)s)")
     p.add_argument("--config", help="config.yaml for both tools (default: the reference's own)")
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of: " + ", ".join(SIDES))
     p.add_argument("--ref-venv", default=os.path.join(_cache_home(), "kvtier", "mlperf-reference-venv"))
@@ -181,11 +182,12 @@ def command(side: str, a, model: str, cache: str, out: str, py: str, bdir: Path)
     """The child's argv and working directory: both tools get the same flags."""
     flags = ["--config", os.path.abspath(a.config), "--model", model, "--num-users", str(a.num_users)]
     flags += ["--duration", str(a.duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode", "none"]
-    flags += ["--seed", str(a.seed), "--storage-capacity-gb", f"{a.storage_capacity_gb:g}"]
-    flags += ["--cache-dir", cache, "--output", out]
+    flags += ["--seed", str(a.seed), "--cache-dir", cache, "--output", out]
     if side == "reference":
-        return [py, "kv-cache.py", *flags], str(bdir)
-    extra = ["--request-model", "reference"] if side == "kvtier-refmodel" else []
+        return [py, "kv-cache.py", *flags, "--storage-capacity-gb", f"{a.storage_capacity_gb:g}"], str(bdir)
+    # The same tier size in bytes: the reference's GB are GiB (x 1024^3), kvtier's are 1e9 (kvconnector.units).
+    extra = ["--storage-capacity-gb", f"{a.storage_capacity_gb * GIB / GB:.10g}"]
+    extra += ["--request-model", "reference"] if side == "kvtier-refmodel" else []
     return [sys.executable, "-m", "replay.cli", "bench", *flags, *extra], str(ROOT)
 
 
@@ -598,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             "num_users": a.num_users,
             "duration": a.duration,
             "seed": a.seed,
-            "storage_capacity_gb": a.storage_capacity_gb,
+            "storage_capacity_gib": a.storage_capacity_gb,
             "gpu_mem_gb": 0,
             "cpu_mem_gb": 0,
             "generation_mode": "none",

@@ -129,3 +129,21 @@ def test_a_clean_exit_without_a_summary_is_not_ok(tmp_path):
     assert rec["requests"] == 0 and m.judge(rec) == "no summary (no request completed)"
     assert m.judge({"status": "ok", **m.reported("kvtier", str(tmp_path / "absent.json"))}) == "no results file"
     assert m.judge({"status": "exit 1", "reported": True, "window_s": 20.0}) == "exit 1"
+
+
+def test_both_tools_get_the_same_flags_and_the_same_tier_bytes(fake_reference, tmp_path):
+    a = m.parse_args(["--reference", str(fake_reference), "--dir", str(tmp_path / "d"), "--storage-capacity-gb", "20"])
+    assert m.validate(a) is None
+    bdir = m.bench_dir(a.reference)
+    ref, _ = m.command("reference", a, "tiny-1b", "/c", "/o.json", "py", bdir)
+    kv, _ = m.command("kvtier-refmodel", a, "tiny-1b", "/c", "/o.json", "py", bdir)
+
+    def flags(argv):
+        return dict(zip(argv[::2], argv[1::2], strict=False))
+
+    ref_f, kv_f = flags(ref[2:]), flags(kv[4:])
+    assert ref[1] == "kv-cache.py" and kv[2:4] == ["replay.cli", "bench"]
+    cap = ref_f.pop("--storage-capacity-gb"), kv_f.pop("--storage-capacity-gb")
+    assert float(cap[0]) * 2**30 == pytest.approx(float(cap[1]) * 1e9, rel=1e-6)  # GiB there, 1e9 bytes here
+    assert kv_f.pop("--request-model") == "reference" and ref_f == kv_f
+    assert ref_f["--config"].endswith("kv_cache_benchmark/config.yaml") and ref_f["--gpu-mem-gb"] == "0"
