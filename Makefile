@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-tracer: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3
 	$(BIN)/python benchmarks/tracer_overhead.py --target loop --rounds 3 --runtime-s 4 --no-fidelity
 	$(BIN)/python benchmarks/tracer_overhead.py --depth-runs 5 --no-overhead --no-fidelity
+
+# Long sessions on the real stack: L1 only vs L1 over the kvtier disk tier, with kvtier plan's prediction (root).
+bench-collapse: $(TEST_STAMP)
+	$(BIN)/python benchmarks/collapse.py
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
