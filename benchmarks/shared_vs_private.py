@@ -2,7 +2,7 @@
 """shared_vs_private.py	N instances behind the round-robin proxy: private disk tiers vs one shared tier (on throttlefs,
 with added latency standing in for a networked file system), multi-turn sessions, per chunk size.
 
-usage: benchmarks/shared_vs_private.py [--instances 2] [--chunk-sizes 256,64] [--shared-lat-ms 0,1,2,5]
+usage: benchmarks/shared_vs_private.py [--instances 2] [--chunk-sizes 256,128] [--shared-lat-ms 0,1,2,5]
                                        [--sessions 5] [--rounds 4] [--input-len 512] [--output-len 16]
                                        [--dir DIR] [--json OUT] [--plot PNG]
 
@@ -92,12 +92,12 @@ def replay_point(a, stack, out: Path, seed: int) -> dict:
     }
 
 
-def run(a, model: str, log) -> list[dict]:
+def run(a, model: str, log, rows: list[dict]) -> None:
+    """Appends one row per point to `rows` as it goes, so a failure later leaves the points measured so far."""
     from kvtier_stack import down, up
 
     from replay.throttle import Mount
 
-    rows: list[dict] = []
     seed = 100
     # the tiny model's limit (run-stack.sh's own 2048 cut the 4th round of 512-token turns: HTTP 400)
     common = ["--instances", str(a.instances), "--l1-gb", "0.2", "--vllm-arg", "--max-model-len", "--vllm-arg", "4096"]
@@ -138,7 +138,6 @@ def run(a, model: str, log) -> list[dict]:
                     log(f"  {row}")
             finally:
                 down(state)
-    return rows
 
 
 def report(rows: list[dict]) -> None:
@@ -194,7 +193,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--instances", type=int, default=2)
-    ap.add_argument("--chunk-sizes", default="256,64")
+    ap.add_argument("--chunk-sizes", default="256,128", help="LMCache chunk sizes, multiples of 128")
     ap.add_argument("--shared-lat-ms", default="0,1,2,5")
     ap.add_argument("--sessions", type=int, default=5, help="concurrent sessions; not a multiple of --instances")
     ap.add_argument("--rounds", type=int, default=4)
@@ -213,6 +212,10 @@ def main() -> int:
     if a.instances < 2:
         print(f"{PROG}: --instances 2 or more (a session's turns must be able to land elsewhere)", file=sys.stderr)
         return 2
+    if any(c <= 0 or c % 128 for c in a.chunk_sizes):
+        # vLLM on CPU refuses to start otherwise (its block size here is 128), after a minute of start-up
+        print(f"{PROG}: --chunk-sizes must be multiples of 128 (vLLM's CPU block size)", file=sys.stderr)
+        return 2
     if a.sessions % a.instances == 0:
         # rounds go out in lockstep and the proxy rotates per request: with S a multiple of N, session i's every
         # turn lands on instance i mod N (pinned), which is the opposite of what is measured here
@@ -224,7 +227,15 @@ def main() -> int:
         return 2
     model = _make_tiny_model(Path(a.dir) / "model")
     t0, load0 = time.monotonic(), os.getloadavg()
-    rows = run(a, model, lambda s: print(s, file=sys.stderr, flush=True))
+    rows: list[dict] = []
+    code = 0
+    try:
+        run(a, model, lambda s: print(s, file=sys.stderr, flush=True), rows)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:  # a stack that did not start, a mount
+        print(
+            f"{PROG}: stopped early, {len(rows)} points measured: {str(exc).strip().splitlines()[0]}", file=sys.stderr
+        )
+        code = 1
     wall = time.monotonic() - t0
     report(rows)
     print(f"wall {wall:.0f} s; load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f} (2 vCPUs)")
@@ -234,7 +245,7 @@ def main() -> int:
         Path(a.json).write_text(json.dumps(doc, indent=2))
     if a.plot:
         plot(rows, a.plot)
-    return 0
+    return code
 
 
 if __name__ == "__main__":
