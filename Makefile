@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,13 @@ bench-tracer: $(BASE_STAMP) system-deps
 # Long sessions on the real stack: L1 only vs L1 over the kvtier disk tier, with kvtier plan's prediction (root).
 bench-collapse: $(TEST_STAMP)
 	$(BIN)/python benchmarks/collapse.py
+
+MLPERF_REF ?= /var/tmp/mlperf-ref
+
+# The MLPerf KV Cache reference vs kvtier bench, same flags, same directory (benchmarks/README.md). Clones the reference.
+bench-mlperf: $(BASE_STAMP)
+	test -f $(MLPERF_REF)/kv_cache_benchmark/kv-cache.py || git clone https://github.com/hazemawadalla/storage $(MLPERF_REF)
+	$(BIN)/python benchmarks/mlperf_reference_vs_kvtier.py --reference $(MLPERF_REF) --dir /var/tmp/kvtier-mlperf-vs
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
