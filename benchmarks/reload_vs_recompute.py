@@ -2,8 +2,8 @@
 """reload_vs_recompute.py	TTFT per prompt length: recompute (uncached) vs reload from LMCache L1, kvtier's disk tier
 and the disk tier under throttlefs latencies; the reload/recompute ratio and the break-even per-operation latency.
 
-usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,2048,4000] [--lat-ms 2,10,30]
-                                         [--repeats 2] [--dir DIR] [--json OUT] [--plot PNG]
+usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,2048,4000] [--lat-ms 5,30,100]
+                                         [--repeats 4] [--dir DIR] [--json OUT] [--plot PNG]
                                          [--big-layers 4] [--big-hidden 512] [--big-heads 8] [--big-kv-heads 4]
                                          [--big-intermediate 1408]
 
@@ -274,8 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--models", default="tiny,big", help="tiny, big or both, in order")
     ap.add_argument("--lengths", default="1024,2048,4000", help="prompt lengths in tokens (<= 4095)")
-    ap.add_argument("--lat-ms", default="2,10,30", help="latencies added per operation for the disk reloads (ms)")
-    ap.add_argument("--repeats", type=int, default=2, help="fresh prompts per length (default 2)")
+    ap.add_argument("--lat-ms", default="5,30,100", help="latencies added per operation for the disk reloads (ms)")
+    ap.add_argument("--repeats", type=int, default=4, help="fresh prompts per length (default 4)")
     ap.add_argument("--dir", default="/var/tmp/reload-vs-recompute", help="work dir (models, mount, state; wiped)")
     ap.add_argument("--big-layers", type=int, default=4, help="layers of the big model (default 4)")
     ap.add_argument("--big-hidden", type=int, default=512, help="its hidden size (default 512)")
