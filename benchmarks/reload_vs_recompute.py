@@ -276,7 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="1024,2048,4000", help="prompt lengths in tokens (<= 4095)")
     ap.add_argument("--lat-ms", default="5,30,100", help="latencies added per operation for the disk reloads (ms)")
     ap.add_argument("--repeats", type=int, default=4, help="fresh prompts per length (default 4)")
-    ap.add_argument("--dir", default="/var/tmp/reload-vs-recompute", help="work dir (models, mount, state; wiped)")
+    ap.add_argument(
+        "--dir",
+        default="/var/tmp/reload-vs-recompute",
+        help="work dir: models/ (kept), <model>/ (backing, mnt, state: wiped per run)",
+    )
     ap.add_argument("--big-layers", type=int, default=4, help="layers of the big model (default 4)")
     ap.add_argument("--big-hidden", type=int, default=512, help="its hidden size (default 512)")
     ap.add_argument("--big-heads", type=int, default=8, help="its attention heads (default 8)")
@@ -314,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.repeats < 1 or any(lat <= 0 for lat in a.lat_ms):
         print(f"{prog}: --repeats at least 1; --lat-ms positive (0, no throttle, is always measured)", file=sys.stderr)
         return 2
+    for name in models:  # a model's work dir is wiped before its run: only one this script made
+        work = Path(a.dir) / name
+        if work.exists() and (not work.is_dir() or set(os.listdir(work)) - {"backing", "mnt", "state"}):
+            print(f"{prog}: {work} holds something this benchmark did not make; choose another --dir", file=sys.stderr)
+            return 2
     mk = _make_tiny()
     big_shape = {"layers": a.big_layers, "hidden": a.big_hidden, "heads": a.big_heads, "kv_heads": a.big_kv_heads,
                  "intermediate": a.big_intermediate, "max_len": MAX_MODEL_LEN}  # fmt: skip

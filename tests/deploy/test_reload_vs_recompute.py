@@ -84,3 +84,12 @@ def test_from_json_table_and_plot(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), "--from-json", str(tmp_path / "bad.json")],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert p.returncode == 2 and p.stderr.startswith("reload_vs_recompute: --from-json") and "Traceback" not in p.stderr
+
+
+def test_a_foreign_work_dir_is_left_alone(tmp_path):
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "notes.txt").write_text("mine")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny", "--dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 2 and "did not make" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert (tmp_path / "tiny" / "notes.txt").read_text() == "mine"
