@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ MLPERF_REF ?= /var/tmp/mlperf-ref
 bench-mlperf: $(BASE_STAMP)
 	test -f $(MLPERF_REF)/kv_cache_benchmark/kv-cache.py || git clone https://github.com/hazemawadalla/storage $(MLPERF_REF)
 	$(BIN)/python benchmarks/mlperf_reference_vs_kvtier.py --reference $(MLPERF_REF) --dir /var/tmp/kvtier-mlperf-vs
+
+# Needs root (FUSE, drop_caches). Two stacks one after the other (tiny model, then a 4x512 random-weight model built
+# offline by deploy/make-tiny-model.py); 4-6 minutes here.
+bench-reload: $(TEST_STAMP) system-deps
+	$(BIN)/python benchmarks/reload_vs_recompute.py --dir /var/tmp/kvtier-reload \
+	    --lat-ms 5,30,100 --repeats 4 \
+	    --json results/reload_vs_recompute.json --plot results/reload_vs_recompute.png
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
