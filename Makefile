@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload clean
+.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,20 @@ bench-reload: $(TEST_STAMP) system-deps
 	$(BIN)/python benchmarks/reload_vs_recompute.py --dir /var/tmp/kvtier-reload \
 	    --lat-ms 5,30,100 --repeats 4 \
 	    --json results/reload_vs_recompute.json --plot results/reload_vs_recompute.png
+
+# Needs root (FUSE); several 2-instance stacks one after another; about 15 minutes here.
+bench-shared: $(TEST_STAMP) system-deps
+	$(BIN)/python benchmarks/shared_vs_private.py --dir /var/tmp/kvtier-shared \
+	    --json results/shared_vs_private.json --plot results/shared_vs_private.png
+
+# Needs root (FUSE); the bench driver over a 3 x 4 grid, twice (ABBA), about 6 minutes here. The mount's backing is
+# tmpfs so the throttle is the only storage variable (the shared virtio disk's stalls swamped it: see the README).
+bench-sweep: $(BASE_STAMP) system-deps
+	mkdir -p /dev/shm/kvtier-sweep-backing
+	$(BIN)/kvtier sweep --bw 4GB/s,1GB/s,250MB/s --lat-ms 0,0.5,1,2 --repeat 2 --driver bench \
+	    --backing /dev/shm/kvtier-sweep-backing --output results/sweep-bench.json --plots results/sweep-bench -- \
+	    --num-users 4 --duration 6 --cpu-mem-gb 0 --gpu-mem-gb 0 --storage-capacity-gb 0.5 \
+	    --max-context-tokens 256 --seed 1 --io-mode buffered
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
