@@ -3,6 +3,6 @@
 The model is in `model` (importable: `simulate(workload, tiers)`), the command line in `cli`, the table and the
 figure in `report`."""
 
-from .model import COLLAPSE_FRACTION, ChainLRU, PlanResult, RoundResult, TierSpec, Workload, simulate
+from .model import COLLAPSE_FRACTION, ChainLRU, MPParams, PlanResult, RoundResult, TierSpec, Workload, simulate
 
-__all__ = ["COLLAPSE_FRACTION", "ChainLRU", "PlanResult", "RoundResult", "TierSpec", "Workload", "simulate"]
+__all__ = ["COLLAPSE_FRACTION", "ChainLRU", "MPParams", "PlanResult", "RoundResult", "TierSpec", "Workload", "simulate"]

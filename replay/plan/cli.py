@@ -21,7 +21,7 @@ from kvconnector.validation import describe_validation_error
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
 from ..outputs.paths import check_outputs, write_results
 from ..settings import documented, load_settings
-from .model import ORDERS, POLICIES, PlanResult, TierSpec, Workload, simulate
+from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
 
 PROG = "kvtier plan"
 ENV_PREFIX = "KVTIER_PLAN_"
@@ -52,6 +52,14 @@ engine holds prefill KV only (LMCache's default), so the answer is prefilled aga
 the generated blocks are kept (vLLM's own prefix cache) and a chat template re-tokenizes the answer to the same
 tokens. The seed's ideal hit rate (0.9527 at round 20) fits `recomputed` with a first prompt near 10k tokens and
 short follow-ups (the first example gives 0.9520); `reused` would put it above 0.99.
+
+--policy lmcache-mp: LMCache MP's L1 as it evicts (0.5.6): a loop wakes once a second and, at or above
+--l1-watermark of the L1, drops --l1-evict-ratio of its chunks, tails first; a store that finds the L1 full is
+dropped; an optional second tier is a write-through L2 (kvtier's disk tier). Rounds become ticks: --ticks-during
+while a round's answers decode, --ticks-between in the pause (replay/plan/lmcache_mp.py says what is modelled).
+  kvtier plan --policy lmcache-mp --concurrency 4 --rounds 12 --first-input-len 265 --input-len 268 \
+      --output-len 32 --block-size 256 --kv-bytes-per-token 512B --l1-watermark 0.2 --l1-evict-ratio 1 \
+      --config l1only="--tier l1=0.016GiB" --config tiered="--tier l1=0.016GiB --tier disk=256MB"
 
 --config NAME="FLAGS": one configuration to compare, FLAGS being --tier (one or more), --answer-kv, --order and
 --policy; repeat it for several. A --config value without NAME= is a YAML file of any keys of this command, with the
@@ -158,6 +166,10 @@ class PlanConfig(BaseModel):
     policy: Policy = "lru"
     order: Order = "fixed"
     seed: int = Field(0, ge=0)
+    l1_watermark: float = Field(0.8, gt=0, le=1)
+    l1_evict_ratio: float = Field(0.2, gt=0, le=1)
+    ticks_during: int = Field(1, ge=0)
+    ticks_between: int = Field(3, ge=0)
     tiers: TierList = []
     configs: dict[str, ConfigEntry] = {}
     output: str | None = None
@@ -257,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sessions served in the same order every round (a closed loop's) or in a new random one each round",
     )
     g("--seed", type=int, help="random seed of --order shuffled")
+    g = group("--policy lmcache-mp (LMCache MP's L1 over an optional L2: --tier l1=SIZE [--tier l2=SIZE])")
+    g("--l1-watermark", type=float, metavar="F", help="LMCache's --eviction-trigger-watermark")
+    g("--l1-evict-ratio", type=float, metavar="F", help="LMCache's --eviction-ratio (share of L1 keys per tick)")
+    g("--ticks-during", type=int, metavar="N", help="eviction ticks (1 s each) between a round's stores and its end")
+    g("--ticks-between", type=int, metavar="N", help="eviction ticks between rounds (the pause, whole seconds)")
     g = group("outputs")
     g("--output", metavar="FILE", help="plan JSON: workload, then per configuration its rounds list and summary")
     g("--plots", metavar="DIR", help="write DIR/plan.png (hit rate per round per configuration, with the ideal)")
@@ -360,6 +377,7 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
                     f"({human_bytes(w.block_bytes)} = {w.block_size} tokens x {human_bytes(bpt)})"
                 )
         jobs.append((name, entry, w, tiers))
+    mp = MPParams(cfg.l1_watermark, cfg.l1_evict_ratio, cfg.ticks_during, cfg.ticks_between)
     plans: list[PlanResult] = []
     try:
         for name, entry, w, tiers in jobs:
@@ -372,6 +390,7 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
                     order=entry.order or cfg.order,
                     seed=cfg.seed,
                     progress=lambda r, n=name: show(n, r, cfg.rounds),
+                    mp=mp,
                 )
             )
     except Interrupted as exc:

@@ -47,11 +47,14 @@ from typing import Literal
 
 from kvconnector.errors import ConfigError
 
+from .lmcache_mp import LMCacheMP, MPParams
+
 __all__ = [
     "COLLAPSE_FRACTION",
     "ORDERS",
     "POLICIES",
     "ChainLRU",
+    "MPParams",
     "PlanResult",
     "RequestOutcome",
     "RoundResult",
@@ -61,7 +64,9 @@ __all__ = [
 ]
 
 AnswerKV = Literal["reused", "recomputed"]
-POLICIES = ("lru",)
+# lru: the chained-block LRU above (vLLM's prefix cache, kvtier's store); lmcache-mp: LMCache MP's L1 with its
+# periodic eviction over an optional write-through L2, block by block (lmcache_mp.py)
+POLICIES = ("lru", "lmcache-mp")
 ORDERS = ("fixed", "shuffled")
 # A round has collapsed when its predicted hit rate is below this share of the ideal (issue 15's "a quarter").
 COLLAPSE_FRACTION = 0.25
@@ -287,6 +292,7 @@ class PlanResult:
     first_eviction_round: int | None
     rounds_capacity_holds: int | None
     rounds_largest_tier_holds: int | None
+    mp: MPParams | None = None
 
     @property
     def bytes_written_total(self) -> float:
@@ -306,6 +312,7 @@ class PlanResult:
             "rounds_largest_tier_holds": self.rounds_largest_tier_holds,
             "bytes_written_total": self.bytes_written_total,
             "rounds": [asdict(r) for r in self.rounds],
+            **({"lmcache_mp": asdict(self.mp)} if self.mp else {}),
         }
 
 
@@ -331,8 +338,10 @@ def simulate(
     order: str = "fixed",
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    mp: MPParams | None = None,
 ) -> PlanResult:
-    """Simulate every round of `workload` over `tiers` (fastest first); see the module docstring."""
+    """Simulate every round of `workload` over `tiers` (fastest first); see the module docstring. With
+    policy="lmcache-mp", `tiers` are LMCache's L1 and optionally one L2, `mp` its eviction settings and ticks."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r} (one of {', '.join(POLICIES)})")
     if order not in ORDERS:
@@ -341,7 +350,25 @@ def simulate(
         raise ConfigError(f"configuration {name!r} has no tier")
     w = workload
     tier_blocks = [int(t.capacity_bytes // w.block_bytes) for t in tiers]
-    cache = ChainLRU(tier_blocks, w.concurrency, w.concurrency * w.rounds)
+    capacity_blocks = sum(tier_blocks)  # exclusive tiers
+    if policy == "lmcache-mp":
+        LMCacheMP.check_tiers(len(tiers), name)
+        mp = mp or MPParams()
+        capacity_blocks = max(tier_blocks)  # L2 holds every L1 block too
+        l1 = LMCacheMP(tier_blocks[0], tier_blocks[1] if len(tiers) > 1 else 0, mp)
+
+        def serve(sessions: list[int], reusable: int, stored: int) -> list[RequestOutcome]:
+            return [
+                RequestOutcome(hit, written, evicted, [hit - from_l2, from_l2][: len(tiers)])
+                for hit, from_l2, written, _dropped, evicted in l1.serve_round(sessions, reusable, stored)
+            ]
+    else:
+        mp = None
+        cache = ChainLRU(tier_blocks, w.concurrency, w.concurrency * w.rounds)
+
+        def serve(sessions: list[int], reusable: int, stored: int) -> list[RequestOutcome]:
+            return [cache.request(s, reusable, stored) for s in sessions]
+
     names = [t.name for t in tiers]
     rounds: list[RoundResult] = []
     total_written = 0.0
@@ -357,8 +384,7 @@ def simulate(
         stored = w.stored_blocks(r)
         hit_blocks = written = evicted = sessions_hit = 0
         by_tier = [0] * len(tiers)
-        for s in sessions:
-            out = cache.request(s, reusable, stored)
+        for out in serve(sessions, reusable, stored):
             hit_blocks += out.hit_blocks
             written += out.written_blocks
             evicted += out.evicted_blocks
@@ -409,9 +435,10 @@ def simulate(
         order=order,
         workload=w,
         rounds=rounds,
-        capacity_bytes=sum(tier_blocks) * w.block_bytes,
+        capacity_bytes=capacity_blocks * w.block_bytes,
         collapse_round=collapse,
         first_eviction_round=first_eviction,
-        rounds_capacity_holds=rounds_held(w, sum(tier_blocks)),
+        rounds_capacity_holds=rounds_held(w, capacity_blocks),
         rounds_largest_tier_holds=rounds_held(w, max(tier_blocks)),
+        mp=mp,
     )
