@@ -1,32 +1,37 @@
 #!/usr/bin/env python3
 """collapse.py	The long-session hit-rate cliff on the real CPU stack (issue 15, section 3): predicted, then measured.
 
-usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 8] [--concurrency 4] [--input-len 384]
-                              [--output-len 32] [--l1-mb 16] [--l1-watermark 0.25] [--l1-evict-ratio 0.25]
-                              [--round-pause 3] [--disk-mb 256] [--chunk-size 256] [--base-port 18700]
-                              [--configs l1only,tiered]
+usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 12] [--concurrency 4] [--input-len 256]
+                              [--output-len 32] [--l1-mb 16] [--l1-watermark 0.2] [--l1-evict-ratio 1.0]
+                              [--round-pause 3] [--ticks-during 1] [--disk-mb 256] [--chunk-size 256]
+                              [--base-port 18700] [--configs l1only,tiered]
 
 Seed 001's experiment scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
 token): C sessions advance one round at a time, each round's prompt is the whole history (the earlier prompts and
 the server's own answers) plus --input-len new tokens, sent to /v1/completions (the exact text, so the next prompt
 starts with the same tokens and the block chain holds; the chat template did not re-tokenize identically).
-1. `kvtier plan` with the same parameters predicts per round the ideal and the hit rate of each configuration
-   (LMCache stores prefill KV only: answers recomputed; L1 at LMCache's eviction watermark, --l1-watermark of
-   --l1-mb). LMCache evicts once a second, not on demand, and drops a store that finds no room: the defaults leave
-   room for a round's stores above the watermark (16 MB, 0.25) and pause 3 s between rounds so the eviction ticks
-   run between rounds, as they would between rounds of minutes (without that, the tiered run lost its late rounds:
-   stores dropped in a full L1 never reach L2 either).
+1. `kvtier plan --policy lmcache-mp` with the same parameters predicts per round the ideal and the hit rate of each
+   configuration (LMCache stores prefill KV only: answers recomputed). The policy is LMCache 0.5.6's L1 as it
+   evicts (replay/plan/lmcache_mp.py): a loop wakes once a second and, at or above --l1-watermark of the L1, drops
+   --l1-evict-ratio of its chunks, tails first; a store that finds the L1 full is dropped; an L2 hit is loaded
+   through L1. A round is --ticks-during ticks while the answers decode and --round-pause ticks after it. Tails
+   first means an LMCache L1 keeps every chain's head: with a ratio below 1 it loses a slope (about what the
+   watermark holds over the working set, timing-dependent), not a cliff; the default ratio 1 empties the L1 at the
+   first tick over the watermark, so the L1-only run loses everything from the round after its working set
+   crosses it, whatever the ticks' phase. vLLM gets a batch large enough for a round's prefills in one step, so a
+   round's stores are not split by a tick (the model's one store phase per round).
 2. For each configuration a stack is started by deploy/run-stack.sh (vLLM's own prefix cache off, so every reuse
    comes through LMCache), `kvtier replay --rounds N --concurrency C --output-len L` runs, the stack is stopped:
-     l1only  LMCache's memory only (--l2 none): what LRU evicts is gone;
+     l1only  LMCache's memory only (--l2 none): what it evicts is gone;
      tiered  the same L1 over the kvtier disk tier (--l2 kvtier, --disk-mb).
 3. Predicted vs measured per round, the media identity of each run, and verdicts: l1only's late-round hit rate
    below a quarter of the ideal, tiered within 5 points of it, the plan within 5 points of each measurement.
 Everything lands in a new directory (--out, default results/collapse-<UTC time>; an existing one is refused):
 plan.json + plan.png, <config>.json + plots per configuration, collapse.json (the table), stacks' logs.
 
-example (2 cores, loaded machine: 8-10 minutes, most of it two stack start-ups):
-  benchmarks/collapse.py --rounds 8 --concurrency 4 --input-len 384 --output-len 32 --l1-mb 16 --round-pause 3
+example (2 cores: 6-10 minutes, most of it two stack start-ups; the defaults, written out):
+  benchmarks/collapse.py --rounds 12 --concurrency 4 --input-len 256 --output-len 32 --l1-mb 16 \
+      --l1-watermark 0.2 --l1-evict-ratio 1.0 --round-pause 3 --ticks-during 1
 """
 
 from __future__ import annotations
@@ -41,9 +46,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = os.environ.get("PYTHON") or (str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else "python3")
-# LMCache MP's L1 eviction (0.5.6, storage_controllers/eviction_controller.py): a loop wakes once a second and, when
-# the L1 is above --eviction-trigger-watermark (default 0.8) of its size, evicts --eviction-ratio (0.2) of its keys in
-# LRU order; between ticks a store that finds no room is dropped (the chunk is not cached), it evicts nothing.
 CONFIGS = ("l1only", "tiered")
 
 
@@ -59,16 +61,17 @@ def parse(argv):
     )
     p.add_argument("--model", default="/tmp/kvtier-tiny-model", help="model dir (made by deploy/make-tiny-model.py)")
     p.add_argument("--out", help="new results directory (default results/collapse-<UTC time>)")
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--input-len", type=int, default=384, help="new tokens per round")
+    p.add_argument("--input-len", type=int, default=256, help="new tokens per round")
     p.add_argument("--output-len", type=int, default=32, help="answer tokens per round (forced)")
-    p.add_argument("--l1-mb", type=float, default=16.0, help="LMCache L1 (MB, 1e6 bytes)")
+    p.add_argument("--l1-mb", type=float, default=16.0, help="LMCache L1 (run-stack --l1-gb MB/1000: GiB)")
     p.add_argument("--disk-mb", type=float, default=256.0, help="kvtier disk tier of the tiered configuration (MB)")
     p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk, the block of the ideal and the plan")
-    p.add_argument("--l1-watermark", type=float, default=0.25, help="LMCache's eviction trigger watermark")
-    p.add_argument("--l1-evict-ratio", type=float, default=0.25, help="LMCache's eviction ratio per tick")
+    p.add_argument("--l1-watermark", type=float, default=0.2, help="LMCache's eviction trigger watermark")
+    p.add_argument("--l1-evict-ratio", type=float, default=1.0, help="LMCache's eviction ratio per tick")
     p.add_argument("--round-pause", type=float, default=3.0, help="seconds between rounds (replay's think time)")
+    p.add_argument("--ticks-during", type=int, default=1, help="the plan's eviction ticks while a round decodes")
     p.add_argument("--base-port", type=int, default=18700, help="vLLM on it, LMCache on +10, +20, kvtier on +30")
     p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered")
     a = p.parse_args(argv)
@@ -83,6 +86,8 @@ def parse(argv):
     for k in ("rounds", "concurrency", "input_len", "output_len", "chunk_size"):
         if getattr(a, k) <= 0:
             bad_usage(f"--{k.replace('_', '-')} must be > 0")
+    if a.ticks_during < 0 or a.round_pause < 0:
+        bad_usage("--ticks-during and --round-pause must be >= 0")
     if a.l1_mb <= 0 or a.disk_mb <= 0:
         bad_usage("--l1-mb and --disk-mb must be > 0")
     if not (0 < a.l1_watermark <= 1 and 0 < a.l1_evict_ratio <= 1):
@@ -129,23 +134,25 @@ def main(argv: list[str] | None = None) -> int:
     if not (model / "config.json").exists():
         say(f"making the tiny model in {model}")
         run([PY, "deploy/make-tiny-model.py", str(model)])
-    l1_bytes = int(a.l1_mb * 1e6)
+    l1_gb = f"{a.l1_mb / 1e3:g}"
+    l1_bytes = int(float(l1_gb) * 2**30)  # LMCache's --l1-size-gb is GiB (distributed/config.py)
     first_over, round_over = template_overheads(str(model))
     i0 = a.input_len + first_over
     follow = a.input_len + round_over
     load0 = os.getloadavg()
 
-    # 1. the prediction, before any server
-    # the plan's L1: what LMCache keeps after its eviction ticks, the watermark's share
-    tiers = {"l1only": f"--tier l1={int(l1_bytes * a.l1_watermark)}B", "tiered": None}
-    tiers["tiered"] = tiers["l1only"] + f" --tier disk={int(a.disk_mb * 1e6)}B"
+    # 1. the prediction, before any server: LMCache's L1 as it evicts, over the disk tier in the tiered case
+    tiers = {"l1only": f"--tier l1={l1_bytes}B", "tiered": f"--tier l1={l1_bytes}B --tier disk={int(a.disk_mb * 1e6)}B"}
     plan_cmd = [PY, "-m", "replay.plan.cli", "--concurrency", str(a.concurrency), "--rounds", str(a.rounds)]
     plan_cmd += ["--first-input-len", str(i0), "--input-len", str(follow), "--output-len", str(a.output_len)]
     plan_cmd += ["--block-size", str(a.chunk_size), "--model", str(model / "config.json"), "--kv-dtype", "bf16"]
-    plan_cmd += ["--answer-kv", "recomputed", "--output", str(out / "plan.json"), "--plots", str(out), "--quiet"]
+    plan_cmd += ["--answer-kv", "recomputed", "--policy", "lmcache-mp", "--l1-watermark", str(a.l1_watermark)]
+    plan_cmd += ["--l1-evict-ratio", str(a.l1_evict_ratio), "--ticks-during", str(a.ticks_during)]
+    plan_cmd += ["--ticks-between", str(int(a.round_pause)), "--output", str(out / "plan.json"), "--plots", str(out)]
+    plan_cmd += ["--quiet"]
     for c in a.configs:
         plan_cmd += ["--config", f"{c}={tiers[c]}"]
-    say(f"kvtier plan: first prompt {i0} tokens, {follow} more per round, L1 {l1_bytes / 1e6:g} MB x {a.l1_watermark}")
+    say(f"kvtier plan: first prompt {i0} tokens, {follow} more per round, L1 {l1_bytes / 1e6:g} MB")
     run(plan_cmd, out / "plan.log")
     plan = json.loads((out / "plan.json").read_text())
     predicted = {c["name"]: c["rounds"] for c in plan["configurations"]}
@@ -159,9 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         up = [str(ROOT / "deploy/run-stack.sh"), "up", "--device", "cpu", "--model", str(model)]
         up += ["--vllm-port", str(bp), "--lmcache-port", str(bp + 10), "--lmcache-http-port", str(bp + 20)]
         up += ["--metrics-port", str(bp + 30), "--kv-dir", str(kvdir), "--state-dir", str(state)]
-        up += ["--l1-gb", f"{l1_bytes / 1e9:g}", "--chunk-size", str(a.chunk_size), "--prefix-caching", "off"]
-        up += ["--max-model-len", str(min(32768, i0 + a.rounds * (follow + a.output_len) + 64))]
-        up += ["--max-num-seqs", str(a.concurrency)]
+        up += ["--l1-gb", l1_gb, "--chunk-size", str(a.chunk_size), "--prefix-caching", "off"]
+        max_len = min(32768, i0 + a.rounds * (follow + a.output_len) + 64)
+        up += ["--max-model-len", str(max_len), "--max-num-seqs", str(a.concurrency)]
+        # all of a round's prefills in one step, so its stores come together (vLLM on CPU chunks at 2048 tokens)
+        up += ["--vllm-arg", "--max-num-batched-tokens", "--vllm-arg", str(a.concurrency * max_len)]
         up += ["--lmcache-arg", "--eviction-trigger-watermark", "--lmcache-arg", str(a.l1_watermark)]
         up += ["--lmcache-arg", "--eviction-ratio", "--lmcache-arg", str(a.l1_evict_ratio)]
         up += ["--l2", "none"] if c == "l1only" else ["--l2", "kvtier", "--disk-gb", f"{a.disk_mb / 1e3:g}"]
@@ -216,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in load1],
-        "workload": {"first_prompt_tokens": i0, "tokens_per_round": follow, "output_len": a.output_len},
+        "workload": {
+            "concurrency": a.concurrency,
+            "first_prompt_tokens": i0,
+            "tokens_per_round": follow,
+            "output_len": a.output_len,
+            "chunk_size": a.chunk_size,
+        },
+        "plan_lmcache_mp": plan["configurations"][0].get("lmcache_mp"),
+        "l1_bytes": l1_bytes,
         "rows": rows,
         "media_identity": {c: measured[c].get("media_identity") for c in a.configs},
         "verdicts": verdicts,

@@ -205,14 +205,14 @@ def _replan(doc):
     """The plan of a recorded run from what the run recorded: its workload and the flags of its command."""
     argv = doc["command"].split()
     old = "plan_lmcache_mp" not in doc  # runs before the policy: their defaults, and no ticks recorded
-    c = _flag(argv, "--concurrency", 4)
+    wl = doc["workload"]
     w = Workload(
-        concurrency=c,
+        concurrency=wl.get("concurrency") or _flag(argv, "--concurrency", 4),
         rounds=max(r["round"] for r in doc["rows"]),
-        input_len=doc["workload"]["tokens_per_round"],
-        output_len=doc["workload"]["output_len"],
-        first_input_len=doc["workload"]["first_prompt_tokens"],
-        block_size=_flag(argv, "--chunk-size", 256),
+        input_len=wl["tokens_per_round"],
+        output_len=wl["output_len"],
+        first_input_len=wl["first_prompt_tokens"],
+        block_size=wl.get("chunk_size") or _flag(argv, "--chunk-size", 256),
         kv_bytes_per_token=512,
     )
     l1 = doc.get("l1_bytes") or int(float(f"{_flag(argv, '--l1-mb', 16.0) / 1e3:g}") * 2**30)
