@@ -17,8 +17,13 @@ What LMCache MP does (lmcache/v1/distributed/, read in 0.5.6), and what this mod
   chunks already resident are not written again (KEY_NOT_WRITABLE), so a refilled gap reconnects orphans.
 - An L2 hit is loaded through L1 (`prefetch_controller.py` reserves room in L1 for it, one batch): while a round's
   lookups hold such room, a load that does not fit fails and the hit ends where the chain leaves L1.
-- L2 (`tiers[1]`, e.g. kvtier's disk tier): every chunk stored in L1 is written through; it evicts on demand, LRU
-  (kvtier's store), touched on hits. A lookup hits the chain's prefix present in L1 or L2.
+- L2 (`tiers[1]`, kvtier's store under `KvtierL2Adapter`): every chunk newly stored in L1 is written through, in
+  the order the store handed them to L1 (`store_controller.py` submits `finish_write`'s keys as they come, chain
+  order; the LRU's reversal is L1's alone), so in L2 a chain's *head* is its oldest block. kvtier evicts on demand,
+  LRU (`store.py`): a put of a key it holds changes nothing, a lookup only pins, a load (`get`) makes the block
+  recent, again in chain order. Under pressure it therefore drops the oldest session's head first, and the whole
+  chain behind it becomes unreachable: the seed's head-first cascade. A lookup hits the chain's prefix present in L1
+  or L2.
 
 Time is reduced to ticks: a round is all sessions' lookups (concurrent: the closed loop sends them together), then
 their stores in session order, then `ticks_during` ticks (the decode after the prefills), then the requests' ends
@@ -86,8 +91,8 @@ class LMCacheMP:
             hit += 1
         if from_l2 and len(l1) + staged + from_l2 > self.l1_blocks:
             return first_l2, 0
-        for j in range(hit - 1, -1, -1):  # the head most recent, as in L1
-            if (s, j) in l2:
+        for j in range(hit):  # the loads (L1 misses) touch kvtier's LRU, in chain order: the tail most recent
+            if (s, j) not in l1:
                 l2.move_to_end((s, j))
         return hit, from_l2
 
@@ -101,10 +106,8 @@ class LMCacheMP:
             l1[k] = None
         if self.l2_blocks:
             l2 = self.l2
-            for k in reversed(missing):
-                if k in l2:
-                    l2.move_to_end(k)
-                else:
+            for k in missing:  # chain order, the head oldest; a key kvtier holds is left as it is
+                if k not in l2:
                     l2[k] = None
                     if len(l2) > self.l2_blocks:
                         l2.popitem(last=False)

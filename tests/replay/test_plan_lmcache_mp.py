@@ -19,16 +19,17 @@ FIGURES = Path(__file__).resolve().parents[2] / "benchmarks/figures/collapse"
 
 class RefMP:
     """The rules of replay/plan/lmcache_mp.py written the plain way: every key has a last-use stamp, LRU order is
-    the order of stamps. A store's or a touch's blocks get stamps from the chain's tail to its head (the head most
-    recent), as LMCache's LRU policy walks `reversed(keys)`."""
+    the order of stamps. In L1 a store's or a touch's blocks get stamps from the chain's tail to its head (the head
+    most recent), as LMCache's LRU policy walks `reversed(keys)`; in L2 (kvtier's store) from head to tail, as the
+    store controller hands them over and the loads read them, and a key already there keeps its stamp."""
 
     def __init__(self, l1, l2, p):
         self.cap1, self.cap2, self.p = l1, l2, p
         self.l1, self.l2 = {}, {}
         self.clock = 0
 
-    def _stamp(self, d, keys):
-        for k in sorted(keys, key=lambda k: -k[1]):  # tail first, head last
+    def _stamp(self, d, keys, head_first=False):
+        for k in sorted(keys, key=lambda k: k[1] if head_first else -k[1]):
             self.clock += 1
             d[k] = self.clock
 
@@ -39,7 +40,7 @@ class RefMP:
         in_l2 = [j for j in range(hit) if (s, j) not in self.l1]
         if in_l2 and len(self.l1) + staged + len(in_l2) > self.cap1:
             return min(in_l2), 0
-        self._stamp(self.l2, [(s, j) for j in range(hit) if (s, j) in self.l2])
+        self._stamp(self.l2, [(s, j) for j in range(hit) if (s, j) not in self.l1], head_first=True)
         return hit, len(in_l2)
 
     def store(self, s, start, end):
@@ -48,9 +49,11 @@ class RefMP:
             return 0, len(missing)
         self._stamp(self.l1, missing)
         if self.cap2:
-            self._stamp(self.l2, missing)
-            while len(self.l2) > self.cap2:
-                del self.l2[min(self.l2, key=self.l2.get)]
+            for k in sorted(missing, key=lambda k: k[1]):  # one put after another: room made by one is seen by the next
+                if k not in self.l2:
+                    self._stamp(self.l2, [k])
+                    while len(self.l2) > self.cap2:
+                        del self.l2[min(self.l2, key=self.l2.get)]
         return len(missing), 0
 
     def touch(self, s, end):
@@ -154,6 +157,22 @@ def test_tails_go_first_so_a_chain_keeps_its_head():
     mp.serve_round([0, 1], 0, 4)  # 8 blocks >= 5: one tick takes int(8 * 0.3) = 2, session 0's last two
     assert mp.lookup(0, 4) == (2, 0)
     assert mp.lookup(1, 4) == (4, 0)
+
+
+def test_l2_drops_the_oldest_chain_head_first_so_the_whole_chain_misses():
+    """kvtier's LRU under LMCache gets a store's chunks head first: out of room, it evicts the oldest session's head,
+    and that session hits nothing of the chain behind it (seed 001's cascade, unlike L1's tails-first slope)."""
+    mp = LMCacheMP(100, 7, MPParams(watermark=1.0, evict_ratio=1.0, ticks_during=0, ticks_between=0))
+    mp.store(0, 0, 4)
+    mp.store(1, 0, 4)  # 8 > 7: (0, 0) goes
+    mp.l1.clear()  # as a tick would: only L2 is left
+    assert list(mp.l2)[:3] == [(0, 1), (0, 2), (0, 3)]
+    assert mp.lookup(0, 4) == (0, 0)
+    assert mp.lookup(1, 4) == (4, 4)
+    assert list(mp.l2)[-4:] == [(1, 0), (1, 1), (1, 2), (1, 3)]  # the loads, tail most recent
+    mp.store(0, 0, 4)  # the head again makes room with (0, 1), which is then put again, ... and (1, 0) goes
+    assert list(mp.l2) == [(1, 1), (1, 2), (1, 3), (0, 0), (0, 1), (0, 2), (0, 3)]
+    assert mp.lookup(1, 4) == (0, 0)
 
 
 def test_a_store_that_finds_the_l1_full_is_dropped_and_never_reaches_l2():
