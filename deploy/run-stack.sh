@@ -12,13 +12,14 @@
 #   --metrics-port P4      kvtier Prometheus exporter of instance 0; instance i uses P4+i  [P3+10]
 #   --disk-gb G            local disk tier per instance; 0 = none (puts go straight to the shared tier)  [4]
 #   --shared-gb G          shared tier capacity accounted per instance  [4]
-#   --io-mode direct|buffered   I/O of the local disk tier  [direct]
+#   --io-mode direct|buffered   I/O of the local disk tier  [direct]; a --kv-dir on tmpfs (/dev/shm) makes it a DRAM
+#                          tier: give buffered there (tmpfs refuses O_DIRECT)
 #   --l2 kvtier|lmcache-fs|none L2 adapter of the LMCache MP server (mp only)  [kvtier]
 #                          lmcache-fs: LMCache's own "fs" L2 adapter on --kv-dir, for comparisons (no kvtier, no
 #                          kvtier metrics; --io-mode direct = its use_odirect, --disk-gb and --shared-dir unused)
 #                          none: LMCache's memory (L1) only, what is evicted from it is gone (the DRAM-only
 #                          configuration of a long-session experiment; --disk-gb and --shared-dir unused)
-#   --l1-gb G              LMCache's own memory (L1) per instance, fractions allowed (0.004 = 4 MB)  [1]
+#   --l1-gb G              LMCache's own memory (L1) per instance in GiB (LMCache's unit), fractions allowed (0.004 = 4.3 MB)  [1]
 #                          (the L2 size is --disk-gb, plus --shared-gb with --shared-dir)
 #   --lmcache-arg ARG      extra argument for the LMCache MP server (repeatable), e.g. --eviction-trigger-watermark
 #   --chunk-size N         LMCache chunk size in tokens  [256]
