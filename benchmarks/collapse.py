@@ -3,8 +3,8 @@
 
 usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 12] [--concurrency 4] [--input-len 256]
                               [--output-len 32] [--l1-mb 16] [--l1-watermark 0.2] [--l1-evict-ratio 1.0]
-                              [--round-pause 3] [--ticks-during 1] [--disk-mb 256] [--chunk-size 256]
-                              [--base-port 18700] [--configs l1only,tiered]
+                              [--round-pause 3] [--ticks-during 1] [--disk-mb 256] [--dram-mb 5]
+                              [--chunk-size 256] [--base-port 18700] [--configs l1only,tiered,dram]
 
 Seed 001's experiment scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
 token): C sessions advance one round at a time, each round's prompt is the whole history (the earlier prompts and
@@ -23,7 +23,11 @@ starts with the same tokens and the block chain holds; the chat template did not
 2. For each configuration a stack is started by deploy/run-stack.sh (vLLM's own prefix cache off, so every reuse
    comes through LMCache), `kvtier replay --rounds N --concurrency C --output-len L` runs, the stack is stopped:
      l1only  LMCache's memory only (--l2 none): what it evicts is gone;
-     tiered  the same L1 over the kvtier disk tier (--l2 kvtier, --disk-mb).
+     tiered  the same L1 over the kvtier disk tier (--l2 kvtier, --disk-mb);
+     dram    seed 001's own configuration: the same L1 as a staging area over a small DRAM store, kvtier's tier on
+             tmpfs (/dev/shm, --io-mode buffered, --dram-mb) with nothing behind it, so kvtier's LRU evicts and
+             drops. LMCache hands it a store's chunks head first, so it drops the oldest chain's head first and the
+             chain behind it is lost (the plan's L2, replay/plan/lmcache_mp.py).
 3. Predicted vs measured per round, the media identity of each run, and verdicts: l1only's late-round hit rate
    below a quarter of the ideal, tiered within 5 points of it, the plan within 5 points of each measurement.
 Everything lands in a new directory (--out, default results/collapse-<UTC time>; an existing one is refused):
@@ -39,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -46,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = os.environ.get("PYTHON") or (str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else "python3")
-CONFIGS = ("l1only", "tiered")
+CONFIGS = ("l1only", "tiered", "dram")
 
 
 def say(msg: str) -> None:
@@ -67,13 +72,14 @@ def parse(argv):
     p.add_argument("--output-len", type=int, default=32, help="answer tokens per round (forced)")
     p.add_argument("--l1-mb", type=float, default=16.0, help="LMCache L1 (run-stack --l1-gb MB/1000: GiB)")
     p.add_argument("--disk-mb", type=float, default=256.0, help="kvtier disk tier of the tiered configuration (MB)")
+    p.add_argument("--dram-mb", type=float, default=5.0, help="kvtier DRAM (tmpfs) tier of the dram configuration (MB)")
     p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk, the block of the ideal and the plan")
     p.add_argument("--l1-watermark", type=float, default=0.2, help="LMCache's eviction trigger watermark")
     p.add_argument("--l1-evict-ratio", type=float, default=1.0, help="LMCache's eviction ratio per tick")
     p.add_argument("--round-pause", type=float, default=3.0, help="seconds between rounds (replay's think time)")
     p.add_argument("--ticks-during", type=int, default=1, help="the plan's eviction ticks while a round decodes")
     p.add_argument("--base-port", type=int, default=18700, help="vLLM on it, LMCache on +10, +20, kvtier on +30")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered,dram")
     a = p.parse_args(argv)
 
     def bad_usage(msg: str):  # one line and exit 2, not the usage text
@@ -88,8 +94,8 @@ def parse(argv):
             bad_usage(f"--{k.replace('_', '-')} must be > 0")
     if a.ticks_during < 0 or a.round_pause < 0:
         bad_usage("--ticks-during and --round-pause must be >= 0")
-    if a.l1_mb <= 0 or a.disk_mb <= 0:
-        bad_usage("--l1-mb and --disk-mb must be > 0")
+    if a.l1_mb <= 0 or a.disk_mb <= 0 or a.dram_mb <= 0:
+        bad_usage("--l1-mb, --disk-mb and --dram-mb must be > 0")
     if not (0 < a.l1_watermark <= 1 and 0 < a.l1_evict_ratio <= 1):
         bad_usage("--l1-watermark and --l1-evict-ratio must be in (0, 1]")
     return a
@@ -142,7 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
 
     # 1. the prediction, before any server: LMCache's L1 as it evicts, over the disk tier in the tiered case
-    tiers = {"l1only": f"--tier l1={l1_bytes}B", "tiered": f"--tier l1={l1_bytes}B --tier disk={int(a.disk_mb * 1e6)}B"}
+    # kvtier fills a tier to its target usage ratio (0.9 by default) before it evicts: that is the L2 the plan gets
+    from kvconnector.backend_config import BackendConfig
+
+    fill = BackendConfig.model_fields["target_usage_ratio"].default
+    tiers = {
+        "l1only": f"--tier l1={l1_bytes}B",
+        "tiered": f"--tier l1={l1_bytes}B --tier disk={int(a.disk_mb * 1e6 * fill)}B",
+        "dram": f"--tier l1={l1_bytes}B --tier dram={int(a.dram_mb * 1e6 * fill)}B",
+    }
     plan_cmd = [PY, "-m", "replay.plan.cli", "--concurrency", str(a.concurrency), "--rounds", str(a.rounds)]
     plan_cmd += ["--first-input-len", str(i0), "--input-len", str(follow), "--output-len", str(a.output_len)]
     plan_cmd += ["--block-size", str(a.chunk_size), "--model", str(model / "config.json"), "--kv-dtype", "bf16"]
@@ -162,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     measured: dict[str, dict] = {}
     for c in a.configs:
         state = out / f"stack-{c}"
-        kvdir = out / f"kv-{c}"
+        # the dram tier is a directory on tmpfs: kvtier's disk tier code, DRAM underneath
+        kvdir = Path(f"/dev/shm/kvtier-collapse-{os.getpid()}") / c if c == "dram" else out / f"kv-{c}"
         up = [str(ROOT / "deploy/run-stack.sh"), "up", "--device", "cpu", "--model", str(model)]
         up += ["--vllm-port", str(bp), "--lmcache-port", str(bp + 10), "--lmcache-http-port", str(bp + 20)]
         up += ["--metrics-port", str(bp + 30), "--kv-dir", str(kvdir), "--state-dir", str(state)]
@@ -173,12 +188,17 @@ def main(argv: list[str] | None = None) -> int:
         up += ["--vllm-arg", "--max-num-batched-tokens", "--vllm-arg", str(a.concurrency * max_len)]
         up += ["--lmcache-arg", "--eviction-trigger-watermark", "--lmcache-arg", str(a.l1_watermark)]
         up += ["--lmcache-arg", "--eviction-ratio", "--lmcache-arg", str(a.l1_evict_ratio)]
-        up += ["--l2", "none"] if c == "l1only" else ["--l2", "kvtier", "--disk-gb", f"{a.disk_mb / 1e3:g}"]
-        say(f"{c}: starting the stack (vLLM + LMCache{' + kvtier disk' if c == 'tiered' else ''}), about 1-2 min")
+        if c == "l1only":
+            up += ["--l2", "none"]
+        elif c == "tiered":
+            up += ["--l2", "kvtier", "--disk-gb", f"{a.disk_mb / 1e3:g}"]
+        else:
+            up += ["--l2", "kvtier", "--disk-gb", f"{a.dram_mb / 1e3:g}", "--io-mode", "buffered"]
+        say(f"{c}: starting the stack (vLLM + LMCache{'' if c == 'l1only' else ' + kvtier ' + c}), about 1-2 min")
         try:
             run(up, out / f"up-{c}.log")
             metrics = [f"http://127.0.0.1:{bp}/metrics", f"http://127.0.0.1:{bp + 20}/metrics"]
-            if c == "tiered":
+            if c != "l1only":
                 metrics.append(f"http://127.0.0.1:{bp + 30}/metrics")
             rp = [PY, "-m", "replay.openai.cli", "--base-url", f"http://127.0.0.1:{bp}", "--model", "tiny"]
             rp += ["--endpoint", "completions", "--source", "synthetic", "--rounds", str(a.rounds)]
@@ -195,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             measured[c] = json.loads((out / f"{c}.json").read_text())
         finally:
             run([str(ROOT / "deploy/run-stack.sh"), "down", "--state-dir", str(state)], check=False)
+            if c == "dram":
+                shutil.rmtree(kvdir.parent, ignore_errors=True)
     load1 = os.getloadavg()
 
     # 3. predicted vs measured
@@ -280,7 +302,9 @@ def plot(doc: dict, path: Path) -> None:
     ax.plot([r["round"] for r in first], [r["ideal_plan"] for r in first], "k--", label="ideal (answers recomputed)")
     # hollow squares behind small dots: where both configurations measured the same, both stay visible
     for c, color, mark in zip(
-        configs, ("tab:red", "tab:blue"), (dict(marker="s", ms=10, mfc="none"), dict(marker="o", ms=5))
+        configs,
+        ("tab:red", "tab:blue", "tab:green"),
+        (dict(marker="s", ms=10, mfc="none"), dict(marker="o", ms=5), dict(marker="^", ms=7, mfc="none")),
     ):
         rs = [r for r in doc["rows"] if r["config"] == c]
         xs = [r["round"] for r in rs]
