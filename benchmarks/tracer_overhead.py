@@ -23,8 +23,10 @@ is replayed on a fresh file; bandwidth and mean completion latency of the
 replay are compared with the original's.
 
 Depth (--depth-runs N): fio randrw 70% reads of 512 KiB, direct, libaio at
-QD 1, 4, 8 and 32, each traced block-only by pid for 3 s, N times; the
-distilled iodepth of each run, beside Little's law and the sampled edge.
+QD 1, 4, 8 and 32, each traced block-only by pid for 3 s, N times, on a
+file in --dir (--target disk) or on the loop device (--target loop); the
+distilled iodepth of each run, beside Little's law and the sampled edge
+(--keep DIR keeps each run's trace, depth-<target>-qd<N>-<run>.txt).
 
 Needs root, bpftrace and fio (and losetup for --target loop). Prints
 tables; --json FILE writes the figures.
@@ -276,9 +278,9 @@ def fidelity(args, work: Path, first, results: dict):
 DEPTH_QDS = (1, 4, 8, 32)
 
 
-def depth_runs(args, work: Path, results: dict):
-    """Distilled iodepth of fio randrw70 512 KiB at known depths, N runs each."""
-    data = work / "depth.dat"
+def depth_runs(args, work: Path, data: Path, dev: str, results: dict):
+    """Distilled iodepth of fio randrw70 512 KiB at known depths, N runs each,
+    on data (a file on the disk, or the loop device); traces kept in --keep."""
     out: dict = {}
     for rnd in range(args.depth_runs):
         for qd in DEPTH_QDS:
@@ -293,7 +295,7 @@ def depth_runs(args, work: Path, results: dict):
                 time.sleep(1.0)  # laid out, I/O running
                 tdir = work / f"depth-qd{qd}-{rnd}"
                 p = subprocess.run(
-                    ["bash", str(SH), str(fio.pid), "--dev", str(work), "--duration", "3", "--out", str(tdir)]
+                    ["bash", str(SH), str(fio.pid), "--dev", dev, "--duration", "3", "--out", str(tdir)]
                     + ["--no-syscalls"],
                     capture_output=True,
                     text=True,
@@ -304,12 +306,19 @@ def depth_runs(args, work: Path, results: dict):
                 fio.wait(timeout=60)
             if p.returncode != 0:
                 raise SystemExit(f"tracer_overhead: tracer failed: {p.stderr.strip()[-300:]}")
+            if args.keep:
+                keep = Path(args.keep) / f"depth-{args.target}-qd{qd}-{rnd}.txt"
+                keep.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(tdir / "trace.txt", keep)
             d = distill(parse_trace((tdir / "trace.txt").read_text()))
             f = d.figures
             row = {
                 "iodepth": d.iodepth,
                 "little": f.get("iodepth_little"),
                 "edge": f.get("iodepth_sampled_edge"),
+                "p50": f.get("iodepth_sampled_p50"),
+                "p95": f.get("iodepth_sampled_p95"),
+                "mean": f.get("iodepth_sampled_mean"),
                 "issued": f.get("issued"),
                 "lost_completions": f.get("lost_completions", 0),
             }
@@ -341,7 +350,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-fidelity", action="store_true", help="skip the distil-and-replay run")
     ap.add_argument("--depth-runs", type=int, default=0, help="runs per QD of the iodepth check (0: none)")
     ap.add_argument("--json", help="write the figures here")
-    ap.add_argument("--keep", metavar="DIR", help="keep the fidelity trace and its distilled job here")
+    ap.add_argument("--keep", metavar="DIR", help="keep the traces (fidelity, depth runs) and the distilled job here")
     args = ap.parse_args(argv)
     if os.geteuid() != 0 or not shutil.which("bpftrace") or not shutil.which("fio"):
         print("tracer_overhead: needs root, bpftrace and fio", file=sys.stderr)
@@ -369,17 +378,17 @@ def main(argv=None) -> int:
         print("tracer_overhead: kernel.bpf_stats_enabled set to 1 for the run (back to 0 at the end)")
     try:
         first = None
+        if args.target == "loop":
+            loop = LoopDevice(args.loop_gib)
+            data, size, dev = Path(loop.dev), f"{args.loop_gib}g", loop.dev
+        else:
+            data, size, dev = work / "bench.dat", "512m", None
         if not args.no_overhead or not args.no_fidelity:
-            if args.target == "loop":
-                loop = LoopDevice(args.loop_gib)
-                data, size, dev = Path(loop.dev), f"{args.loop_gib}g", loop.dev
-            else:
-                data, size, dev = work / "bench.dat", "512m", None
             first = overhead(args, work, data, size, dev, results)
         if not args.no_fidelity and first is not None:
             fidelity(args, work, first, results)
         if args.depth_runs:
-            depth_runs(args, work, results)
+            depth_runs(args, work, data, dev or str(work), results)
     finally:
         if stats_was == "0" and not args.no_overhead:
             stats.write_text("0")

@@ -10,11 +10,12 @@ device saw it, after merging and splitting):
   the log2 size histogram (``@bs_read_bytes``), read and write separately;
 * ``rwmixread``: completed block requests, reads vs writes (not app ops);
 * ``iodepth``: the level the outstanding depth (insert to completion,
-  sampled at each dispatch) fills up to (see plateau_edge), cross-checked
-  by Little's law (dispatch rate times mean outstanding time over the span
-  with I/O = mean depth), which wins, rounded up, when the two disagree:
-  a completion the probe never saw keeps its request in the sampled depth
-  but moves neither term of Little's law;
+  sampled at each dispatch) fills up to (see plateau_edge). Little's law
+  (dispatch rate times mean outstanding time over the span with I/O = mean
+  depth) is printed beside it and replaces it, rounded up, only when the
+  samples cannot be right: a fill level under 0.6x the mean, or a sampled
+  mean over 1.5x Little's law + 1 (requests whose completion was never
+  seen still counted: a trace from a tracer that did not drop them);
 * ``rw``/``percentage_random``: the share of requests that started where
   the previous one of the same direction ended (sequential) vs elsewhere;
 * ``thinktime``: only if the device was idle (nothing of ours in flight
@@ -52,14 +53,23 @@ from pathlib import Path
 
 from .histparse import Hist, Stats, Trace, TraceParseError, parse_trace, read_trace
 
-__all__ = ["DistillError", "Distilled", "distill", "main", "parse_fio_size", "render_job", "validate_job"]
+__all__ = [
+    "DistillError",
+    "Distilled",
+    "distill",
+    "lost_completions",
+    "main",
+    "parse_fio_size",
+    "render_job",
+    "validate_job",
+]
 
 SEQ_THRESHOLD = 0.8  # this share of sequential requests makes a direction sequential
 MIN_SPLIT_PCT = 1  # bssplit entries rounding below this are dropped (and said so)
 IDLE_MIN_SHARE = 0.05  # thinktime only when idle gaps cover this share of the window
 # The sampled depth's mean may exceed Little's law by this factor (plus one
 # request) before it is taken to carry requests whose completion was never
-# seen (fio's steady queues read 0.8-2.2x here on a loaded 2-CPU VM).
+# seen (fio's steady queues read 0.8-1.1x here, 2.2x on a loaded VM).
 SAMPLED_MEAN_SLACK = 1.5
 # Issued requests whose completion was never seen: over this share the job
 # says so, over LOST_REFUSE_SHARE the trace is refused (--allow-lossy).
@@ -245,27 +255,6 @@ def plateau_edge(qd: Hist) -> int:
     return max(1, int(bs[i].lo))
 
 
-def lowest_plateau_edge(qd: Hist, min_share: float = 0.05) -> int | None:
-    """plateau_edge of the lowest cluster of sampled depths: from the first
-    depth sampled at least min_share of the time, up while each depth is
-    still sampled at least half as often as the most sampled one so far.
-    A request whose completion the probe never saw stays counted, so such
-    losses add to every later sample: the trace holds the true pattern
-    shifted up by the requests lost so far, and its lowest copy is the one
-    with the fewest of them. None when no depth holds min_share."""
-    bs = [b for b in qd.buckets if b.lo is not None and b.lo >= 0 and b.count > 0]
-    total = sum(b.count for b in bs)
-    start = next((i for i, b in enumerate(bs) if b.count >= min_share * total), None)
-    if start is None:
-        return None
-    top = bs[start].count
-    i = start
-    while i + 1 < len(bs) and bs[i + 1].lo == bs[i].lo + 1 and bs[i + 1].count >= 0.5 * top:
-        i += 1
-        top = max(top, bs[i].count)
-    return max(1, int(bs[i].lo))
-
-
 def _pct_split(split: list[tuple[int, int]]) -> str:
     return ":".join(f"{fio_size(s)}/{p}" for s, p in split)
 
@@ -389,34 +378,19 @@ def distill(
         edge = plateau_edge(qd)
         figures["iodepth_sampled_mean"] = round(qmean, 2)
         figures["iodepth_sampled_p50"] = qd.quantile(0.5)
+        figures["iodepth_sampled_p95"] = qd.quantile(0.95)
         figures["iodepth_sampled_edge"] = edge
         iodepth = max(1, edge)
-        if busy_us and edge < 0.6 * little:
+        if busy_us and (edge < 0.6 * little or qmean > SAMPLED_MEAN_SLACK * little + 1):
+            # Little's law (means over the completions seen) is not moved by
+            # a completion the probe missed, the sampled depth is until the
+            # tracer drops the request as lost; a fill level is at least the
+            # mean. Either way the samples are not the process's queue.
             iodepth = max(1, math.ceil(little - 0.05))
+            why = "under" if edge < 0.6 * little else "above"
             notes.append(
-                f"sampled depth (edge {edge}) is under Little's law ({little:.1f}): "
+                f"sampled depth (edge {edge}, mean {qmean:.1f}) is {why} Little's law ({little:.1f}): "
                 "iodepth from Little's law, rounded up"
-            )
-        elif busy_us and qmean > SAMPLED_MEAN_SLACK * little + 1:
-            # The sampled depth counts a request from insert until its
-            # completion is seen: one never seen stays counted, so the
-            # samples can only be too high, while Little's law (means over
-            # the completions seen) is not moved by it. Its lowest cluster
-            # is the least affected; a fill level under Little's law is
-            # not one (the block layer holds a request for less time than
-            # the process does: Little's law there is a lower bound), nor
-            # is one over 3x it and 2 more (a backlog of unseen completions).
-            low = lowest_plateau_edge(qd)
-            figures["iodepth_sampled_low_edge"] = low
-            if low is not None and little - 0.05 <= low <= 3 * little + 2:
-                iodepth = low
-                how = f"the lowest cluster's edge ({low})"
-            else:
-                iodepth = max(1, math.ceil(little - 0.05))
-                how = "Little's law, rounded up"
-            notes.append(
-                f"sampled depth (edge {edge}, mean {qmean:.1f}) is above Little's law ({little:.1f}): "
-                f"requests whose completion was not seen, or bursts; iodepth from {how}"
             )
     elif busy_us:
         iodepth = max(1, math.ceil(little - 0.05))
@@ -508,6 +482,18 @@ def distill(
     return d
 
 
+def lost_completions(tr: Trace) -> tuple[int, int]:
+    """(issued block requests whose completion the trace lacks, issued):
+    completions counted against issues, less those seen without their issue
+    (@unmatched_reqs: issued before the capture). A whole capture ends with
+    at most a queue's worth still in flight."""
+    issued = _op_num(tr, "issued", "read") + _op_num(tr, "issued", "write")
+    completed = _op_num(tr, "completed", "read") + _op_num(tr, "completed", "write")
+    if not completed:  # no completion probe in the trace: nothing to tell
+        return 0, issued
+    return max(0, issued - completed - max(0, _num(tr, "unmatched_reqs"))), issued
+
+
 def _check_loss(tr: Trace, issued: int, completed: int, figures: dict, notes: list[str], allow: bool) -> None:
     """Events the probes never saw. Completions: issued requests whose
     completion was not seen (a whole capture ends with at most a queue's
@@ -516,7 +502,7 @@ def _check_loss(tr: Trace, issued: int, completed: int, figures: dict, notes: li
     sample: the mix, sizes and Little's law (rates from issues, means over
     seen completions) stay fair, the sampled depth does not. Past
     LOST_REFUSE_SHARE the sample is mostly holes: refused unless allow."""
-    lost = max(0, issued - completed - max(0, _num(tr, "unmatched_reqs")))
+    lost = lost_completions(tr)[0]
     lost_share = lost / issued if issued else 0.0
     missed = tr.meta.get("missed_events", "")
     missed_n = int(missed) if missed.isdigit() else 0

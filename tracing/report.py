@@ -1,6 +1,7 @@
 """Per-layer latency breakdown of a storage_latency_stack trace.
 
     python -m tracing.report TRACE [--matched matched.tsv] [--plots DIR]
+    python -m tracing.report TRACE --health     (only the warnings below)
 
 Prints what was traced, by process and by instance (block bytes each
 process submitted, from matched.tsv beside the trace: pid, instance, why it
@@ -9,6 +10,13 @@ was matched), then one table: syscall (VFS) time, block Q2D (insert to dispatch)
 count and percentiles per row (percentiles are bucket upper edges: an upper
 bound, as bpftrace's log2 buckets allow). With --plots, writes PNG
 histograms. matplotlib is imported only for --plots.
+
+Then one line each when the capture is not what it seems: block requests
+issued whose completion the trace lacks (over LOST_WARN_SHARE: counts are a
+sample), and file bytes the syscalls moved that the block layer did not
+see (page cache: buffered reads served from memory, buffered writes left
+to the kernel's flusher threads, which are not the traced process).
+storage_latency_stack.sh prints these at the end of a capture.
 """
 
 from __future__ import annotations
@@ -19,9 +27,19 @@ import re
 import sys
 from pathlib import Path
 
+from .distill import LOST_WARN_SHARE, lost_completions
 from .histparse import Hist, Trace, TraceParseError, parse_trace, read_trace
 
-__all__ = ["format_processes", "format_table", "layer_rows", "main", "process_rows", "read_matched", "write_plots"]
+__all__ = [
+    "format_processes",
+    "format_table",
+    "health_lines",
+    "layer_rows",
+    "main",
+    "process_rows",
+    "read_matched",
+    "write_plots",
+]
 
 READS = ("read", "pread64", "readv", "preadv", "preadv2")
 WRITES = ("write", "pwrite64", "writev", "pwritev", "pwritev2")
@@ -114,6 +132,34 @@ def issued_bytes(tr: Trace, op: str) -> int:
         if key.strip().isdigit() and isinstance(v, int):
             total += int(key) * v
     return total
+
+
+# the block layer saw "clearly less" than the syscalls moved: under this share
+PAGE_CACHE_SHARE = 0.8
+PAGE_CACHE_MIN_BYTES = 1 << 20  # and at least this much unseen: a few cached reads are no news
+
+
+def health_lines(tr: Trace) -> list[str]:
+    """One line per way the capture under-reports the storage I/O (none: [])."""
+    out = []
+    lost, issued = lost_completions(tr)
+    if issued and lost / issued > LOST_WARN_SHARE:
+        out.append(
+            f"WARNING: {lost} of {issued} block requests issued ({100 * lost / issued:.1f}%) have no completion "
+            "in the trace (probe runs lost): counts and latencies are a sample"
+        )
+    for op, past, cached in (
+        ("read", "read", "served from the page cache"),
+        ("write", "wrote", "left in the page cache (written back later by kernel threads, not the traced process)"),
+    ):
+        sys_b = tr.number(f"file_{op}_bytes")
+        blk_b = issued_bytes(tr, op)
+        if sys_b and blk_b < PAGE_CACHE_SHARE * sys_b and sys_b - blk_b >= PAGE_CACHE_MIN_BYTES:
+            out.append(
+                f"block layer {past} {_fmt_bytes(blk_b)} of the {_fmt_bytes(sys_b)} the syscalls {past} to files: "
+                f"{100 * (1 - blk_b / sys_b):.0f}% {cached}"
+            )
+    return out
 
 
 def format_processes(tr: Trace, matched: dict[int, dict] | None = None) -> str:
@@ -279,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("trace", help="storage_latency_stack output (text or JSON)")
     p.add_argument("--plots", metavar="DIR", help="write PNG histograms into DIR")
+    p.add_argument("--health", action="store_true", help="print only the warnings (lost completions, page cache)")
     p.add_argument(
         "--matched", metavar="TSV", help="the matched processes (default: matched.tsv beside TRACE, or one folder up)"
     )
@@ -296,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if tr.truncated:  # the table holds only what came before the cut
         print(f"report: warning: {args.trace} is truncated (" + "; ".join(tr.cuts[:3]) + ")", file=sys.stderr)
+    if args.health:
+        for line in health_lines(tr):
+            print(line)
+        return 0
     matched_path = Path(args.matched) if args.matched else Path(args.trace).parent / "matched.tsv"
     if not args.matched and not matched_path.is_file():  # --per-instance: DIR/group<N>/trace.txt, DIR/matched.tsv
         matched_path = Path(args.trace).parent.parent / "matched.tsv"
@@ -311,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.stdout.write(format_processes(tr, matched))
     sys.stdout.write(format_table(tr))
+    for line in health_lines(tr):
+        print(line)
     if args.plots:
         try:
             paths = write_plots(tr, args.plots)

@@ -174,13 +174,19 @@ while read -r name probes; do
 	for p in $probes; do
 		has_tp "$p" || { ok=0; missing="$missing $p"; }
 	done
-	if (( no_sys )) && [[ "$name" =~ ^(syscalls|fadvise|libaio|io_uring)$ ]]; then
+	if (( no_sys )) && [[ "$name" =~ ^(syscalls|filebytes|fadvise|libaio|io_uring)$ ]]; then
 		layer_on[$name]=0; off_list="$off_list $name(--no-syscalls)"; continue
 	fi
 	layer_on[$name]=$ok
 	if (( ok )); then on_list="$on_list $name"
 	else off_list="$off_list $name(missing${missing})"; fi
 done < <(sed -n 's|^[[:space:]]*//@layer \([a-z_]*\) \(.*\)$|\1 \2|p' "$BT")
+# telling files from sockets reads the kernel's file table: needs its BTF
+if [[ "${layer_on[filebytes]:-0}" == 1 && ! -r /sys/kernel/btf/vmlinux ]]; then
+	layer_on[filebytes]=0
+	on_list="$(echo " $on_list " | sed "s/ filebytes / /; s/^ *//; s/ *$//")"
+	off_list="$off_list filebytes(no /sys/kernel/btf/vmlinux)"
+fi
 if [[ "${layer_on[block]:-0}" != 1 ]]; then
 	say "WARNING: no block tracepoints: only the syscall layer will be seen"
 	# these extend the block layer's probes and maps
@@ -409,6 +415,14 @@ for g in $captures; do
 		say "WARNING: the kernel skipped $missed probe runs (BPF recursion guard): counts are low and queue depth may drift; --no-syscalls keeps the block layer whole"
 	fi
 done
+# what the capture does not show, one line each: completions the probes
+# lost, file bytes the page cache kept from the block layer
+if command -v python3 >/dev/null 2>&1; then
+	for t in "${traces[@]}"; do
+		( cd "$HERE/.." && python3 -m tracing.report "$t" --health 2>/dev/null ) |
+			while read -r l; do say "$l"; done || true
+	done
+fi
 n_now=$(grep -vc '^#' "$matched" || true)
 (( all )) || say "traced $n_now process$( (( n_now == 1 )) || echo es) (matched.tsv), $((n_now - n_matched)) of them found while tracing"
 # A tracer run with sudo leaves its output to the user who asked for it:

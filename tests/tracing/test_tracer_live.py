@@ -30,6 +30,7 @@ LAYERS = [
     "requeue",
     "merge",
     "syscalls",
+    "filebytes",
     "fadvise",
     "libaio",
     "io_uring",
@@ -69,7 +70,8 @@ def ensure_tracefs():
 @pytest.mark.slow
 @_live
 @pytest.mark.parametrize(
-    "drop", [None, "follow", "mailbox", "owner", "perproc", "queue", "requeue", "merge", "syscalls", "block"]
+    "drop",
+    [None, "follow", "mailbox", "owner", "perproc", "queue", "requeue", "merge", "syscalls", "filebytes", "block"],
 )
 def test_script_compiles_without_attaching(tmp_path, drop):
     # bpftrace 0.17 has no --dry-run; --emit-elf runs the parser, semantic
