@@ -79,7 +79,8 @@ def parse(argv):
     p.add_argument("--round-pause", type=float, default=3.0, help="seconds between rounds (replay's think time)")
     p.add_argument("--ticks-during", type=int, default=1, help="the plan's eviction ticks while a round decodes")
     p.add_argument("--base-port", type=int, default=18700, help="vLLM on it, LMCache on +10, +20, kvtier on +30")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="which to run, comma list of l1only,tiered,dram")
+    # dram is opt-in: the plan does not yet follow its head-first loss within 5 points (0.24 off, benchmarks/README)
+    p.add_argument("--configs", default="l1only,tiered", help="which to run, comma list of l1only,tiered,dram")
     a = p.parse_args(argv)
 
     def bad_usage(msg: str):  # one line and exit 2, not the usage text
