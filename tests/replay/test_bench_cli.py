@@ -1,5 +1,6 @@
 """`kvtier bench` end to end in-process and as a subprocess: results schema, honest accounting, user errors."""
 
+import errno
 import json
 import os
 import signal
@@ -200,10 +201,15 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
         out = tmp_path / "r.json"
         p = start_bench(small_model, mnt, out, "--cpu-mem-gb", "0")
         wait_for_entries(mnt)  # the run has begun (not still setting up)
-        # Someone else fills the filesystem under the running benchmark.
-        subprocess.run(
-            ["fallocate", "-l", str(os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize), str(mnt / "filler")]
-        )
+        # Someone else fills the filesystem under the running benchmark. Written until ENOSPC, not one fallocate of
+        # the free space: the run writes between statvfs and fallocate, and a fallocate that does not fit takes nothing.
+        with open(mnt / "filler", "wb", buffering=0) as f:
+            for chunk in (b"\0" * 2**20, b"\0" * 4096):
+                try:
+                    while True:
+                        f.write(chunk)
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
         _, stderr = p.communicate(timeout=60)
         assert p.returncode == 1, stderr
         assert "filesystem full" in stderr and "Traceback" not in stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvconnector.backend_config import BackendConfig
 from replay.plan import MPParams, TierSpec, Workload, simulate
 from replay.plan import cli as plan_cli
 from replay.plan.lmcache_mp import LMCacheMP
@@ -240,8 +241,15 @@ def _replan(doc):
         p = MPParams(_flag(argv, "--l1-watermark", 0.25), _flag(argv, "--l1-evict-ratio", 0.25), 1, int(pause))
     else:
         p = MPParams(**doc["plan_lmcache_mp"])
-    tiers = {"l1only": [TierSpec("l1", l1)], "tiered": [TierSpec("l1", l1), TierSpec("disk", 1e12)]}
-    return {c: simulate(w, t, policy="lmcache-mp", mp=p) for c, t in tiers.items()}, p
+    # dram: the L1 over a small kvtier tier, filled to kvtier's target usage ratio, as collapse.py plans it
+    dram = int(_flag(argv, "--dram-mb", 5.0) * 1e6 * BackendConfig.model_fields["target_usage_ratio"].default)
+    tiers = {
+        "l1only": [TierSpec("l1", l1)],
+        "tiered": [TierSpec("l1", l1), TierSpec("disk", 1e12)],
+        "dram": [TierSpec("l1", l1), TierSpec("dram", dram)],
+    }
+    configs = {row["config"] for row in doc["rows"]}
+    return {c: simulate(w, t, policy="lmcache-mp", mp=p) for c, t in tiers.items() if c in configs}, p
 
 
 # Worst per-round gap of the runs with an eviction ratio below 1, as replay/plan/README.md reports them: what survives
@@ -253,6 +261,9 @@ SLOPE_GAPS = {
     "collapse-defaults-lmcache": 0.12,
     "collapse-12rounds-ratio025": 0.18,
 }
+# The dram configuration's head-first loss is the plan's but not its pace (benchmarks/README.md: off by 0.24, not
+# yet explained): held to that gap so a model change that widens it fails.
+CONFIG_GAPS = {"dram": 0.24}
 
 
 @pytest.mark.parametrize("path", _recorded_runs(), ids=lambda p: p.stem)
@@ -268,4 +279,5 @@ def test_recorded_runs(path):
         pred = plans[row["config"]].rounds[row["round"] - 1].predicted_hit_rate
         worst[row["config"]] = max(worst.get(row["config"], 0), abs(pred - row["measured"]))
     tol = 0.05 if mp.evict_ratio == 1 else next(v for k, v in SLOPE_GAPS.items() if path.stem.startswith(k))
-    assert max(worst.values()) <= tol + 1e-9, worst
+    for config, gap in worst.items():
+        assert gap <= CONFIG_GAPS.get(config, tol) + 1e-9, worst
