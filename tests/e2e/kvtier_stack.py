@@ -1,4 +1,5 @@
-"""Driving deploy/run-stack.sh from the end-to-end tests: start/stop a stack, send prompts, read metrics."""
+"""Driving deploy/run-stack.sh from the end-to-end tests: start/stop a stack, send prompts, read metrics, trace
+it with tracing/storage_latency_stack.sh."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import functools
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -15,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_STACK = ROOT / "deploy" / "run-stack.sh"
+TRACER = ROOT / "tracing" / "storage_latency_stack.sh"
 
 
 def free_port_block(n: int) -> int:
@@ -178,3 +181,40 @@ def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.2):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval_s)
+
+
+def pid_of(state: Path, name: str) -> int:
+    pid = None
+    for line in (state / "pids").read_text().splitlines():
+        n, p = line.split()
+        if n == name:
+            pid = int(p)
+    assert pid is not None, name
+    return pid
+
+
+def start_tracer(out: Path, *args: str) -> subprocess.Popen:
+    """`storage_latency_stack.sh vllm ARGS`, as a user types it; stop it with stop_tracer (SIGINT, as Ctrl-C)."""
+    return subprocess.Popen(
+        ["bash", str(TRACER), "vllm", *args, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_attached(tracer: subprocess.Popen, out: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    trace = out / "trace.txt"
+    while "Tracing storage I/O by layer" not in (trace.read_text() if trace.exists() else ""):
+        if tracer.poll() is not None:
+            raise AssertionError("tracer exited: " + tracer.stderr.read())
+        assert time.monotonic() < deadline, "the tracer did not attach"
+        time.sleep(0.2)
+
+
+def stop_tracer(tracer: subprocess.Popen) -> str:
+    os.killpg(tracer.pid, signal.SIGINT)  # as Ctrl-C
+    _, err = tracer.communicate(timeout=120)
+    return err

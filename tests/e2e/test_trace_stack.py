@@ -21,14 +21,26 @@ import importlib.util
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from kvtier_stack import clear_l1, complete, down, kvtier_event, metric, metrics, prompt_text, up, wait_for
+from kvtier_stack import (
+    clear_l1,
+    complete,
+    down,
+    kvtier_event,
+    metric,
+    metrics,
+    pid_of,
+    prompt_text,
+    start_tracer,
+    stop_tracer,
+    up,
+    wait_attached,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -36,7 +48,6 @@ from tracing.distill import validate_job  # noqa: E402
 from tracing.histparse import parse_trace  # noqa: E402
 from tracing.report import issued_bytes, process_rows, read_matched  # noqa: E402
 
-SH = ROOT / "tracing" / "storage_latency_stack.sh"
 CHUNKS = 5  # a 1300-token prompt at chunk size 256: five full chunks
 SOURCES = ("argparse.py", "typing.py", "inspect.py", "pathlib.py")
 
@@ -47,32 +58,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints"),
     pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),
 ]
-
-
-def _start_tracer(out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        ["bash", str(SH), "vllm", *args, "--out", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _wait_attached(tracer: subprocess.Popen, out: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    trace = out / "trace.txt"
-    while "Tracing storage I/O by layer" not in (trace.read_text() if trace.exists() else ""):
-        if tracer.poll() is not None:
-            raise AssertionError("tracer exited: " + tracer.stderr.read())
-        assert time.monotonic() < deadline, "the tracer did not attach"
-        time.sleep(0.2)
-
-
-def _stop_tracer(tracer: subprocess.Popen) -> str:
-    os.killpg(tracer.pid, signal.SIGINT)  # as Ctrl-C
-    _, err = tracer.communicate(timeout=120)
-    return err
 
 
 @pytest.fixture(scope="module")
@@ -113,19 +98,19 @@ def _stack(tiny_model_dir, base: Path, kv: Path):
     state = base / "state"
     # a tracer waiting for vllm before the stack starts: what it finds is found while tracing
     early_out = base / "trace-early"
-    early = _start_tracer(early_out, "--dev", str(kv), "--no-syscalls")
+    early = start_tracer(early_out, "--dev", str(kv), "--no-syscalls")
     s = None
     try:
-        _wait_attached(early, early_out)
+        wait_attached(early, early_out)
         # (the cache in a folder of the new filesystem, beside its lost+found; a loaded machine starts vLLM slowly)
         s = up(state, tiny_model_dir, kv / "cache", "--disk-gb", "1", timeout_s=600)
         # the rescan each second catches up with the last processes to start
         wait_for(lambda: len(read_matched(early_out / "matched.tsv")) >= 4, 15)
-        early_err = _stop_tracer(early)
+        early_err = stop_tracer(early)
         yield s, base, kv, tiny_model_dir, (early.returncode, early_err, read_matched(early_out / "matched.tsv"))
     finally:
         if early.poll() is None:
-            _stop_tracer(early)
+            stop_tracer(early)
         down(state)
 
 
@@ -133,8 +118,8 @@ def test_processes_started_after_the_tracer_are_traced(stack):
     s, _, _, _, (rc, err, matched) = stack
     assert rc == 0, err
     # (other vLLM servers on this machine, e.g. tests running side by side, are matched too: only ours are asserted)
-    front = _pid_of(s.state_dir, "vllm0")
-    server = _pid_of(s.state_dir, "lmcache0")
+    front = pid_of(s.state_dir, "vllm0")
+    server = pid_of(s.state_dir, "lmcache0")
     # (matched.tsv has the task name a process had when it was found; the engine renames itself after its start)
     engines = [p for p in matched if _ppid(p) == front and _comm(p).startswith("VLLM::EngineCor")]
     assert front in matched and "program 'vllm.entrypoints" in matched[front]["why"], matched
@@ -144,16 +129,6 @@ def test_processes_started_after_the_tracer_are_traced(stack):
     assert re.search(rf"now tracing {server} \[\d+\] python", err), err
     # one instance: the KV server joined its engine's
     assert matched[server]["group"] == matched[front]["group"] == matched[engines[0]]["group"], matched
-
-
-def _pid_of(state: Path, name: str) -> int:
-    pid = None
-    for line in (state / "pids").read_text().splitlines():
-        n, p = line.split()
-        if n == name:
-            pid = int(p)
-    assert pid is not None, name
-    return pid
 
 
 def _ppid(pid: int) -> int:
@@ -180,13 +155,13 @@ def test_vllm_by_name_traces_the_stacks_kv_io(stack):
     s, base, kv, model, _ = stack
     out = base / "trace"
     prompts = [prompt_text(model, 1300, src) for src in SOURCES]
-    server = _pid_of(s.state_dir, "lmcache0")
+    server = pid_of(s.state_dir, "lmcache0")
     # `vllm --fio` as typed, on the kv dir's disk, block layer only: with the syscall probes on, the kernel skips block
     # probe runs here (recursion guard, "missed_events"; tracing/README.md): 51 skipped runs lost a quarter of the
     # write bytes in one run (2.0 of 2.6 MB), while the syscall layer saw every pwritev2/preadv2
-    tracer = _start_tracer(out, "--dev", str(kv), "--fio", "--no-syscalls")
+    tracer = start_tracer(out, "--dev", str(kv), "--fio", "--no-syscalls")
     try:
-        _wait_attached(tracer, out)
+        wait_attached(tracer, out)
         before = _disk_bytes(s)
         # the load: long prompts stored by kvtier, LMCache's L1 cleared, the same prompts loaded from kvtier's disk
         for p in prompts:
@@ -200,7 +175,7 @@ def test_vllm_by_name_traces_the_stacks_kv_io(stack):
         assert wait_for(lambda: kvtier_event(s, "hits", tier="disk") - hits0 >= 2 * CHUNKS * len(prompts), 60)
         after = _disk_bytes(s)
     finally:
-        err = _stop_tracer(tracer)
+        err = stop_tracer(tracer)
     assert tracer.returncode == 0, err
     assert "Traceback" not in err, err
 
