@@ -1,10 +1,11 @@
 """Drive vLLM's real `TieringOffloadingManager` through the calls its scheduler makes, with no engine and no GPU.
 
-`ManagerDriver` builds a real `TieringOffloadingSpec` from an `OffloadingConfig` (the normalized config vLLM hands an
-offloading spec) and its manager, primary CPU tier and secondary tiers exactly as vLLM does (`spec.get_manager()`,
-`SecondaryTierFactory`), then makes the scheduler's calls: `on_new_request`, `prepare_store` / `complete_store` (the
-cascade to every secondary tier), `lookup` (a secondary hit starts a promotion), `on_schedule_end` (one engine step),
-`prepare_load` / `complete_load`, `on_request_finished`, `reset_cache`.
+`ManagerDriver` builds a real `TieringOffloadingSpec` through vLLM's `OffloadingSpecFactory` from an
+`OffloadingConfig` (the normalized config vLLM hands an offloading spec), and from it the manager, the primary CPU
+tier and the secondary tiers exactly as vLLM does (`spec.get_manager()`, `SecondaryTierFactory`). Then it makes the
+scheduler's calls: `on_new_request`, `prepare_store` / `complete_store` (the cascade to every secondary tier),
+`lookup` (a secondary hit starts a promotion), `on_schedule_end` (one engine step), `prepare_load` / `complete_load`,
+`on_request_finished`, `reset_cache`.
 
 The one stand-in is vLLM's GPU worker (`CPUOffloadingWorker`, which asserts CUDA tensors): where it would copy GPU
 blocks into the primary tier's chunks and back, `GpuStandIn` writes and reads those chunks in the primary memory.
@@ -13,6 +14,7 @@ Used by the tests, `benchmarks/vllm_tier_vs_fs.py` and the CPU half of `benchmar
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ from vllm.v1.kv_offload.config import (
     OffloadingModelConfig,
     OffloadingParallelConfig,
 )
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
 from .tier import MODULE_PATH, TIER_TYPE
 
@@ -99,6 +101,24 @@ class GpuStandIn:
             self.flat.release()
 
 
+class _Locked:
+    """The manager's methods, each called holding its lock: vLLM 0.34 asks callers to hold `manager.lock` across its
+    calls (a tier-poll thread may enter too; its `shutdown` takes the lock itself); 0.32 has no lock."""
+
+    def __init__(self, manager) -> None:
+        self._manager = manager
+        self._lock = getattr(manager, "lock", None) or contextlib.nullcontext()
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._manager, name)
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return fn(*args, **kwargs)
+
+        return locked
+
+
 class DriverTimeout(RuntimeError):
     """The manager still had work in flight at the deadline."""
 
@@ -112,8 +132,10 @@ class ManagerDriver:
             "cpu_bytes_to_use": cpu_bytes,
             "secondary_tiers": secondary_tiers,
         }
-        self.spec = TieringOffloadingSpec(offloading_config(extra, chunk_bytes, model=model))
+        # vLLM's own path: the connector asks the spec factory for `spec_name`, then the spec for its manager.
+        self.spec = OffloadingSpecFactory.create_spec(offloading_config(extra, chunk_bytes, model=model))
         self.manager = self.spec.get_manager()
+        self._m = _Locked(self.manager)
         self.gpu = GpuStandIn(self.manager.primary_tier.get_kv_memoryview())
         self.chunk_bytes = self.gpu.chunk_bytes
         self.num_chunks = self.spec.num_chunks
@@ -126,17 +148,17 @@ class ManagerDriver:
     def _new_request(self) -> ReqContext:
         self._req += 1
         rc = ReqContext(req_id=f"req-{self._req}")
-        self.manager.on_new_request(rc)
+        self._m.on_new_request(rc)
         return rc
 
     def step(self) -> None:
-        self.manager.on_schedule_end(_STEP)
+        self._m.on_schedule_end(_STEP)
 
     def settle(self, timeout_s: float = 120.0) -> None:
         """Step until no transfer is in flight (cascades and promotions), as an idle engine keeps stepping."""
         deadline = time.monotonic() + timeout_s
         self.step()
-        while self.manager.has_pending_work():
+        while self._m.has_pending_work():
             if time.monotonic() > deadline:
                 raise DriverTimeout(f"transfers still in flight after {timeout_s} s")
             time.sleep(0.0002)
@@ -146,22 +168,22 @@ class ManagerDriver:
         """Store chunks the way a request's prefill does: into the primary tier, which cascades them to every secondary
         tier. Returns how many the primary took (it refuses when every chunk is pinned)."""
         rc = self._new_request()
-        out = self.manager.prepare_store(list(keys), rc)
+        out = self._m.prepare_store(list(keys), rc)
         stored = []
         if out is not None:
             by_key = dict(zip(keys, payloads))
             for key, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
                 self.gpu.write(cid, by_key[key])
             stored = list(out.keys_to_store)
-            self.manager.complete_store(stored, rc, True)
-        self.manager.on_request_finished(rc)
+            self._m.complete_store(stored, rc, True)
+        self._m.on_request_finished(rc)
         if settle:
             self.settle()
         return len(stored)
 
     def drop_primary(self) -> None:
         """Empty the CPU primary tier (what vLLM does on reset_cache); the secondary tiers keep their entries."""
-        self.manager.reset_cache()
+        self._m.reset_cache()
 
     def _resolve(self, rc: ReqContext, keys, timeout_s: float) -> dict[OffloadKey, LookupResult]:
         deadline = time.monotonic() + timeout_s
@@ -170,7 +192,7 @@ class ManagerDriver:
         while todo:
             waiting = []
             for key in todo:
-                r = self.manager.lookup(key, rc)
+                r = self._m.lookup(key, rc)
                 if r in (LookupResult.HIT, LookupResult.MISS):
                     results[key] = r
                 else:
@@ -191,17 +213,17 @@ class ManagerDriver:
         hits = [k for k in keys if results[k] is LookupResult.HIT]
         data: dict[OffloadKey, bytes | None] = dict.fromkeys(keys)
         if hits:
-            spec = self.manager.prepare_load(hits, rc)
+            spec = self._m.prepare_load(hits, rc)
             for key, cid in zip(hits, spec.chunk_ids):
                 data[key] = self.gpu.read(cid)
-            self.manager.complete_load(hits, rc)
-        self.manager.on_request_finished(rc)
+            self._m.complete_load(hits, rc)
+        self._m.on_request_finished(rc)
         self.step()
         return data
 
     def stats(self) -> dict:
         """vLLM's offloading stats since the last call (what the connector sends to its Prometheus logger)."""
-        s = self.manager.get_stats()
+        s = self._m.get_stats()
         return s.data if s is not None else {}
 
     def close(self) -> None:
