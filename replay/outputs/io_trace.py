@@ -1,5 +1,14 @@
 """An I/O trace log: one CSV row per storage operation of the tiered store, for looking at what the storage saw
-(sizes, order, timing) after a run, or for distilling it into a replayable job.
+(sizes, order, timing) after a run, or for replaying it elsewhere. Two layouts:
+
+- `columns="kvtier"` (`kvtier bench --io-op-log`, a real run): the columns below, with host and device times.
+- `columns="mlperf"` (`kvtier bench --io-trace-log`, the trace-only mode): the MLPerf KV Cache reference's trace
+  (kv_cache_benchmark/kv_cache/tracer.py and docs/io_trace_log_usage.md at hazemawadalla/storage a56caea), for the
+  tools that replay it: `Timestamp,Operation,Object_Size_Bytes,Tier,Key,Phase`, with Timestamp the Unix time of
+  the operation (6 decimals), Operation `Read` or `Write`, Tier `Tier-0` (GPU), `Tier-1` (CPU), `Tier-2` (disk),
+  Phase `Evict` for both rows of a move between tiers (the reference's demotion pair; kvtier's promotions too),
+  else `Prefill` for a write and `Decode` for a read, as the reference labels them. Deletions (an entry evicted
+  from the bottom tier) have no row there, as in the reference.
 
     log = IOTraceLog("run.io.csv.zst", start_ns=driver_start_ns)
     store.op_listener = log                 # called from the I/O worker threads
@@ -32,9 +41,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["COLUMNS", "IOTraceLog", "get_request_phase", "read_trace", "request_phase", "set_request_phase"]
+__all__ = [
+    "COLUMNS",
+    "MLPERF_COLUMNS",
+    "IOTraceLog",
+    "get_request_phase",
+    "read_trace",
+    "request_phase",
+    "set_request_phase",
+]
 
 COLUMNS = ("t_s", "op", "bytes", "tier", "key", "phase", "request_phase", "host_ms", "device_ms")
+MLPERF_COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
+MLPERF_TIERS = {"gpu": "Tier-0", "cpu": "Tier-1", "disk": "Tier-2"}
+MLPERF_OPS = {"read": "Read", "write": "Write"}
 
 _local = threading.local()
 
@@ -71,10 +91,16 @@ class IOTraceLog:
         flush_interval_s: float = 1.0,
         wake_rows: int = 65_536,
         zstd_level: int = 3,
+        columns: str = "kvtier",
     ) -> None:
+        if columns not in ("kvtier", "mlperf"):
+            raise ValueError(f"columns: kvtier or mlperf, got {columns!r}")
+        self.columns = columns
         self.path = os.fspath(path)
         # Public so a driver that starts its clock later can set it before the first operation.
         self.start_ns = time.perf_counter_ns() if start_ns is None else int(start_ns)
+        # The Unix time of start_ns (the mlperf layout's timestamps are Unix times).
+        self.start_unix_s = time.time() - (time.perf_counter_ns() - self.start_ns) / 1e9
         self.flush_interval_s = flush_interval_s
         self.rows_written = 0
         self.rows_dropped_after_close = 0
@@ -95,7 +121,7 @@ class IOTraceLog:
             self._zst = zstandard.ZstdCompressor(level=zstd_level).stream_writer(self._raw, closefd=False)
         self._text = io.StringIO()
         self._csv = csv.writer(self._text, lineterminator="\n")
-        self._csv.writerow(COLUMNS)
+        self._csv.writerow(MLPERF_COLUMNS if columns == "mlperf" else COLUMNS)
         self._write_out()
         self._thread = threading.Thread(target=self._run, name="kvtier-io-trace", daemon=True)
         self._thread.start()
@@ -107,6 +133,8 @@ class IOTraceLog:
         if self._closed:
             self.rows_dropped_after_close += 1
             return
+        if op not in MLPERF_OPS and self.columns == "mlperf":
+            return  # a deletion: the reference's trace has no row for it
         q = self._pending
         if timing is None:
             q.append((now, op, nbytes, tier, key, phase, getattr(_local, "phase", None), -1, -1))
@@ -131,6 +159,9 @@ class IOTraceLog:
                 return
             q, start, w = self._pending, self.start_ns, self._csv
             n = len(q)
+            if self.columns == "mlperf":
+                self._write_mlperf(n)
+                n = 0
             for _ in range(n):
                 t, op, nbytes, tier, key, phase, rphase, host, dev = q.popleft()
                 w.writerow(
@@ -148,6 +179,19 @@ class IOTraceLog:
                 )
             self.rows_written += n
             self._write_out()
+
+    def _write_mlperf(self, n: int) -> None:
+        q, start, unix0, w = self._pending, self.start_ns, self.start_unix_s, self._csv
+        for _ in range(n):
+            t, op, nbytes, tier, key, phase, _rphase, _host, _dev = q.popleft()
+            if phase in ("demote", "promote"):
+                label = "Evict"
+            else:
+                label = "Prefill" if op == "write" else "Decode"
+            w.writerow(
+                (f"{unix0 + (t - start) / 1e9:.6f}", MLPERF_OPS[op], nbytes, MLPERF_TIERS.get(tier, tier), key, label)
+            )
+        self.rows_written += n
 
     def _write_out(self) -> None:
         data = self._text.getvalue().encode("utf-8")

@@ -23,9 +23,11 @@ from . import sysinfo
 from .config import BenchConfig
 from .driver import RunOutcome, SyntheticDriver, rag_key
 from .mlperf_config import is_large_model, unused_key_notes
+from .null_tier import NullTier
 from .payload import RandomPayload
 from .precondition import run_precondition
 from .results import document_keys, fallbacks, request_histograms, summary, tier_details
+from .validation_trace import load_validation_trace, validate_run
 from .workload import Workload
 
 log = logging.getLogger("kvtier.bench")
@@ -35,6 +37,8 @@ PREPOPULATE_PER_USER = 10
 
 
 def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
+    """GPU (num_gpus x gpu_mem_gb), CPU and disk tiers, sizes in cfg.size_unit; in the trace-only mode
+    (--io-trace-log) no-op tiers of the same sizes (no CUDA, memory or disk needed)."""
     tiers = []
     gpu_gb = cfg.gpu_mem_gb
     if gpu_gb is None:
@@ -43,22 +47,38 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
             notes.append("no CUDA device: GPU tier disabled (--gpu-mem-gb 0)")
         else:
             gpu_gb = DEFAULT_GPU_MEM_GB
-    if gpu_gb > 0:
-        tiers.append(GPUTier(int(gpu_gb * GB)))  # raises a ConfigError without CUDA
-    if cfg.cpu_mem_gb > 0:
-        avail = sysinfo.mem_available_bytes()
-        if avail and cfg.cpu_mem_gb * GB > 0.9 * avail:
-            raise ConfigError(
-                f"--cpu-mem-gb {cfg.cpu_mem_gb:g} exceeds 90% of the {human_bytes(avail)} of memory available here"
+    gpu_bytes = cfg.size_bytes(gpu_gb) * cfg.num_gpus  # the reference's pool: num_gpus x gpu-mem-gb
+    cpu_bytes = cfg.size_bytes(cfg.cpu_mem_gb)
+    disk_bytes = cfg.size_bytes(cfg.storage_capacity_gb)
+    if cfg.trace_only:
+        if gpu_bytes > 0:
+            tiers.append(NullTier("gpu", "gpu", gpu_bytes))
+        if cpu_bytes > 0:
+            tiers.append(NullTier("cpu", "cpu", cpu_bytes))
+        tiers.append(NullTier("disk", "disk", disk_bytes or shutil.disk_usage(run_dir).free))
+        return tiers
+    if gpu_bytes > 0:
+        if cfg.num_gpus > 1:
+            notes.append(
+                f"GPU tier: {cfg.num_gpus} x {gpu_gb:g} {cfg.size_unit} = {human_bytes(gpu_bytes)} on the first CUDA "
+                "device, as the reference pools them"
             )
-        tiers.append(CPUTier(int(cfg.cpu_mem_gb * GB)))
+        tiers.append(GPUTier(gpu_bytes))  # raises a ConfigError without CUDA
+    if cpu_bytes > 0:
+        avail = sysinfo.mem_available_bytes()
+        if avail and cpu_bytes > 0.9 * avail:
+            raise ConfigError(
+                f"--cpu-mem-gb {cfg.cpu_mem_gb:g} ({cfg.size_unit}) exceeds 90% of the {human_bytes(avail)} of memory "
+                "available here"
+            )
+        tiers.append(CPUTier(cpu_bytes))
     free = shutil.disk_usage(run_dir).free
-    if cfg.storage_capacity_gb * GB > free:
+    if disk_bytes > free:
         raise ConfigError(
-            f"--storage-capacity-gb {cfg.storage_capacity_gb:g} exceeds the {human_bytes(free)} free under "
-            f"{os.path.dirname(run_dir)}"
+            f"--storage-capacity-gb {cfg.storage_capacity_gb:g} ({cfg.size_unit}) exceeds the {human_bytes(free)} free "
+            f"under {os.path.dirname(run_dir)}"
         )
-    tiers.append(DiskTier(run_dir, int(cfg.storage_capacity_gb * GB), cfg.io_mode, name="disk"))
+    tiers.append(DiskTier(run_dir, disk_bytes, cfg.io_mode, name="disk"))
     return tiers
 
 
@@ -114,7 +134,29 @@ class Bench:
         cfg = self.cfg
         self.spec = model_spec(cfg)
         self.notes.extend(unused_key_notes(cfg))
-        self.bytes_per_token = self.spec.bytes_per_token(cfg.kv_dtype)
+        # With tensor parallelism each rank stores 1/TP of every entry (the reference divides an entry's bytes by
+        # TP): this process is one rank, so its entries are bytes_per_token / TP per token.
+        self.full_bytes_per_token = self.spec.bytes_per_token(cfg.kv_dtype)
+        self.bytes_per_token = self.full_bytes_per_token // cfg.tensor_parallel
+        if self.bytes_per_token < 1:
+            raise ConfigError(
+                f"--tensor-parallel {cfg.tensor_parallel}: more ranks than {self.spec.name}'s "
+                f"{self.full_bytes_per_token} B per token"
+            )
+        tp = cfg.tensor_parallel
+        if tp > 1 and tp & (tp - 1):
+            self.notes.append(f"--tensor-parallel {tp} is not a power of 2 (uncommon, allowed)")
+        if tp > 1 and self.full_bytes_per_token % tp:
+            self.notes.append(
+                f"--tensor-parallel {tp}: {self.full_bytes_per_token} B per token do not split evenly; each rank "
+                f"stores {self.bytes_per_token} B per token"
+            )
+        self.validation_trace = load_validation_trace(cfg.validation_trace) if cfg.validation_trace else None
+        if cfg.trace_only:
+            self.notes.append(
+                f"trace-only mode (--io-trace-log {cfg.io_trace_log}): no device I/O, every tier a no-op of its "
+                "size; latencies and bandwidths in the results are not a device's"
+            )
         self.seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
         self.max_context_tokens = context_bound(cfg, self.spec)
         try:
@@ -157,7 +199,9 @@ class Bench:
         cfg = self.cfg
         rng = random.Random(self.seed ^ 0x5E7)
         disk = self.tiers[-1]
-        if cfg.precondition:
+        if cfg.precondition and cfg.trace_only:
+            self.notes.append("--precondition skipped: the trace-only mode does no device I/O")
+        elif cfg.precondition:
             self.setup["precondition"] = run_precondition(cfg, disk, self.run_dir, self.payload, on_progress)
             if "error" in self.setup["precondition"]:
                 self.notes.append(f"precondition stopped early: {self.setup['precondition']['error']}")
@@ -246,6 +290,9 @@ class Bench:
             autoscaling=[outcome.autoscaling],
         )
         report = self.workload.report
+        extra = {}
+        if self.validation_trace is not None:
+            extra["validation"] = validate_run(self.validation_trace, run_summary)
         return {
             "kvtier_version": _version(),
             "started_at": started.isoformat(timespec="seconds"),
@@ -253,9 +300,16 @@ class Bench:
             "error": outcome.error,
             "stop_signal": None if self.driver.stop_signal is None else signal.Signals(self.driver.stop_signal).name,
             "notes": self.notes,
+            # How sizes and requests were read: the size keys' unit and the request model (replay/synthetic/README.md).
+            "request_model": cfg.request_model,
+            "size_unit": cfg.size_unit,
+            "io_mode": "trace-only (no device I/O)" if cfg.trace_only else cfg.io_mode,
             "model": {
                 "name": self.spec.name,
+                # per rank: the full entry's bytes / tensor_parallel
                 "bytes_per_token": self.bytes_per_token,
+                "full_bytes_per_token": self.full_bytes_per_token,
+                "tensor_parallel": cfg.tensor_parallel,
                 "kv_dtype": cfg.kv_dtype,
                 "mla": self.spec.is_mla,
             },
@@ -290,6 +344,7 @@ class Bench:
             "timeline": outcome.timeline,
             # --prefix-model chained: replay's per-round rows (replay/synthetic/chained.py)
             **({"block_size": cfg.block_size, "rounds": outcome.rounds} if outcome.rounds else {}),
+            **extra,
         }
 
 

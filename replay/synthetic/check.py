@@ -41,7 +41,17 @@ METRICS = {
 }
 MODELS = ("llama3.1-8b", "llama3.1-70b-instruct")
 # Config keys that do not make two runs different configurations.
-_PER_RUN = {"seed", "output", "xlsx_output", "csv_output", "plots", "io_trace_log", "progress", "cache_dir"}
+_PER_RUN = {
+    "seed",
+    "output",
+    "xlsx_output",
+    "csv_output",
+    "plots",
+    "io_trace_log",
+    "io_op_log",
+    "progress",
+    "cache_dir",
+}
 
 
 class BadInput(Exception):

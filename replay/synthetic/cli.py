@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-import time
 
 from kvconnector.errors import ConfigError, KvtierError
 from kvconnector.models import CATALOG
@@ -19,11 +18,12 @@ from .config import BenchConfig, GenerationConfig, load_config
 from .finish import PROG, _fail, finish
 from .mpi_run import run_rank, world_size
 from .multiclient import run_clients
+from .op_logs import attach_op_logs, detach_op_logs
 from .view import STATUS_ENV, LiveView, SetupProgress
 
 EXAMPLES = """\
 examples:
-  kvtier bench                                   # tiny-1b, 100 users, 60 s, 4 GB CPU tier + a temp disk tier
+  kvtier bench                                   # tiny-1b, 100 users, 60 s, 4 GiB CPU tier + a temp disk tier
   kvtier bench --duration 30 --num-users 50 --cache-dir /mnt/nvme --output run.json --plots plots/
   kvtier bench --model llama3.1-8b --cpu-mem-gb 0 --gpu-mem-gb 0 --cache-dir /mnt/nvme   # storage only
   kvtier bench --generation-mode realistic --num-users 1000 --duration 120
@@ -36,9 +36,12 @@ examples:
   kvtier bench --trials 5 --seed 42 --output stress.json       # 5 trials (stress-trial1.json ...), medians
   kvtier bench --trials 3 --submission-check --duration 300 --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode none
   mpirun -n 4 --host a:2,b:2 kvtier bench --num-users 400 --cache-dir /mnt/nvme   # a client per MPI rank
-  kvtier bench --config config.yaml --xlsx-output run.xlsx --io-trace-log ops.csv.zst
-  kvtier bench --config mlperf/config.yaml --request-model reference --gpu-mem-gb 0 --cpu-mem-gb 0  # as the reference
-  kvtier bench --precondition --prefill-only --disable-multi-turn --disable-prefix-caching --gpu-mem-gb 0 \
+  kvtier bench --config config.yaml --xlsx-output run.xlsx --io-op-log ops.csv.zst     # a real run, every op
+  kvtier bench --model llama3.1-70b-instruct --num-gpus 8 --gpu-mem-gb 141 --tensor-parallel 8 \\
+      --io-trace-log trace.csv.zst              # the reference's trace-only mode: no device I/O, the ops logged
+  kvtier bench --config mlperf/config.yaml --gpu-mem-gb 0 --cpu-mem-gb 0       # the reference's semantics (default)
+  kvtier bench --request-model kvtier --size-unit GB --cpu-mem-gb 4   # kvtier's request model, sizes in 10^9 B
+  kvtier bench --precondition --prefill-only --disable-multi-turn --disable-prefix-caching --gpu-mem-gb 0 \\
       --cpu-mem-gb 0 --model llama3.1-70b-instruct --num-users 100 --duration 300 --cache-dir /mnt/nvme
 
 config.yaml: the top-level keys are these flags with underscores (num_users: 50); sections user_templates,
@@ -48,8 +51,9 @@ The MLPerf reference's config.yaml is accepted as it is (its names are aliases, 
 qos_distribution are converted; its internal limits are accepted and named in a note).
 
 on bad input: one line on stderr naming the flag, variable or file, exit 2, nothing written. Every output path
-(--output, --xlsx-output, --csv-output, --io-trace-log, --plots) is checked before the run starts; if the results
-cannot be written when the run ends, they go to results/ (or the temp directory) instead and the line says where.
+(--output, --xlsx-output, --csv-output, --io-trace-log, --io-op-log, --plots) is checked before the run starts; if
+the results cannot be written when the run ends, they go to results/ (or the temp directory) instead and the line
+says where.
 A default results name is never reused: a second run in the same second gets results/<time>-2.json.
 
 exit status: 0 done; 1 run failed (e.g. filesystem full; partial results written); 2 bad arguments;
@@ -70,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog=PROG,
         description="Drive the tiered KV store (GPU -> CPU -> disk, waterfall LRU) with simulated LLM users and "
-        "measure what each tier costs a request. Flags follow the MLPerf Storage KV Cache benchmark.",
+        "measure what each tier costs a request. Every flag of the MLPerf Storage KV Cache reference is accepted "
+        "with its meaning, and the shared ones default as there: sizes in GiB (--size-unit GB for 10^9 B) and the "
+        "reference's request model (--request-model kvtier for kvtier's own).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=argparse.SUPPRESS,  # only flags given on the command line override config.yaml
@@ -146,8 +152,27 @@ def build_parser() -> argparse.ArgumentParser:
     s("--burst-trace-path", help="BurstGPT CSV file, directory or glob")
     s("--trace-speedup", type=float, help="trace time scale: 1 real time, 10 ten times faster, 0 no delay")
     s("--replay-cycles", type=int, help="times to replay the dataset/trace; 0 = until the run ends")
+    s(
+        "--validation-trace",
+        help="JSON list of a real system's requests (the reference's RealTraceEntry records, with cache_hit, "
+        "context_tokens, generation_tokens, read_bytes, write_bytes): the run's any-tier hit rate is compared with "
+        "the trace's, results 'validation' (passed within 5%%)",
+    )
     t = group("tiers")
-    t("--gpu-mem-gb", type=float, help="GPU tier size (default 16 with CUDA, 0 without)")
+    t(
+        "--size-unit",
+        choices=["GiB", "GB"],
+        help="unit of the size flags (--gpu-mem-gb, --cpu-mem-gb, --storage-capacity-gb, --precondition-size-gb): "
+        "GiB = 2^30 B as the MLPerf reference reads them, GB = 10^9 B (results are always in 10^9 B)",
+    )
+    t("--gpu-mem-gb", type=float, help="GPU tier size per GPU (default 16 with CUDA, 0 without)")
+    t("--num-gpus", type=int, help="GPUs of the node: the GPU tier holds num-gpus x gpu-mem-gb (as the reference)")
+    t(
+        "--tensor-parallel",
+        type=int,
+        help="tensor-parallel degree TP, 1 <= TP <= --num-gpus: this process is one rank and stores 1/TP of every "
+        "KV entry (entries of bytes_per_token / TP per token)",
+    )
     t("--cpu-mem-gb", type=float, help="CPU tier size; 0 disables")
     t("--cache-dir", help="where the disk tier writes (a fresh subdirectory per run; default a temp dir in /var/tmp)")
     t("--storage-capacity-gb", type=float, help="disk tier size; 0 = free space of the filesystem")
@@ -169,9 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     x(
         "--request-model",
         choices=["kvtier", "reference"],
-        help="kvtier: a turn stores the tokens it adds, reads the previous turn; reference: the MLPerf reference's "
-        "requests (whole-context entries, every earlier turn read, >= 10k-token requests prefill only, "
-        "--max-concurrent-allocs 0 unbounded)",
+        help="reference: the MLPerf reference's requests (whole-context entries, every earlier turn read, "
+        ">= 10k-token requests prefill only, --max-concurrent-allocs bounds prefill writes); kvtier: kvtier's own "
+        "(a turn stores the tokens it adds and reads the previous turn; --prefix-model chained uses it)",
     )
     x(
         "--num-clients",
@@ -191,7 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     o("--output", help="results JSON (default results/<timestamp>.json)")
     o("--xlsx-output", help="also write an Excel workbook")
     o("--csv-output", help="also write a flat CSV of the metrics")
-    o("--io-trace-log", help="one CSV row per storage operation (.zst compresses)")
+    o(
+        "--io-trace-log",
+        help="the reference's trace-only mode: the same requests and tier decisions with no device I/O (every tier "
+        "a no-op of its size); one CSV row per operation in the reference's columns (Timestamp, Operation, "
+        "Object_Size_Bytes, Tier, Key, Phase) for replaying elsewhere; .zst compresses",
+    )
+    o(
+        "--io-op-log",
+        help="a real run's log: one CSV row per storage operation done, with its host and device ms (.zst compresses)",
+    )
     o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
     o("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
     o(
@@ -216,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exit 1 if an item fails",
     )
     add("--no-progress", action="store_true", help="no live status line")
-    add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
     return p
 
 
@@ -246,6 +280,7 @@ def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
             "--xlsx-output": cfg.xlsx_output,
             "--csv-output": cfg.csv_output,
             "--io-trace-log": cfg.io_trace_log,
+            "--io-op-log": cfg.io_op_log,
         },
         {"--plots": cfg.plots, "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None},
     )
@@ -296,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
     status_file = os.environ.get(STATUS_ENV)  # set when this process is one client of --num-clients
     bench = Bench(cfg)
-    trace_log = tracer = None
+    tracer = None
+    op_logs: list = []
     try:
         # Outside the run's event loop (set-up, clean-up) SIGINT and SIGTERM raise Interrupted, so every path out
         # of here goes through the `finally` below and removes the run's files.
@@ -307,16 +343,7 @@ def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
                     print(f"kvtier bench: {note}", file=sys.stderr)
                 with SetupProgress(enabled=cfg.progress) as setup_view:
                     bench.set_up(on_progress=setup_view.update)
-                phase_hook = None
-                if cfg.io_trace_log:
-                    from ..outputs.io_trace import IOTraceLog, set_request_phase
-
-                    try:
-                        trace_log = IOTraceLog(cfg.io_trace_log, time.perf_counter_ns())
-                    except OSError as exc:
-                        raise ConfigError(f"--io-trace-log {cfg.io_trace_log}: {exc.strerror or exc}") from exc
-                    bench.store.op_listener = trace_log
-                    phase_hook = set_request_phase
+                op_logs, phase_hook = attach_op_logs(bench.store, cfg.io_trace_log, cfg.io_op_log)
                 tracer = start_tracer(cfg, bench, output)
                 with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
                     doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
@@ -326,9 +353,7 @@ def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
             finally:
                 if tracer is not None:  # the run broke off: never leave bpftrace attached
                     stop_tracer(tracer)
-                if trace_log is not None:
-                    bench.store.op_listener = None
-                    trace_log.close()
+                detach_op_logs(bench.store, op_logs)
                 bench.cleanup()
     except ConfigError as exc:
         return _fail(str(exc))

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from kvconnector.models import CATALOG
+from kvconnector.units import GB
 
 from ..settings import load_settings
 from .mlperf_config import check_validation_limits, from_reference
@@ -29,6 +30,11 @@ def _also(name: str, reference: str):
 
 
 DEFAULT_IO_WORKERS = 8
+GIB = 1 << 30
+# What one unit of the size keys (gpu_mem_gb, cpu_mem_gb, storage_capacity_gb, precondition_size_gb) is in bytes:
+# the reference reads its size flags as GiB (its cache.py multiplies by 1024**3), so kvtier does by default; GB
+# (10**9, as disks and kvtier's result keys count) on request.
+SIZE_UNITS = {"GiB": GIB, "GB": GB}
 # The reference runs min(num_users, 500) request threads.
 REFERENCE_MAX_WORKERS = 500
 
@@ -318,7 +324,8 @@ class BenchConfig(_Section):
     rag_num_docs: int = Field(10, ge=1)
     enable_autoscaling: bool = False
     autoscaler_mode: Literal["qos", "capacity"] = "qos"
-    target_saturation: float = Field(0.8, gt=0, lt=1)
+    # The reference accepts 0.0-1.0 inclusive (kv_cache/workload.py, validate_args).
+    target_saturation: float = Field(0.8, ge=0, le=1)
     # ---- workload sources
     dataset_path: str | None = None
     max_conversations: int = Field(500, ge=1)
@@ -326,8 +333,13 @@ class BenchConfig(_Section):
     burst_trace_path: str | None = None
     trace_speedup: float = Field(1.0, ge=0)
     replay_cycles: int = Field(0, ge=0)
-    # ---- tiers
+    # ---- tiers (sizes in size_unit: GiB as the reference reads them, or GB)
+    size_unit: Literal["GiB", "GB"] = "GiB"
     gpu_mem_gb: float | None = Field(None, ge=0, le=100_000)
+    # The reference's multi-GPU node: the GPU tier holds num_gpus x gpu_mem_gb, and with tensor_parallel TP each rank
+    # stores 1/TP of every entry (the entries written and read are bytes_per_token / TP per token).
+    num_gpus: int = Field(1, ge=1, le=4096)
+    tensor_parallel: int = Field(1, ge=1, le=4096)
     cpu_mem_gb: float = Field(4.0, ge=0, le=100_000)
     cache_dir: str | None = None
     storage_capacity_gb: float = Field(0.0, ge=0, le=10_000_000)
@@ -338,7 +350,7 @@ class BenchConfig(_Section):
     # kvtier: a turn's entry holds the tokens it adds (what engines store); reference: the MLPerf reference's request
     # semantics (whole-context entries, every earlier turn re-read, >= 10k-token requests prefill only, and
     # max_concurrent_allocs 0 = no bound on requests doing I/O at once). See the README's "Request models".
-    request_model: Literal["kvtier", "reference"] = "kvtier"
+    request_model: Literal["kvtier", "reference"] = "reference"
     # entries: a turn's KV is one entry (above). chained: a session's KV is a chain of block_size-token blocks, each
     # an entry, reused only up to the first block missing from every tier; sessions run in lockstep rounds
     # (replay/synthetic/chained.py).
@@ -357,7 +369,14 @@ class BenchConfig(_Section):
     output: str | None = None
     xlsx_output: str | None = None
     csv_output: str | None = None
+    # The reference's trace mode: no device I/O (every tier a no-op of the same capacity), one row per operation
+    # in the reference's CSV columns, for replaying elsewhere (see replay/outputs/io_trace.py).
     io_trace_log: str | None = None
+    # kvtier's log of the real operations of a run, with their host and device times.
+    io_op_log: str | None = None
+    # The reference's --validation-trace: a JSON list of a real system's requests; the run's hit rate is compared
+    # with the trace's (replay/synthetic/validation_trace.py).
+    validation_trace: str | None = None
     plots: str | None = None
     keep_cache: bool = False
     progress: bool = True
@@ -389,6 +408,10 @@ class BenchConfig(_Section):
         # The reference's config.yaml forms that are not plain aliases (see mlperf_config.from_reference), and a
         # flag that sets a section key (--rag-top-k) winning over the reference's name for it in the file.
         data = from_reference(data)
+        if isinstance(data, dict) and data.get("prefix_model") == "chained" and "request_model" not in data:
+            # The chained prefix model is kvtier's own model of requests (block chains, lockstep rounds): unless the
+            # user asks for another, it runs with kvtier's request model, not the default reference one.
+            data["request_model"] = "kvtier"
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
                 section = data.get(name)
@@ -417,6 +440,13 @@ class BenchConfig(_Section):
             or min(self.qos_distribution.values()) < 0
         ):
             raise ValueError("qos_distribution needs non-negative shares with a positive sum")
+        if self.tensor_parallel > self.num_gpus:
+            raise ValueError(
+                f"--tensor-parallel {self.tensor_parallel} exceeds --num-gpus {self.num_gpus}: a rank is one GPU "
+                "(give 1 <= TP <= num_gpus)"
+            )
+        if self.enable_latency_tracing and self.io_trace_log:
+            raise ValueError("--enable-latency-tracing traces device I/O, and --io-trace-log runs without any")
         if self.enable_latency_tracing and self.num_clients > 1:
             raise ValueError("--enable-latency-tracing traces one process: not with --num-clients")
         if self.prefix_model == "chained":
@@ -444,6 +474,15 @@ class BenchConfig(_Section):
         if self.io_workers is not None:
             return self.io_workers
         return min(self.num_users, REFERENCE_MAX_WORKERS) if self.request_model == "reference" else DEFAULT_IO_WORKERS
+
+    @property
+    def trace_only(self) -> bool:
+        """The reference's trace mode (--io-trace-log): the same requests and tier decisions, no device I/O."""
+        return self.io_trace_log is not None
+
+    def size_bytes(self, size: float) -> int:
+        """A size key's value in bytes (size_unit: GiB or GB)."""
+        return int(size * SIZE_UNITS[self.size_unit])
 
     @property
     def ms_per_token(self) -> float:

@@ -50,6 +50,8 @@ PER_SOURCE = (
     "xlsx_output",
     "csv_output",
     "io_trace_log",
+    "io_op_log",
+    "validation_trace",
     "plots",
     "progress",
     "keep_cache",

@@ -40,6 +40,7 @@ from .bench import Bench
 from .finish import PROG, _fail, finish
 from .merge import merge_results, print_sources
 from .multiclient import share_config, sum_snapshots
+from .op_logs import attach_op_logs, detach_op_logs
 from .view import LiveView, SetupProgress
 
 # mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
@@ -121,6 +122,7 @@ def rank_config(cfg, rank: int, size: int, local_size: int) -> dict:
         cfg, rank, size, os.path.join(cfg.cache_dir, f"rank-{rank}") if cfg.cache_dir else None, local_size
     )
     data["io_trace_log"] = f"{cfg.io_trace_log}.rank-{rank}" if cfg.io_trace_log else None
+    data["io_op_log"] = f"{cfg.io_op_log}.rank-{rank}" if cfg.io_op_log else None
     return data
 
 
@@ -193,12 +195,11 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
     bench = Bench(rank_cfg)
     made_dir = bool(rank_cfg.cache_dir) and not os.path.lexists(rank_cfg.cache_dir)
 
-    trace_log = phase_hook = None
+    op_logs: list = []
+    phase_hook = None
 
     def clean_up() -> None:
-        if trace_log is not None:
-            bench.store.op_listener = None
-            trace_log.close()
+        detach_op_logs(bench.store, op_logs)
         bench.cleanup()
         if made_dir:  # the rank's subdirectory, if this rank made it and nothing is left in it (--keep-cache)
             try:
@@ -214,15 +215,8 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
                     print(f"{PROG}: {note}", file=sys.stderr)
             with SetupProgress(enabled=cfg.progress and rank == 0) as setup_view:
                 bench.set_up(on_progress=setup_view.update)
-            if rank_cfg.io_trace_log:  # <path>.rank-<r>, on the rank's own host
-                from ..outputs.io_trace import IOTraceLog, set_request_phase
-
-                try:
-                    trace_log = IOTraceLog(rank_cfg.io_trace_log, time.perf_counter_ns())
-                except OSError as exc:
-                    raise ConfigError(f"--io-trace-log {rank_cfg.io_trace_log}: {exc.strerror or exc}") from exc
-                bench.store.op_listener = trace_log
-                phase_hook = set_request_phase
+            # <path>.rank-<r>, on the rank's own host
+            op_logs, phase_hook = attach_op_logs(bench.store, rank_cfg.io_trace_log, rank_cfg.io_op_log)
     except ConfigError as exc:
         err = (2, str(exc))
     except KvtierError as exc:

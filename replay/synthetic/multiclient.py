@@ -62,6 +62,7 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
     data.update(
         output=os.path.join(workdir, f"client-{i}.json"),
         io_trace_log=f"{cfg.io_trace_log}.client-{i}" if cfg.io_trace_log else None,
+        io_op_log=f"{cfg.io_op_log}.client-{i}" if cfg.io_op_log else None,
     )
     return data
 

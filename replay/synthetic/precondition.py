@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kvconnector.errors import ConfigError
 from kvconnector.timed_io import O_DIRECT
-from kvconnector.units import GB, human_bytes
+from kvconnector.units import human_bytes
 
 from .payload import RandomPayload
 
@@ -39,10 +39,10 @@ def default_threads() -> int:
     return os.cpu_count() or 4
 
 
-def plan(size_gb: float, tier_capacity: int, free_bytes: int) -> tuple[int, int]:
-    """(bytes to write, bytes of the file they overwrite): --precondition-size-gb or 2x the tier, over a file of the
-    tier's capacity within 95% of the free space. ConfigError when not even one MiB fits."""
-    size = int(size_gb * GB) or 2 * tier_capacity
+def plan(size_bytes: int, tier_capacity: int, free_bytes: int) -> tuple[int, int]:
+    """(bytes to write, bytes of the file they overwrite): --precondition-size-gb in bytes (0 = 2x the tier), over a
+    file of the tier's capacity within 95% of the free space. ConfigError when not even one MiB fits."""
+    size = int(size_bytes) or 2 * tier_capacity
     span = min(tier_capacity, int(free_bytes * FREE_SHARE), size) // ALIGN * ALIGN
     if span <= 0:
         raise ConfigError(
@@ -138,7 +138,7 @@ def precondition(
 
 def run_precondition(cfg, disk, run_dir: str, payload: RandomPayload, on_progress=None) -> dict:
     """--precondition for a run: the volume and file from the config and the disk tier, in the run directory."""
-    size, span = plan(cfg.precondition_size_gb, disk.capacity_bytes, shutil.disk_usage(run_dir).free)
+    size, span = plan(cfg.size_bytes(cfg.precondition_size_gb), disk.capacity_bytes, shutil.disk_usage(run_dir).free)
     return precondition(
         os.path.join(run_dir, "precondition"),
         size,

@@ -206,6 +206,7 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
                     "csv_output": _suffixed(cfg.csv_output, i),
                     "plots": os.path.join(cfg.plots, f"trial{i}") if cfg.plots else None,
                     "io_trace_log": _suffixed(cfg.io_trace_log, i),
+                    "io_op_log": _suffixed(cfg.io_op_log, i),
                 }
             )
         )

@@ -1,4 +1,8 @@
-"""Small, fast `kvtier bench` runs for tests: a 2 KiB/token model and short user templates via config.yaml."""
+"""Small, fast `kvtier bench` runs for tests: a 2 KiB/token model and short user templates via config.yaml.
+
+These runs use kvtier's own request model and sizes in GB (10^9 B), not the defaults (the MLPerf reference's
+request model, sizes in GiB): the tests built on them are about kvtier's model and state sizes in 10^9 B. A test of
+the reference's semantics passes request_model / size_unit itself (or does not use these helpers)."""
 
 import json
 
@@ -24,6 +28,8 @@ def write_config(tmp_path, **overrides) -> str:
         "model": "small",
         "model_configs": {"small": SMALL_MODEL},
         "user_templates": FAST_TEMPLATES,
+        "request_model": "kvtier",
+        "size_unit": "GB",
         "gpu_mem_gb": 0,
         "cpu_mem_gb": 0.002,
         "storage_capacity_gb": 0.2,

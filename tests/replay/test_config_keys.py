@@ -2,6 +2,7 @@
 is left without one (the MLPerf reference silently ignores several of its config keys; we must not)."""
 
 import csv
+import json
 import os
 import threading
 
@@ -162,7 +163,7 @@ def p_eviction_target_usage_ratio(tmp):
 @probe("eviction.large_entry_limit_ratio")
 def p_eviction_large_entry_limit_ratio(tmp):
     # A 20 MB CPU tier that takes entries of at most 2% of it (400 kB): larger new entries go straight to disk.
-    run(tmp, cpu_mem_gb=0.02, eviction={"large_entry_limit_ratio": 0.02}, duration=1, io_trace_log=str(tmp / "ops.csv"))
+    run(tmp, cpu_mem_gb=0.02, eviction={"large_entry_limit_ratio": 0.02}, duration=1, io_op_log=str(tmp / "ops.csv"))
     puts = [r for r in csv.DictReader(open(tmp / "ops.csv")) if r["phase"] == "put"]
     assert all(int(r["bytes"]) <= 400_000 for r in puts if r["tier"] == "cpu")
     assert any(r["tier"] == "disk" for r in puts) and any(r["tier"] == "cpu" for r in puts)
@@ -678,12 +679,57 @@ def p_csv_output(tmp):
     assert len(list(csv.reader(open(tmp / "r.csv")))) > 10
 
 
-@probe("io_trace_log")
-def p_io_trace_log(tmp):
-    doc = run(tmp, duration=0.5, io_trace_log=str(tmp / "ops.csv"))
+@probe("io_op_log")
+def p_io_op_log(tmp):
+    doc = run(tmp, duration=0.5, io_op_log=str(tmp / "ops.csv"))
     rows = list(csv.reader(open(tmp / "ops.csv")))
     ops = sum(t["read"]["ops"] + t["write"]["ops"] for t in doc["tiers"].values())
     assert len([r for r in rows[1:] if r[1] in ("read", "write")]) == ops
+    assert any(float(r[8]) > 0 for r in rows[1:] if r[1] == "write" and r[3] == "disk")  # device time: real I/O
+
+
+@probe("io_trace_log")
+def p_io_trace_log(tmp):
+    # The reference's trace-only mode: the operations logged in its columns, none done (the disk tier's directory
+    # stays empty, the block device's time is nil).
+    doc = run(tmp, duration=0.5, cpu_mem_gb=0, keep_cache=True, io_trace_log=str(tmp / "ops.csv"))
+    rows = list(csv.DictReader(open(tmp / "ops.csv")))
+    assert doc["tiers"]["disk"]["write"]["ops"] == sum(r["Operation"] == "Write" for r in rows) > 0
+    assert {r["Tier"] for r in rows} == {"Tier-2"} and doc["io_mode"].startswith("trace-only")
+    assert doc["tiers"]["disk"]["write"]["device_ms"]["p50"] == 0
+    assert [f for _, _, fs in os.walk(tmp / "cache") for f in fs] == []
+
+
+@probe("size_unit")
+def p_size_unit(tmp):
+    gib = run(tmp, duration=0.5, size_unit="GiB", cpu_mem_gb=0.01)["tiers"]["cpu"]["capacity_bytes"]
+    gb = run(tmp, duration=0.5, size_unit="GB", cpu_mem_gb=0.01)["tiers"]["cpu"]["capacity_bytes"]
+    assert (gib, gb) == (int(0.01 * 2**30), 10_000_000)
+
+
+@probe("num_gpus")
+def p_num_gpus(tmp):
+    # The GPU tier holds num_gpus x gpu_mem_gb; in the trace-only mode it needs no CUDA.
+    kw = {"duration": 0.5, "gpu_mem_gb": 0.01, "io_trace_log": str(tmp / "t.csv")}
+    assert run(tmp, num_gpus=3, **kw)["tiers"]["gpu"]["capacity_bytes"] == 3 * 10_000_000
+
+
+@probe("tensor_parallel")
+def p_tensor_parallel(tmp):
+    # Each rank stores 1/TP of an entry: the small model's 2,048 B/token become 512 at TP 4.
+    assert written_per_token(tmp, num_gpus=4, tensor_parallel=4) == 512
+    with pytest.raises(ConfigError, match="--tensor-parallel 2 exceeds --num-gpus 1"):
+        prepared(tmp, tensor_parallel=2)
+
+
+@probe("validation_trace")
+def p_validation_trace(tmp):
+    trace = tmp / "trace.json"
+    rec = {"context_tokens": 100, "generation_tokens": 10, "read_bytes": 1, "write_bytes": 1}
+    trace.write_text(json.dumps([{**rec, "cache_hit": True}, {**rec, "cache_hit": False}]))
+    v = run(tmp, duration=0.5, validation_trace=str(trace))["validation"]
+    assert v["trace_stats"]["cache_hit_rate"] == 0.5 and v["comparison"]["cache_hit_rate"]["trace"] == 0.5
+    assert "validation" not in run(tmp, duration=0.5)
 
 
 @probe("plots")
@@ -775,6 +821,7 @@ def p_request_model(tmp):
     assert ours["prompt_tokens"] == 1000 + 1040 * 2 and ref["prompt_tokens"] == 3000  # increments vs whole contexts
     assert request_model_run(tmp, "reference", 10_000)["decode_stats"]["reads"] == 0
     assert request_model_run(tmp, "kvtier", 10_000)["decode_stats"]["reads"] == 6
+    assert BenchConfig().request_model == "reference"  # the default: the MLPerf reference's (these helpers: kvtier)
     # I/O threads: 8 by default; the reference's min(users, 500) when --io-workers is not given
     assert prepared(tmp, num_users=20).cfg.effective_io_workers == 8
     assert prepared(tmp, num_users=20, request_model="reference").cfg.effective_io_workers == 20
@@ -836,7 +883,7 @@ def p_rag_retrieval_distribution(tmp):
     # read of the chunk (a hit) or its rewrite (a miss); demotions and evictions of chunks are not picks.
     def share_of_first(dist):
         kw = {"rag_num_docs": 20, "rag": {"top_k": 1, "probability": 1.0, "retrieval_distribution": dist}}
-        run(tmp, enable_rag=True, duration=2, num_users=8, io_trace_log=str(tmp / "ops.csv"), **kw)
+        run(tmp, enable_rag=True, duration=2, num_users=8, io_op_log=str(tmp / "ops.csv"), **kw)
         keys = [
             r["key"]
             for r in csv.DictReader(open(tmp / "ops.csv"))

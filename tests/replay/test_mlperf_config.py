@@ -224,7 +224,7 @@ def test_precondition_plan_defaults_and_bounds():
     gb = 1 << 30
     assert plan(0, 10 * gb, free_bytes=100 * gb) == (20 * gb, 10 * gb)  # 2x the tier over a file of the tier
     assert plan(0, 100 * gb, free_bytes=50 * gb)[1] <= 0.95 * 50 * gb  # a tier of all the free space still fits
-    assert plan(1, 10 * gb, free_bytes=100 * gb) == (1e9, 1e9 // ALIGN * ALIGN)  # a smaller volume: one pass
+    assert plan(10**9, 10 * gb, free_bytes=100 * gb) == (1e9, 1e9 // ALIGN * ALIGN)  # a smaller volume: one pass
     with pytest.raises(ConfigError, match="no room"):
         plan(0, 10 * gb, free_bytes=ALIGN // 2)
     assert default_threads() == os.cpu_count()
@@ -233,7 +233,7 @@ def test_precondition_plan_defaults_and_bounds():
 @pytest.mark.slow
 def test_the_specs_combined_precondition_command_runs(tmp_path):
     """The spec's "rigorous SSD write testing" command (section 4), with a shorter window and a small disk tier so the
-    test writes 2 x 64 MB instead of 2x this machine's free space. It exited 2 before (2x the tier > free space)."""
+    test writes 2 x 0.064 GiB instead of 2x this machine's free space. It exited 2 before (2x the tier > free space)."""
     out = tmp_path / "r.json"
     p = subprocess.run(
         KVTIER
@@ -248,5 +248,6 @@ def test_the_specs_combined_precondition_command_runs(tmp_path):
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
     pc = doc["setup"]["precondition"]
-    assert pc["bytes"] == 128_000_000 and pc["file_bytes"] <= 64_000_000 and pc["threads"] == os.cpu_count()
+    tier = int(0.064 * 2**30)  # the reference's unit: --storage-capacity-gb is GiB
+    assert pc["bytes"] == 2 * tier and pc["file_bytes"] <= tier and pc["threads"] == os.cpu_count()
     assert doc["summary"]["decode_stats"]["reads"] == 0 and doc["tiers"]["disk"]["read"]["ops"] == 0

@@ -33,9 +33,7 @@ def _env() -> dict:
 
 
 def test_two_ranks_split_the_users_and_rank_0_merges(tmp_path):
-    cfg = write_config(
-        tmp_path, duration=2, num_users=5, storage_capacity_gb=0.4, io_trace_log=str(tmp_path / "ops.csv")
-    )
+    cfg = write_config(tmp_path, duration=2, num_users=5, storage_capacity_gb=0.4, io_op_log=str(tmp_path / "ops.csv"))
     p = subprocess.run(MPIRUN + KVTIER + ["--config", cfg], capture_output=True, text=True, timeout=240, env=_env())
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads((tmp_path / "out.json").read_text())
