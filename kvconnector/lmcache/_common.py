@@ -16,12 +16,22 @@ class KvtierRefusedToRun(SystemExit):
     merely logs `Exception`s from a constructor, which would leave a deployment silently running without its tiers."""
 
 
-def build_backend_or_refuse(source: dict | None, kind: str, who: str) -> KvtierBackend:
-    """kind: "params" (L2 adapter_params) or "extra_config" (LMCache extra_config with kvtier.* keys)."""
+def build_backend_or_refuse(source: dict | BackendConfig | None, kind: str, who: str) -> KvtierBackend:
+    """kind: "params" (L2 adapter_params) or "extra_config" (LMCache extra_config with kvtier.* keys); a source that
+    is already a BackendConfig is used as it is."""
+    cfg = source if isinstance(source, BackendConfig) else config_or_refuse(source, kind, who)
     try:
-        cfg = BackendConfig.from_params(source) if kind == "params" else BackendConfig.from_extra_config(source)
         return KvtierBackend(cfg)
     except (KvtierError, OSError) as exc:
+        log.error("kvtier %s refuses to run: %s", who, exc)
+        raise KvtierRefusedToRun(f"kvtier {who} refuses to run: {exc}") from exc
+
+
+def config_or_refuse(source: dict | None, kind: str, who: str) -> BackendConfig:
+    """The validated configuration, or KvtierRefusedToRun with the one-line cause (logged at ERROR)."""
+    try:
+        return BackendConfig.from_params(source) if kind == "params" else BackendConfig.from_extra_config(source)
+    except KvtierError as exc:
         log.error("kvtier %s refuses to run: %s", who, exc)
         raise KvtierRefusedToRun(f"kvtier {who} refuses to run: {exc}") from exc
 

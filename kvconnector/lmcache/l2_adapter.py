@@ -9,6 +9,16 @@ the backend's I/O pools, and the last one to finish completes the task and signa
 answered from the in-memory index on the caller's thread (LMCache asks it on every request, L1 hits included, so it
 does no I/O and waits for no pool; only keys to be probed in a shared tier go to the read pool) and pins the entries
 found, so no eviction or demotion moves them before the load; unlock unpins them.
+
+Supported: lmcache 0.5.6 (pinned) and 0.5.7rc2. What 0.5.7 added to `L2AdapterInterface`
+(lmcache/v1/distributed/l2_adapters/base.py) and how kvtier answers it:
+- `get_memory_tags()` (abstract): STORAGE, LOCAL for a local disk tier only; STORAGE, REMOTE as soon as a shared
+  directory or Redis tier is configured (LMCache's own fs adapter says REMOTE when its `shared` flag is set): a hit may
+  then be served from storage other hosts write into, which is what REMOTE means to LMCache's prefetch filter.
+- `submit_touch(keys)`: the keys kvtier holds move to the most recently used end of their tier's LRU (memory only, no
+  byte moves), so an L1 hit keeps its L2 copy from being the next victim.
+Both versions' plugin factory (plugin_l2_adapter._resolve_config_class) looks for `<class_name>Config` in this module:
+`KvtierL2AdapterConfig` validates `adapter_params` there and the adapter receives it instead of a dict.
 """
 
 from __future__ import annotations
@@ -21,10 +31,18 @@ from typing import TYPE_CHECKING
 from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
+from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
 from ..backend import KvtierBackend
-from ._common import build_backend_or_refuse, byte_view
+from ..backend_config import BackendConfig
+from ..store import TieredStore
+from ._common import build_backend_or_refuse, byte_view, config_or_refuse
+
+try:  # lmcache >= 0.5.7: adapters report where their bytes live
+    from lmcache.v1.distributed.api import MemoryResidency, MemorySegment, MemoryTags
+except ImportError:  # lmcache 0.5.6 has no memory tags and never asks for them
+    MemoryTags = None
 
 if TYPE_CHECKING:
     from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
@@ -38,9 +56,50 @@ def object_key_str(key: ObjectKey) -> str:
     return f"{key.model_name}@{key.kv_rank:x}@{key.object_group_id:x}@{key.chunk_hash.hex()}@{key.cache_salt}"
 
 
+def touch_lru(store: TieredStore, keys: list[str]) -> list[bool]:
+    """Move each key the store holds to the most recently used end of its tier's LRU, under the store's lock as
+    `TieredStore.get` does before a read, with no I/O; an entry being moved between tiers is out of every LRU and
+    stays so. Which keys the store holds. (TieredStore has no public touch; this is the one place reaching in.)"""
+    held = []
+    with store._lock:
+        for key in keys:
+            e = store._entries.get(key)
+            held.append(e is not None)
+            if e is not None and key in store._lru[e.tier]:
+                store._lru[e.tier].move_to_end(key)
+    return held
+
+
+class KvtierL2AdapterConfig(L2AdapterConfigBase):
+    """`adapter_params`, validated when LMCache builds the adapter (found by its name, `<class_name>Config`)."""
+
+    def __init__(self, backend: BackendConfig) -> None:
+        self.backend = backend
+
+    @classmethod
+    def from_dict(cls, d: dict) -> KvtierL2AdapterConfig:
+        return cls(config_or_refuse(d, "params", "L2 adapter"))
+
+    @classmethod
+    def help(cls) -> str:
+        return (
+            "kvtier L2 adapter: adapter_params are the keys of kvconnector.backend_config.BackendConfig "
+            "(kvconnector/README.md), e.g. "
+            '{"type": "plugin", "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter", '
+            '"adapter_params": {"disk_dir": "/var/cache/kvtier", "disk_capacity_gb": 100}}'
+        )
+
+
 class KvtierL2Adapter(L2AdapterInterface):
-    def __init__(self, params: dict | None = None, l1_memory_desc=None) -> None:
-        self.backend: KvtierBackend = build_backend_or_refuse(params, "params", "L2 adapter")
+    def __init__(
+        self, config: KvtierL2AdapterConfig | dict | None = None, l1_memory_desc=None, **kwargs: object
+    ) -> None:
+        """config: what LMCache's plugin factory hands over (a KvtierL2AdapterConfig), or the raw adapter_params.
+        l1_memory_desc and any keyword a later LMCache passes are accepted and unused (kvtier copies through byte
+        views of the memory objects it is given, it registers no L1 buffer)."""
+        if isinstance(config, KvtierL2AdapterConfig):
+            config = config.backend
+        self.backend: KvtierBackend = build_backend_or_refuse(config, "params", "L2 adapter")
         # Capacity 0: LMCache's own L2 eviction stays off; kvtier bounds and evicts its tiers itself.
         super().__init__(max_capacity_bytes=0)
         self._store_efd = create_event_notifier()
@@ -200,6 +259,41 @@ class KvtierL2Adapter(L2AdapterInterface):
     def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:
         with self._lock:
             return self._done_load.pop(task_id, None)
+
+    # ---- touch and memory tags (lmcache >= 0.5.7 asks; harmless on 0.5.6) ------------------------------------------
+    def submit_touch(self, keys: list[ObjectKey]) -> None:
+        """The keys were used (LMCache's StorageManager.touch_cached_keys on an L1 hit): refresh kvtier's LRU for
+        those it holds, with no I/O, on the caller's thread, then tell LMCache's listeners as the base class does."""
+        keys = list(keys)
+        held = [k for k, h in zip(keys, touch_lru(self.backend.store, [object_key_str(k) for k in keys])) if h]
+        if held:
+            self._notify_keys_accessed(held)
+
+    @property
+    def shares_storage(self) -> bool:
+        """Whether some tier is written by other instances too (a shared directory, Redis)."""
+        return self.backend.has_shared_tiers
+
+    def get_memory_tags(self) -> MemoryTags:
+        if MemoryTags is None:
+            raise NotImplementedError("memory tags exist from lmcache 0.5.7 on")
+        residency = MemoryResidency.REMOTE if self.shares_storage else MemoryResidency.LOCAL
+        return MemoryTags(MemorySegment.STORAGE, residency)
+
+    def set_backend_identity(self, name: str, shared: bool = False) -> None:
+        """LMCache tags this adapter's cache events with the `shared` flag of its --l2-adapter JSON; kvtier knows from
+        its tiers whether they are shared. A disagreement is logged and counted, not corrected: set `"shared": true`
+        in the JSON exactly when a shared_dir or redis_url is configured."""
+        super().set_backend_identity(name, shared)
+        if shared != self.shares_storage:
+            self.backend.count("shared_flag_mismatch")
+            log.warning(
+                "kvtier L2 adapter: the --l2-adapter JSON says shared=%s but kvtier's tiers are %s; "
+                "LMCache will report this adapter's entries as %s",
+                shared,
+                "shared" if self.shares_storage else "local only",
+                "shared" if shared else "private",
+            )
 
     # ---- eviction, status, close -------------------------------------------------------------------------------------
     def delete(self, keys: list[ObjectKey]) -> None:

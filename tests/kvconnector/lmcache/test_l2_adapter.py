@@ -1,17 +1,32 @@
-"""The MP-mode L2 adapter, built by LMCache's own plugin factory, on real LMCache memory objects and real files."""
+"""The MP-mode L2 adapter, built by LMCache's own plugin factory, on real LMCache memory objects and real files.
 
+`make test` runs this file on both supported LMCache releases (0.5.6 in .venv, 0.5.7rc2 in .venv-lmcache057); the
+tests of what 0.5.7 added (memory tags) skip on 0.5.6 with the reason.
+"""
+
+import importlib.metadata
+import inspect
 import json
 import os
+import select
 import threading
 
 import pytest
 import torch
 from kvtier_lmcache_helpers import NBYTES, mem_obj, okey, wait_result, wait_store
+from lmcache.v1.distributed.internal_api import L2AdapterListener
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
 
 from kvconnector.lmcache._common import KvtierRefusedToRun
-from kvconnector.lmcache.l2_adapter import object_key_str
+from kvconnector.lmcache.l2_adapter import KvtierL2Adapter, object_key_str
+
+LMCACHE = importlib.metadata.version("lmcache")
+try:
+    from lmcache.v1.distributed.api import MemoryResidency, MemorySegment, MemoryTags
+except ImportError:  # lmcache 0.5.6
+    MemoryTags = None
+needs_memory_tags = pytest.mark.skipif(MemoryTags is None, reason=f"lmcache {LMCACHE} has no memory tags (0.5.7 on)")
 
 
 def make(params):
@@ -70,6 +85,118 @@ def test_io_workers_run_before_the_first_request(tmp_path):
 def test_event_fds_are_distinct(adapter):
     fds = {adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()}
     assert len(fds) == 3
+
+
+def test_each_operation_signals_its_own_event_fd_only(adapter):
+    # LMCache's controllers poll the three fds and route by fd (base.py: "MUST return a distinct file descriptor").
+    s, lk, ld = adapter.get_store_event_fd(), adapter.get_lookup_and_lock_event_fd(), adapter.get_load_event_fd()
+    store(adapter, [okey(1)], [mem_obj(seed=1)])
+    assert select.select([s, lk, ld], [], [], 5)[0] == [s]
+    assert lookup(adapter, [okey(1)]) == [0]
+    assert select.select([lk, ld], [], [], 5)[0] == [lk]
+    assert load(adapter, [okey(1)])[0] == [0]
+    assert select.select([ld], [], [], 5)[0] == [ld]
+
+
+def test_the_class_is_concrete_and_built_from_its_config_class(tmp_path):
+    # LMCache 0.5.7 added an abstract method (get_memory_tags): a class missing one cannot be instantiated at all.
+    assert not inspect.isabstract(KvtierL2Adapter)
+    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3})
+    try:
+        # The factory found KvtierL2AdapterConfig by name and validated adapter_params with it (a typo fails there,
+        # test_broken_config_fails_loudly); the adapter took what it validated.
+        assert a.backend.cfg.disk_capacity_gb == 1e-3
+    finally:
+        a.close()
+    # Keywords a later LMCache may pass are accepted.
+    b = KvtierL2Adapter({"disk_dir": str(tmp_path / "e"), "disk_capacity_gb": 1e-3}, l1_memory_desc=None, extra=1)
+    b.close()
+
+
+@needs_memory_tags
+@pytest.mark.parametrize(
+    "tiers, residency",
+    [
+        ({"disk_dir": "disk"}, "LOCAL"),
+        ({"shared_dir": "shared"}, "REMOTE"),
+        ({"disk_dir": "disk", "shared_dir": "shared"}, "REMOTE"),  # a hit may come from the shared directory
+    ],
+)
+def test_memory_tags_say_where_the_bytes_live(tmp_path, tiers, residency):
+    params = {k: str(tmp_path / v) for k, v in tiers.items()}
+    a = make({**params, "disk_capacity_gb": 1e-3, "shared_capacity_gb": 1e-3})
+    try:
+        assert a.get_memory_tags() == MemoryTags(MemorySegment.STORAGE, MemoryResidency[residency])
+    finally:
+        a.close()
+
+
+@needs_memory_tags
+def test_memory_tags_agree_with_lmcaches_own_fs_adapter(tmp_path):
+    # LMCache's fs adapter: STORAGE, LOCAL; REMOTE when its "shared" flag says the directory is shared.
+    from lmcache.v1.distributed.l2_adapters.fs_l2_adapter import FSL2AdapterConfig
+
+    def fs_tags(shared: bool):
+        cfg = FSL2AdapterConfig.from_dict({"type": "fs", "base_path": str(tmp_path / f"fs{shared}")})
+        cfg.shared = shared
+        fs = create_l2_adapter(cfg)
+        try:
+            return fs.get_memory_tags()
+        finally:
+            fs.close()
+
+    local = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3})
+    shared = make({"shared_dir": str(tmp_path / "s"), "shared_capacity_gb": 1e-3})
+    try:
+        assert local.get_memory_tags() == fs_tags(False) != shared.get_memory_tags() == fs_tags(True)
+    finally:
+        local.close()
+        shared.close()
+
+
+def test_a_shared_flag_that_contradicts_the_tiers_is_counted(tmp_path):
+    a = make({"shared_dir": str(tmp_path / "s"), "shared_capacity_gb": 1e-3})
+    try:
+        a.set_backend_identity("plugin", shared=True)
+        assert "shared_flag_mismatch" not in a.backend.events_snapshot()
+        a.set_backend_identity("plugin", shared=False)
+        assert a.backend.events_snapshot()["shared_flag_mismatch"] == 1
+    finally:
+        a.close()
+
+
+class Recorder(L2AdapterListener):
+    """Records what the adapter tells LMCache's listeners (the L2 eviction controller is one)."""
+
+    def __init__(self):
+        self.accessed = []
+
+    def on_l2_keys_stored(self, keys, sizes=None):
+        pass
+
+    def on_l2_keys_accessed(self, keys):
+        self.accessed.extend(keys)
+
+    def on_l2_keys_deleted(self, keys, sizes=None):
+        pass
+
+
+def test_touch_keeps_an_entry_through_an_eviction_it_would_otherwise_lose(adapter):
+    # 1 MB at 0.9: room for 109 entries of 8 KiB. Two old entries, 100 newer ones, then 20 more force about a dozen
+    # evictions, oldest first. Only the touched one of the two old entries survives; no byte was read to touch it.
+    touched, untouched = okey(0), okey(1)
+    store(adapter, [touched, untouched], [mem_obj(seed=0), mem_obj(seed=1)])
+    store(adapter, [okey(i) for i in range(2, 102)], [mem_obj(seed=2) for _ in range(100)])
+    seen = Recorder()
+    adapter.register_listener(seen)
+    reads = adapter.backend.store.stats[0].read.ops
+    adapter.submit_touch([touched, okey(999)])  # a key kvtier does not hold is ignored
+    assert seen.accessed == [touched]
+    store(adapter, [okey(i) for i in range(102, 122)], [mem_obj(seed=3) for _ in range(20)])
+    held = adapter.backend.store.contains
+    assert held(object_key_str(touched)) and not held(object_key_str(untouched))
+    assert not held(object_key_str(okey(2)))  # the eviction did happen past the touched key
+    assert adapter.backend.store.stats[0].read.ops == reads
 
 
 def test_round_trip_is_byte_exact_and_misses_are_misses(adapter):
@@ -192,3 +319,52 @@ def test_broken_config_fails_loudly(params, needle, caplog):
         with pytest.raises(KvtierRefusedToRun, match="refuses to run"):
             make(params)
     assert any(needle in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
+def test_store_and_prefetch_controllers_at_once(tmp_path):
+    # LMCache calls an adapter from two threads (base.py: the store controller and the prefetch controller). Here one
+    # thread stores batches while the other looks up, loads, touches and unlocks what was stored before: every task
+    # completes once, with its own id, and every load is byte-exact.
+    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-2, "io_workers": 4})
+    ids: list[int] = []
+    errors: list[str] = []
+    stored = threading.Semaphore(0)
+
+    def store_controller():
+        for b in range(20):
+            tid = a.submit_store_task([okey(10 * b + i) for i in range(10)], [mem_obj(seed=b) for _ in range(10)])
+            ids.append(tid)
+            wait_store(a, tid)
+            stored.release()
+
+    def prefetch_controller():
+        for b in range(20):
+            stored.acquire()
+            keys = [okey(10 * b + i) for i in range(10)]
+            tid = a.submit_lookup_and_lock_task(keys, {})
+            ids.append(tid)
+            if wait_result(a.query_lookup_and_lock_result, tid).get_indices_list() != list(range(10)):
+                errors.append(f"lookup {b}")
+            objs = [mem_obj() for _ in keys]
+            tid = a.submit_load_task(keys, objs)
+            ids.append(tid)
+            if wait_result(a.query_load_result, tid).get_indices_list() != list(range(10)):
+                errors.append(f"load {b}")
+            if not all(torch.equal(o.raw_data, mem_obj(seed=b).raw_data) for o in objs):
+                errors.append(f"bytes {b}")
+            a.submit_touch(keys)
+            a.submit_unlock(keys)
+
+    try:
+        threads = [threading.Thread(target=store_controller), threading.Thread(target=prefetch_controller)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == [] and len(ids) == 60 and len(set(ids)) == 60
+        assert (
+            a.pop_completed_store_tasks() == {} and a.query_load_result(ids[-1]) is None
+        )  # each result handed out once
+    finally:
+        a.close()
