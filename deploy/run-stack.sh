@@ -27,6 +27,7 @@
 #   --state-dir DIR        pids, logs, commands, endpoints.json  [$KVTIER_STACK_DIR or /tmp/kvtier-stack-$UID]
 #   --timeout S            seconds to wait for every server to be healthy  [300]
 #   --python PY            interpreter with vllm and lmcache  [$PYTHON or .venv/bin/python]
+#                          (.venv-lmcache057/bin/python: the same stack on LMCache 0.5.7rc2, `make test` builds it)
 #   --vllm-arg ARG         extra argument for vLLM (repeatable)
 # vLLM's own settings (defaults: what the end-to-end tests were sized for):
 #   --max-model-len N      longest prompt + answer in tokens  [2048]
@@ -282,8 +283,10 @@ EOF
             local l2
             local -a l2arg=()
             if [[ $l2kind == kvtier ]]; then
-                l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "plugin", "module_path": "kvconnector.lmcache.l2_adapter",
-                     "class_name": "KvtierL2Adapter", "adapter_params": json.loads(sys.argv[1])}))' "$params")
+                # "shared": LMCache tags the adapter's cache events with it; kvtier's tiers say the same (a shared dir)
+                l2=$("$PY" -c 'import json,sys; p = json.loads(sys.argv[1]); print(json.dumps({"type": "plugin",
+                     "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
+                     "shared": "shared_dir" in p, "adapter_params": p}))' "$params")
             elif [[ $l2kind == lmcache-fs ]]; then
                 l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "fs", "base_path": sys.argv[1],
                      "use_odirect": sys.argv[2] == "direct"}))' "$dir" "$io_mode")

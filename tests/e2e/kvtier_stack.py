@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class Stack:
 
 
 def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300) -> Stack:
+    """Start a stack on the interpreter running the tests (`--python`), so a test run on .venv-lmcache057's python
+    (`make test-lmcache057`) starts its LMCache server and vLLM with LMCache 0.5.7 too."""
     base = free_port_block(60)
     cmd = [
         "bash",
@@ -92,6 +95,8 @@ def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: in
         str(state_dir),
         "--timeout",
         str(timeout_s),
+        "--python",
+        sys.executable,
         *extra,
     ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
