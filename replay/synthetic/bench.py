@@ -34,6 +34,7 @@ log = logging.getLogger("kvtier.bench")
 
 DEFAULT_GPU_MEM_GB = 16.0
 PREPOPULATE_PER_USER = 10
+AUTO_DISK_SHARE = 0.95
 
 
 def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
@@ -55,7 +56,7 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
             tiers.append(NullTier("gpu", "gpu", gpu_bytes))
         if cpu_bytes > 0:
             tiers.append(NullTier("cpu", "cpu", cpu_bytes))
-        tiers.append(NullTier("disk", "disk", disk_bytes or shutil.disk_usage(run_dir).free))
+        tiers.append(NullTier("disk", "disk", disk_bytes or auto_disk_bytes(run_dir)))
         return tiers
     if gpu_bytes > 0:
         if cfg.num_gpus > 1:
@@ -78,8 +79,14 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
             f"--storage-capacity-gb {cfg.storage_capacity_gb:g} ({cfg.size_unit}) exceeds the {human_bytes(free)} free "
             f"under {os.path.dirname(run_dir)}"
         )
-    tiers.append(DiskTier(run_dir, disk_bytes, cfg.io_mode, name="disk"))
+    tiers.append(DiskTier(run_dir, disk_bytes or auto_disk_bytes(run_dir), cfg.io_mode, name="disk"))
     return tiers
+
+
+def auto_disk_bytes(run_dir: str) -> int:
+    """--storage-capacity-gb 0: 95% of the filesystem's free space, as the reference's auto-detection (its cache.py:
+    statvfs f_bavail x f_frsize x 0.95)."""
+    return int(shutil.disk_usage(run_dir).free * AUTO_DISK_SHARE)
 
 
 def make_run_dir(cfg: BenchConfig) -> str:

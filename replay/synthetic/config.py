@@ -30,6 +30,9 @@ def _also(name: str, reference: str):
 
 
 DEFAULT_IO_WORKERS = 8
+# --use-burst-trace without --burst-trace-path reads this file (relative to the working directory), as the reference
+# does: the trace's place in a clone of the BurstGPT repository.
+REFERENCE_BURST_TRACE_PATH = "BurstGPT/data/BurstGPT_1.csv"
 GIB = 1 << 30
 # What one unit of the size keys (gpu_mem_gb, cpu_mem_gb, storage_capacity_gb, precondition_size_gb) is in bytes:
 # the reference reads its size flags as GiB (its cache.py multiplies by 1024**3), so kvtier does by default; GB
@@ -412,6 +415,8 @@ class BenchConfig(_Section):
             # The chained prefix model is kvtier's own model of requests (block chains, lockstep rounds): unless the
             # user asks for another, it runs with kvtier's request model, not the default reference one.
             data["request_model"] = "kvtier"
+        if isinstance(data, dict) and data.get("use_burst_trace") and not data.get("burst_trace_path"):
+            data["burst_trace_path"] = REFERENCE_BURST_TRACE_PATH  # the reference's default (its cli.py)
         if isinstance(data, dict):
             for name, field in cls.model_fields.items():
                 section = data.get(name)
@@ -427,8 +432,6 @@ class BenchConfig(_Section):
             raise ValueError("user_templates: at least one template is needed")
         if self.prefill_only and self.decode_only:
             raise ValueError("--prefill-only and --decode-only exclude each other")
-        if self.use_burst_trace and not self.burst_trace_path:
-            raise ValueError("--use-burst-trace needs --burst-trace-path FILE|DIR|GLOB")
         if self.use_burst_trace and self.dataset_path:
             raise ValueError("--use-burst-trace and --dataset-path exclude each other: pick one workload source")
         unknown = set(self.qos_distribution) - set(self.qos_profiles)

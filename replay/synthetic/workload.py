@@ -21,7 +21,7 @@ from ..sources.base import Conversation, LoadReport, Turn, WorkloadError
 from ..sources.burstgpt import load_burstgpt
 from ..sources.sharegpt import default_token_counter, load_sharegpt
 from ..sources.synthetic_users import SyntheticUser
-from .config import BenchConfig, UserTemplate
+from .config import REFERENCE_BURST_TRACE_PATH, BenchConfig, UserTemplate
 
 
 def sharegpt_counter(chars_per_token: float):
@@ -123,7 +123,15 @@ class Workload:
             )
         elif cfg.use_burst_trace:
             self.kind = "burstgpt"
-            self.conversations, self.report = load_burstgpt(cfg.burst_trace_path, max_context_tokens=max_context_tokens)
+            try:
+                self.conversations, self.report = load_burstgpt(
+                    cfg.burst_trace_path, max_context_tokens=max_context_tokens
+                )
+            except WorkloadError as exc:
+                hint = ""
+                if cfg.burst_trace_path == REFERENCE_BURST_TRACE_PATH:
+                    hint = " (the reference's default path; give --burst-trace-path FILE|DIR|GLOB)"
+                raise WorkloadError(f"--burst-trace-path {exc}{hint}") from exc
         else:
             self.kind = "synthetic"
         self.timed = self.kind == "burstgpt" and cfg.trace_speedup > 0

@@ -92,7 +92,7 @@ def test_storage_only_keys_mean_what_the_spec_says(client_files):
 FIXTURE = os.path.join(os.path.dirname(__file__), "data", "mlperf_reference_config.yaml")
 # The spec's four quick-start tests (section 1) with the reference's config.yaml, shortened to run here: tiny-1b and
 # 4 users for 3 s (6 s where the autoscaler must take a step: one per 5 s); the GPU tier 0 (no CUDA here) and the CPU
-# tier 0.05 GB where the spec gives 16 and 32 GB; requests cut to 1,024 tokens (25 MB entries, 8 fit the 0.2 GB disk
+# tier 0.05 GiB where the spec gives 16 and 32 GiB; requests cut to 1,024 tokens (25 MB entries, 8 fit the 0.2 GiB disk
 # tier, so decode reads find their entry and requests finish in the window on this loaded disk); generation fast
 # where the spec says realistic (30 ms a token for the reference's 50-800 generated tokens is 1.5-24 s a request).
 QUICK_START = {
@@ -118,6 +118,11 @@ def test_the_quick_start_tests_give_every_key_the_spec_reads(test, tmp_path):
     r = json.loads(out.read_text())
     s, cs = r["summary"], r["summary"]["cache_stats"]
     assert s["total_requests"] > 0
+    # The spec's command as typed gets the reference's semantics: its request model, its sizes in GiB.
+    assert r["request_model"] == r["config"]["request_model"] == "reference"
+    assert r["size_unit"] == "GiB" and r["tiers"]["disk"]["capacity_bytes"] == int(0.2 * 2**30)
+    if "cpu" in r["tiers"]:
+        assert r["tiers"]["cpu"]["capacity_bytes"] == int(0.05 * 2**30)
     if test == "storage baseline":
         assert cs["decode_bytes_read_gb"] > 0 and s["avg_throughput_tokens_per_sec"] > 0
         assert cs["nvme_read_device_p95_ms"] > 0 and cs["nvme_write_device_p95_ms"] > 0
