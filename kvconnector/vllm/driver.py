@@ -71,6 +71,12 @@ def offloading_config(
     )
 
 
+def primary_region_path(engine_id: str) -> str:
+    """Where vLLM's CPU primary tier keeps its shared memory (SharedOffloadRegion, vllm/v1/kv_offload/cpu/): a
+    process killed with SIGKILL leaves it behind, so whoever kills one removes it."""
+    return f"/dev/shm/vllm_offload_{engine_id}.mmap"
+
+
 def chunk_key(i: int, salt: bytes = b"") -> OffloadKey:
     """An offload key as vLLM makes one: a 32-byte block hash and the KV group index."""
     import hashlib
@@ -125,7 +131,13 @@ class DriverTimeout(RuntimeError):
 
 class ManagerDriver:
     def __init__(
-        self, secondary_tiers: list[dict], chunk_bytes: int, cpu_bytes: int, *, model: str = "kvtier-driver"
+        self,
+        secondary_tiers: list[dict],
+        chunk_bytes: int,
+        cpu_bytes: int,
+        *,
+        model: str = "kvtier-driver",
+        engine_id: str | None = None,
     ) -> None:
         extra = {
             "spec_name": "TieringOffloadingSpec",
@@ -133,7 +145,9 @@ class ManagerDriver:
             "secondary_tiers": secondary_tiers,
         }
         # vLLM's own path: the connector asks the spec factory for `spec_name`, then the spec for its manager.
-        self.spec = OffloadingSpecFactory.create_spec(offloading_config(extra, chunk_bytes, model=model))
+        self.spec = OffloadingSpecFactory.create_spec(
+            offloading_config(extra, chunk_bytes, model=model, engine_id=engine_id)
+        )
         self.manager = self.spec.get_manager()
         self._m = _Locked(self.manager)
         self.gpu = GpuStandIn(self.manager.primary_tier.get_kv_memoryview())
