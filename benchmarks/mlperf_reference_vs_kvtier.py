@@ -10,14 +10,15 @@ not needed with --gpu-mem-gb 0, the synthetic workload and JSON output).
 Three sides, each run --rounds times per model, the order reversed every round (a disk whose speed drifts weighs on
 all sides alike):
   reference        python kv-cache.py FLAGS
-  kvtier           kvtier bench FLAGS                              (kvtier's request model: per-turn increments)
-  kvtier-refmodel  kvtier bench FLAGS --request-model reference    (the reference's request semantics)
+  kvtier           kvtier bench FLAGS --request-model kvtier       (kvtier's request model: per-turn increments)
+  kvtier-refmodel  kvtier bench FLAGS --request-model reference    (the reference's request semantics, kvtier's
+                                                                    default; given explicitly all the same)
 FLAGS = --config CONFIG --model M --num-users U --duration D --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode none
         --seed 42 --storage-capacity-gb S --cache-dir <fresh dir under --dir> --output <json>
 CONFIG is the reference's own kv_cache_benchmark/config.yaml for both tools. The flags mean the same in both
 (kvtier's `--help` and replay/synthetic/README.md; the reference's kv_cache/cli.py): --duration is the measurement
-window in seconds, --storage-capacity-gb the disk tier's size (the reference's 0 = "all free space" is avoided), given
-to kvtier converted so both tiers hold the same bytes (the reference reads it as GiB, kvtier as 1e9 bytes).
+window in seconds, --storage-capacity-gb the disk tier's size in GiB (the reference's 0 = "95% of the free space" is
+avoided); kvtier is given --size-unit GiB explicitly (its default), so both tiers hold the same bytes.
 
 Per run:
   process R/W    bytes the child process itself read from / wrote to the block layer (wait4 rusage ru_inblock /
@@ -185,9 +186,10 @@ def command(side: str, a, model: str, cache: str, out: str, py: str, bdir: Path)
     flags += ["--seed", str(a.seed), "--cache-dir", cache, "--output", out]
     if side == "reference":
         return [py, "kv-cache.py", *flags, "--storage-capacity-gb", f"{a.storage_capacity_gb:g}"], str(bdir)
-    # The same tier size in bytes: the reference's GB are GiB (x 1024^3), kvtier's are 1e9 (kvconnector.units).
-    extra = ["--storage-capacity-gb", f"{a.storage_capacity_gb * GIB / GB:.10g}"]
-    extra += ["--request-model", "reference"] if side == "kvtier-refmodel" else []
+    # The same tier size in bytes: both read the number as GiB (kvtier's default unit, given explicitly so a change of
+    # default cannot make the tiers differ), and each kvtier side names its request model.
+    extra = ["--storage-capacity-gb", f"{a.storage_capacity_gb:g}", "--size-unit", "GiB"]
+    extra += ["--request-model", "reference" if side == "kvtier-refmodel" else "kvtier"]
     return [sys.executable, "-m", "replay.cli", "bench", *flags, *extra], str(ROOT)
 
 

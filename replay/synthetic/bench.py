@@ -310,7 +310,7 @@ class Bench:
             # How sizes and requests were read: the size keys' unit and the request model (replay/synthetic/README.md).
             "request_model": cfg.request_model,
             "size_unit": cfg.size_unit,
-            "io_mode": "trace-only (no device I/O)" if cfg.trace_only else cfg.io_mode,
+            "trace_only": cfg.trace_only,  # --io-trace-log: no device I/O, every tier a no-op of its size
             "model": {
                 "name": self.spec.name,
                 # per rank: the full entry's bytes / tensor_parallel

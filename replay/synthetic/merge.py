@@ -380,6 +380,9 @@ def merge_results(
         "status": status,
         "error": "; ".join(f"{n}: {d['error']}" for d, n in zip(docs, names) if d.get("error")) or None,
         "notes": notes,
+        # how the sources read their flags (the same for all: request_model and size_unit are config keys that must
+        # agree); files written before these keys existed have none
+        **{k: first[k] for k in ("request_model", "size_unit", "trace_only") if k in first},
         "model": first["model"],
         "workload": dict(first.get("workload") or {}, truncated_requests=truncated),
         "config": cfg.model_dump(mode="json"),

@@ -5,8 +5,10 @@ A NullTier stands in for a GPU, CPU or disk tier with the same name, kind and ca
 tier, what to demote, what to evict) are those of a real run, every operation is reported to the store's op
 listener with its size, and no byte is copied, stored or written. A read returns in zero time without touching
 `dest`. Timings are zero, so the run's latencies say nothing about a device: the trace is for replaying elsewhere.
-An entry's bytes "in place" (`view`, what a demotion moves) are a window of one anonymous mapping that nobody writes
-or reads, so its pages are never faulted in: moving a 2 GB entry costs no memory.
+A no-op CPU tier hands a demotion the entry's bytes "in place" (`view`), as the real CPU tier does (so the move logs
+a write and no read, as in a real run): a window of one anonymous mapping that nobody writes or reads, whose pages
+are never faulted in. A no-op GPU or disk tier has no view, as the real ones: a move out of it reads the entry into a
+buffer of the store's first (a read row, then a write row: the reference's Evict pair).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class NullTier(Tier):
 
     def view(self, key):
         nbytes = self._sizes.get(key)
-        return None if nbytes is None else _untouched(nbytes)
+        return None if nbytes is None or self.kind != "cpu" else _untouched(nbytes)
 
     def delete(self, key):
         self._sizes.pop(key, None)

@@ -126,6 +126,8 @@ def trials_document(cfg: BenchConfig, per_trial: list[dict], docs: list[dict], r
         "note": "summary holds each figure's median over the completed trials; aggregate has min, max, CV and "
         "the per-trial values; each trial's own results are in its file (per_trial[].file)",
         "config": cfg.model_dump(mode="json"),
+        "request_model": cfg.request_model,
+        "size_unit": cfg.size_unit,
         "model": first.get("model"),
         "environment": first.get("environment"),
         "per_trial": per_trial,

@@ -129,7 +129,11 @@ def summary_tables(doc: dict) -> list[Table]:
     s = doc["summary"]
     run = Table(
         title=f"kvtier bench: {doc['model']['name']} ({doc['model']['bytes_per_token']:,} B/token), "
-        f"status {doc['status']}",
+        f"status {doc['status']}"
+        # which semantics ran (a merged or older document may lack these keys)
+        + (f", {doc['request_model']} request model" if doc.get("request_model") else "")
+        + (f", sizes in {doc['size_unit']}" if doc.get("size_unit") else "")
+        + (", trace-only (no device I/O)" if doc.get("trace_only") else ""),
         show_header=False,
     )
     run.add_column(style="bold")

@@ -123,6 +123,10 @@ def test_generation_mode_adds_generation_time(tmp_path, small_model):
         "fast",
         "--gpu-mem-gb",
         "0",
+        # kvtier's request model: every request decodes (the reference's leaves >= 10k-token requests prefill only,
+        # with no generation time, which would put the median at 0)
+        "--request-model",
+        "kvtier",
     )
     assert rc == 0
     gen = doc["summary"]["generation_latency_ms"]

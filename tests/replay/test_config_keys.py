@@ -695,7 +695,7 @@ def p_io_trace_log(tmp):
     doc = run(tmp, duration=0.5, cpu_mem_gb=0, keep_cache=True, io_trace_log=str(tmp / "ops.csv"))
     rows = list(csv.DictReader(open(tmp / "ops.csv")))
     assert doc["tiers"]["disk"]["write"]["ops"] == sum(r["Operation"] == "Write" for r in rows) > 0
-    assert {r["Tier"] for r in rows} == {"Tier-2"} and doc["io_mode"].startswith("trace-only")
+    assert {r["Tier"] for r in rows} == {"Tier-2"} and doc["trace_only"] is True
     assert doc["tiers"]["disk"]["write"]["device_ms"]["p50"] == 0
     assert [f for _, _, fs in os.walk(tmp / "cache") for f in fs] == []
 

@@ -137,13 +137,15 @@ def test_both_tools_get_the_same_flags_and_the_same_tier_bytes(fake_reference, t
     bdir = m.bench_dir(a.reference)
     ref, _ = m.command("reference", a, "tiny-1b", "/c", "/o.json", "py", bdir)
     kv, _ = m.command("kvtier-refmodel", a, "tiny-1b", "/c", "/o.json", "py", bdir)
+    ours, _ = m.command("kvtier", a, "tiny-1b", "/c", "/o.json", "py", bdir)
 
     def flags(argv):
         return dict(zip(argv[::2], argv[1::2], strict=False))
 
     ref_f, kv_f = flags(ref[2:]), flags(kv[4:])
     assert ref[1] == "kv-cache.py" and kv[2:4] == ["replay.cli", "bench"]
-    cap = ref_f.pop("--storage-capacity-gb"), kv_f.pop("--storage-capacity-gb")
-    assert float(cap[0]) * 2**30 == pytest.approx(float(cap[1]) * 1e9, rel=1e-6)  # GiB there, 1e9 bytes here
+    # The same number in the same unit: the reference reads GiB, kvtier is told GiB (its default) explicitly.
+    assert ref_f["--storage-capacity-gb"] == kv_f["--storage-capacity-gb"] == "20" and kv_f.pop("--size-unit") == "GiB"
     assert kv_f.pop("--request-model") == "reference" and ref_f == kv_f
+    assert flags(ours[4:])["--request-model"] == "kvtier"  # kvtier's own model, named (it is not the default)
     assert ref_f["--config"].endswith("kv_cache_benchmark/config.yaml") and ref_f["--gpu-mem-gb"] == "0"
