@@ -198,6 +198,10 @@ class ManagerDriver:
     def drop_primary(self) -> None:
         """Empty the CPU primary tier (what vLLM does on reset_cache); the secondary tiers keep their entries."""
         self._m.reset_cache()
+        # vLLM 0.34 then holds promotions until the connector has heard from its workers about every transfer in
+        # flight at the reset (`on_reset_flushed`); the GPU stand-in has none in flight. 0.32 has no such hold.
+        if hasattr(self.manager, "on_reset_flushed"):
+            self._m.on_reset_flushed()
 
     def _resolve(self, rc: ReqContext, keys, timeout_s: float) -> dict[OffloadKey, LookupResult]:
         deadline = time.monotonic() + timeout_s
