@@ -127,7 +127,7 @@ def configurations(runs: list[dict]) -> dict[str, list[dict]]:
         c = r["config"]
         key = json.dumps({k: v for k, v in c.items() if k not in _PER_RUN}, sort_keys=True, default=str)
         if key not in names:
-            head = f"{r['model']} cpu_mem={c.get('cpu_mem_gb'):g}GB users={c.get('num_users')}"
+            head = f"{r['model']} cpu_mem={c.get('cpu_mem_gb'):g}{c.get('size_unit', 'GB')} users={c.get('num_users')}"
             head += f" duration={c.get('duration'):g}s"
             same = sum(1 for v in names.values() if v.split(" #")[0] == head)  # other settings: numbered
             names[key] = f"{head} #{same + 1}" if same else head
@@ -172,6 +172,25 @@ def check(runs: list[dict]) -> tuple[list[tuple[bool, str]], dict[str, dict[str,
         "every run",
     )
     every(
+        "the reference's semantics (its request model, sizes in GiB, device I/O)",
+        [
+            f"{r['file']} {problem}"
+            for r in runs
+            for problem in (
+                f"--request-model {r['config'].get('request_model')}"
+                if r["config"].get("request_model") != "reference"
+                else None,
+                # files written before size_unit existed read their sizes in GB
+                f"sizes in {r['config'].get('size_unit', 'GB')}"
+                if r["config"].get("size_unit", "GB") != "GiB"
+                else None,
+                "trace-only (--io-trace-log): no device I/O" if r["config"].get("io_trace_log") else None,
+            )
+            if problem
+        ],
+        "every run",
+    )
+    every(
         "--duration >= 300 s",
         [f"{r['file']} {r['config'].get('duration'):g} s" for r in runs if (r["config"].get("duration") or 0) < 300],
         "every run",
@@ -188,7 +207,7 @@ def check(runs: list[dict]) -> tuple[list[tuple[bool, str]], dict[str, dict[str,
         cpu = float(rs[0]["config"].get("cpu_mem_gb", -1)) if rs else -1.0
         keys = METRICS.get(cpu)
         if keys is None:
-            wrong_metrics.append(f"{name}: cpu_mem {cpu:g} GB is neither 0 nor 4")
+            wrong_metrics.append(f"{name}: cpu_mem {cpu:g} is neither 0 nor 4")
             continue
         medians[name] = {}
         for key in keys:

@@ -98,13 +98,16 @@ def test_submission_check_after_the_trials_names_what_fails(three):
     assert "PASS  --generation-mode none (pure storage)" in out
     assert "PASS  3-5 trials per configuration" in out
     assert "PASS  correct metrics for the cpu_mem setting" in out
+    # these trials ran kvtier's request model in GB (the test helpers' settings), not the reference's semantics
+    assert "FAIL  the reference's semantics (its request model, sizes in GiB, device I/O)" in out
+    assert "--request-model kvtier" in out and "sizes in GB" in out
 
 
 def _as_submission(doc: dict, model: str) -> dict:
     """A real trial's document as a submission run would write it: seed 42, 300 s, the spec's model, and a drive that
     sysfs describes (this machine's disk is virtio, which has no model or firmware)."""
     d = copy.deepcopy(doc)
-    d["config"].update(seed=42, duration=300, model=model)
+    d["config"].update(seed=42, duration=300, model=model, request_model="reference", size_unit="GiB")
     d["model"]["name"] = model
     d["environment"]["drive"] = {"name": "nvme0n1", "model": "Example NVMe", "firmware": "1.0"}
     return d
@@ -119,7 +122,7 @@ def test_check_passes_a_complete_submission_and_fails_a_short_one(three, tmp_pat
             paths.append(str(p))
     assert check_main(paths) == 0
     out = capsys.readouterr().out
-    assert out.count("PASS") == 10 and "FAIL" not in out
+    assert out.count("PASS") == 11 and "FAIL" not in out
     # Two trials of the 70B configuration only: the trial count fails, and so does 8B's absence.
     assert check_main(paths[3:5]) == 1
     out = capsys.readouterr().out
