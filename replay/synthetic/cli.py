@@ -44,6 +44,11 @@ examples:
   kvtier bench --precondition --prefill-only --disable-multi-turn --disable-prefix-caching --gpu-mem-gb 0 \\
       --cpu-mem-gb 0 --model llama3.1-70b-instruct --num-users 100 --duration 300 --cache-dir /mnt/nvme
 
+defaults: the MLPerf reference's for its flags (sizes in GiB, --request-model reference, --storage-capacity-gb 0 =
+95% of the free space, --use-burst-trace alone reads BurstGPT/data/BurstGPT_1.csv), except --model tiny-1b,
+--gpu-mem-gb 16 with CUDA and 0 without, --cpu-mem-gb 4, --generation-mode none, --log-level WARNING and --output
+results/<time>.json (replay/synthetic/README.md says why). --size-unit GB and --request-model kvtier give kvtier's own.
+
 config.yaml: the top-level keys are these flags with underscores (num_users: 50); sections user_templates,
 qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode, generation, sharegpt,
 model_configs. Unknown keys are errors. Precedence: defaults < config.yaml < KVTIER_<KEY> env < flags.
@@ -175,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t("--cpu-mem-gb", type=float, help="CPU tier size; 0 disables")
     t("--cache-dir", help="where the disk tier writes (a fresh subdirectory per run; default a temp dir in /var/tmp)")
-    t("--storage-capacity-gb", type=float, help="disk tier size; 0 = free space of the filesystem")
+    t("--storage-capacity-gb", type=float, help="disk tier size; 0 = 95%% of the filesystem's free space")
     t(
         "--io-mode",
         choices=["direct", "buffered"],

@@ -193,3 +193,25 @@ def test_num_gpus_and_tensor_parallel_in_the_trace(tmp_path, small_model):
     rows = list(csv.DictReader(open(tmp_path / "tp.csv")))
     assert any(r["Tier"] == "Tier-0" for r in rows)
     assert all(int(r["Object_Size_Bytes"]) % 512 == 0 for r in rows)
+
+
+def test_validation_compares_the_any_tier_hit_rate_within_5_percent(tmp_path):
+    from replay.synthetic.validation_trace import load_validation_trace, validate_run
+
+    rec = {"context_tokens": 1000, "generation_tokens": 100, "read_bytes": 30, "write_bytes": 10}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{**rec, "cache_hit": i < 3} for i in range(4)]))  # 3 of 4 hit
+    stats = load_validation_trace(str(path))
+    assert stats["cache_hit_rate"] == 0.75 and stats["read_write_ratio"] == 3.0 and stats["total_requests"] == 4
+
+    def verdict(store_hit_rate, spec_hit_rate=0.0):
+        summary = {"cache_stats": {"store_hit_rate": store_hit_rate, "cache_hit_rate": spec_hit_rate}}
+        return validate_run(stats, summary)
+
+    assert verdict(0.76)["passed"] and verdict(0.76)["comparison"]["cache_hit_rate"]["error_pct"] == 1.333
+    assert not verdict(0.70)["passed"]  # 6.7% off
+    assert not verdict(0.0, spec_hit_rate=0.75)["passed"]  # the reference's quantity: any tier, not the fast tiers
+    path.write_text(json.dumps([{**rec, "cache_hit": False}]))
+    none_hit = load_validation_trace(str(path))
+    assert validate_run(none_hit, {"cache_stats": {"store_hit_rate": 0.0}})["passed"]
+    assert not validate_run(none_hit, {"cache_stats": {"store_hit_rate": 0.1}})["passed"]
