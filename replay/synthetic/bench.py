@@ -159,11 +159,6 @@ class Bench:
                 f"stores {self.bytes_per_token} B per token"
             )
         self.validation_trace = load_validation_trace(cfg.validation_trace) if cfg.validation_trace else None
-        if cfg.trace_only:
-            self.notes.append(
-                f"trace-only mode (--io-trace-log {cfg.io_trace_log}): no device I/O, every tier a no-op of its "
-                "size; latencies and bandwidths in the results are not a device's"
-            )
         self.seed = cfg.seed if cfg.seed is not None else random.randrange(2**31)
         self.max_context_tokens = context_bound(cfg, self.spec)
         try:
@@ -184,6 +179,12 @@ class Bench:
             shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
         self.notes.extend(f"{t.name}: fallback {k} x{v}" for t in self.tiers for k, v in t.fallbacks.items())
+        if cfg.trace_only:
+            sizes = ", ".join(f"{t.name} {human_bytes(t.capacity_bytes)}" for t in self.tiers)
+            self.notes.append(
+                f"trace-only mode (--io-trace-log {cfg.io_trace_log}): no device I/O, every tier a no-op of its "
+                f"size ({sizes}); latencies and bandwidths in the results are not a device's"
+            )
         self.store = TieredStore(
             self.tiers,
             target_usage_ratio=cfg.eviction.target_usage_ratio,

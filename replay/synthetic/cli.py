@@ -46,8 +46,9 @@ examples:
 
 defaults: the MLPerf reference's for its flags (sizes in GiB, --request-model reference, --storage-capacity-gb 0 =
 95% of the free space, --use-burst-trace alone reads BurstGPT/data/BurstGPT_1.csv), except --model tiny-1b,
---gpu-mem-gb 16 with CUDA and 0 without, --cpu-mem-gb 4, --generation-mode none, --log-level WARNING and --output
-results/<time>.json (replay/synthetic/README.md says why). --size-unit GB and --request-model kvtier give kvtier's own.
+--gpu-mem-gb 16 with CUDA and 0 without, --cpu-mem-gb 4 (with --io-trace-log: 16 and 32, as the reference),
+--generation-mode none, --log-level WARNING and --output results/<time>.json (replay/synthetic/README.md says why).
+--size-unit GB and --request-model kvtier give kvtier's own.
 
 config.yaml: the top-level keys are these flags with underscores (num_users: 50); sections user_templates,
 qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode, generation, sharegpt,

@@ -33,6 +33,9 @@ DEFAULT_IO_WORKERS = 8
 # --use-burst-trace without --burst-trace-path reads this file (relative to the working directory), as the reference
 # does: the trace's place in a clone of the BurstGPT repository.
 REFERENCE_BURST_TRACE_PATH = "BurstGPT/data/BurstGPT_1.csv"
+# The reference's --gpu-mem-gb and --cpu-mem-gb defaults (its kv_cache/cli.py): kvtier's in the trace-only mode.
+REFERENCE_GPU_MEM_GB = 16.0
+REFERENCE_CPU_MEM_GB = 32.0
 GIB = 1 << 30
 # What one unit of the size keys (gpu_mem_gb, cpu_mem_gb, storage_capacity_gb, precondition_size_gb) is in bytes:
 # the reference reads its size flags as GiB (its cache.py multiplies by 1024**3), so kvtier does by default; GB
@@ -415,6 +418,13 @@ class BenchConfig(_Section):
             # The chained prefix model is kvtier's own model of requests (block chains, lockstep rounds): unless the
             # user asks for another, it runs with kvtier's request model, not the default reference one.
             data["request_model"] = "kvtier"
+        if isinstance(data, dict) and data.get("io_trace_log"):
+            # The trace-only mode holds no memory in any tier, so what keeps kvtier's tier defaults small does not
+            # apply: the reference's defaults, so that its trace commands (docs/io_trace_log_usage.md) trace the
+            # same tiers.
+            if data.get("gpu_mem_gb") is None:
+                data["gpu_mem_gb"] = REFERENCE_GPU_MEM_GB
+            data.setdefault("cpu_mem_gb", REFERENCE_CPU_MEM_GB)
         if isinstance(data, dict) and data.get("use_burst_trace") and not data.get("burst_trace_path"):
             data["burst_trace_path"] = REFERENCE_BURST_TRACE_PATH  # the reference's default (its cli.py)
         if isinstance(data, dict):

@@ -96,6 +96,10 @@ def test_shared_flags_default_as_in_the_reference_except_the_listed_ones():
     assert kvtier_default("--burst-trace-path") == REFERENCE_BURST_TRACE_PATH
     # The reference's units and requests by default: GiB for every size flag, its request model.
     assert BenchConfig().size_unit == "GiB" and BenchConfig().request_model == "reference"
+    # In the trace-only mode no tier holds memory: the reference's tier sizes by default, a given size wins.
+    traced = BenchConfig(io_trace_log="t.csv")
+    assert (traced.gpu_mem_gb, traced.cpu_mem_gb) == (16, 32)
+    assert BenchConfig(io_trace_log="t.csv", cpu_mem_gb=0, gpu_mem_gb=1).cpu_mem_gb == 0
 
 
 @pytest.mark.parametrize(
