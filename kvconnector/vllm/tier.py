@@ -36,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -114,9 +113,9 @@ class KvtierTier(SecondaryTierManager):
         self._namespace = _namespace(offloading_spec)
         self.label = (_tier_label(offloading_spec, tier_type, params),)
         self.backend = KvtierBackend(cfg)
-        self._lock = threading.Lock()
+        # Jobs in flight; a job leaves (and `_done` is notified) when its result is queued for the scheduler.
+        self._done = threading.Condition()
         self._jobs: dict[int, _Job] = {}
-        self._futures: set[Future] = set()
         self._finished: deque[JobResult] = deque()
         # Shared-tier probes in flight, touched only by the scheduler thread: key -> future, request -> its keys.
         self._probes: dict[str, Future] = {}
@@ -182,12 +181,10 @@ class KvtierTier(SecondaryTierManager):
             self._finished.append(JobResult(job_id=job_metadata.job_id, success=True, transfer_time=0.0))
             return
         job = _Job(job_metadata, keys, pending=len(keys), ok=[False] * len(keys))
-        with self._lock:
+        with self._done:
             self._jobs[job_metadata.job_id] = job
-            for i, (key, cid) in enumerate(zip(keys, chunk_ids)):
-                fut = pool.submit(one, self.key_of(key), cid)
-                self._futures.add(fut)
-                fut.add_done_callback(lambda f, job=job, i=i: self._key_done(job, i, f))
+        for i, (key, cid) in enumerate(zip(keys, chunk_ids)):
+            pool.submit(self._run_key, job, i, one, self.key_of(key), cid)
 
     def _store_one(self, k: str, chunk_id: int) -> bool:
         return self.backend.put(k, [self._chunk(chunk_id)], (self.block_size_bytes,), "uint8")
@@ -195,25 +192,32 @@ class KvtierTier(SecondaryTierManager):
     def _load_one(self, k: str, chunk_id: int) -> bool:
         return self.backend.get_into(k, self._chunk(chunk_id))
 
-    def _key_done(self, job: _Job, i: int, fut: Future) -> None:
-        ok = fut.exception() is None and bool(fut.result())
-        with self._lock:
-            self._futures.discard(fut)
+    def _run_key(self, job: _Job, i: int, one, k: str, chunk_id: int) -> None:
+        """On a pool thread: one key's I/O, then its share of the job's completion (the last key reports the job)."""
+        try:
+            ok = bool(one(k, chunk_id))
+        except Exception:  # the backend counts the failures it expects; anything else is counted here, never lost
+            self.backend.count("job_key_errors")
+            log.exception("kvtier: a %s of job %d failed", "load" if job.job.is_promotion else "store", job.job.job_id)
+            ok = False
+        with self._done:
             job.ok[i] = ok
             job.pending -= 1
             if job.pending:
                 return
+            n_ok = sum(job.ok)
+            result = JobResult(
+                job_id=job.job.job_id,
+                success=n_ok == len(job.keys),
+                transfer_time=(time.perf_counter_ns() - job.start_ns) / 1e9,
+                transfer_bytes=n_ok * self.block_size_bytes,
+            )
+            if job.job.is_promotion and 0 < n_ok < len(job.keys):
+                result.successful_keys = tuple(key for key, good in zip(job.keys, job.ok) if good)
+            # Reported only now: no I/O of this job touches the primary memory any more.
+            self._finished.append(result)
             del self._jobs[job.job.job_id]
-        n_ok = sum(job.ok)
-        result = JobResult(
-            job_id=job.job.job_id,
-            success=n_ok == len(job.keys),
-            transfer_time=(time.perf_counter_ns() - job.start_ns) / 1e9,
-            transfer_bytes=n_ok * self.block_size_bytes,
-        )
-        if job.job.is_promotion and 0 < n_ok < len(job.keys):
-            result.successful_keys = tuple(k for k, good in zip(job.keys, job.ok) if good)
-        self._finished.append(result)
+            self._done.notify_all()
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out = []
@@ -222,12 +226,8 @@ class KvtierTier(SecondaryTierManager):
         return out
 
     def drain_jobs(self) -> None:
-        while True:
-            with self._lock:
-                futures = list(self._futures)
-            if not futures:
-                return
-            wait_futures(futures)
+        with self._done:
+            self._done.wait_for(lambda: not self._jobs)
 
     def shutdown(self) -> None:
         self.drain_jobs()

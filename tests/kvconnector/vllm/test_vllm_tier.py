@@ -75,6 +75,18 @@ def test_store_lookup_load_round_trip_is_byte_exact_and_served_by_kvtier(tmp_pat
         assert s[KvtierMetrics.BACKEND_EVENTS][(*LABEL, "load_hits")] == 12
 
 
+def test_reset_cache_with_stores_in_flight_drains_them_and_loses_nothing(tmp_path):
+    # vLLM's reset_cache calls drain_jobs, then asserts that every job was reported: a job must be queued for the
+    # scheduler before drain_jobs returns, not merely have its I/O done.
+    keys, data = [chunk_key(i, b"drain") for i in range(16)], payloads(16, seed=7)
+    with driver(tmp_path, io_workers=2) as d:
+        for _ in range(3):
+            assert d.store(keys, data, settle=False) == 16  # cascades submitted, none polled yet
+            d.drop_primary()
+        got = d.load(keys)
+        assert [got[k] for k in keys] == data
+
+
 def test_a_restart_serves_the_directory_and_never_a_corrupt_file(tmp_path):
     keys, data = [chunk_key(i, b"restart") for i in range(8)], payloads(8, seed=2)
     with driver(tmp_path) as d:
