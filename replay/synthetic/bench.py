@@ -185,6 +185,8 @@ class Bench:
                 f"trace-only mode (--io-trace-log {cfg.io_trace_log}): no device I/O, every tier a no-op of its "
                 f"size ({sizes}); latencies and bandwidths in the results are not a device's"
             )
+            if cfg.precondition:
+                self.notes.append("--precondition skipped: the trace-only mode does no device I/O")
         self.store = TieredStore(
             self.tiers,
             target_usage_ratio=cfg.eviction.target_usage_ratio,
@@ -207,9 +209,7 @@ class Bench:
         cfg = self.cfg
         rng = random.Random(self.seed ^ 0x5E7)
         disk = self.tiers[-1]
-        if cfg.precondition and cfg.trace_only:
-            self.notes.append("--precondition skipped: the trace-only mode does no device I/O")
-        elif cfg.precondition:
+        if cfg.precondition and not cfg.trace_only:
             self.setup["precondition"] = run_precondition(cfg, disk, self.run_dir, self.payload, on_progress)
             if "error" in self.setup["precondition"]:
                 self.notes.append(f"precondition stopped early: {self.setup['precondition']['error']}")

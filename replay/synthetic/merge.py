@@ -37,6 +37,7 @@ from .compare import CompareError, load_result
 from .config import BenchConfig
 from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
+from .validation_trace import validate_run
 
 PROG = "kvtier merge"
 
@@ -398,6 +399,12 @@ def merge_results(
         "autoscaling_stats": [dict(s, client=i) for i, d in enumerate(docs) for s in d.get("autoscaling_stats") or []],
         "timeline": _merged_timeline(docs, _intervals(docs)[0]),
         "clients": sections,
+        # --validation-trace: the merged run's hit rate against the trace the sources were checked against
+        **(
+            {"validation": validate_run(first["validation"]["trace_stats"], summary)}
+            if isinstance(first.get("validation"), dict)
+            else {}
+        ),
     }
 
 

@@ -219,3 +219,26 @@ def test_validation_compares_the_any_tier_hit_rate_within_5_percent(tmp_path):
     none_hit = load_validation_trace(str(path))
     assert validate_run(none_hit, {"cache_stats": {"store_hit_rate": 0.0}})["passed"]
     assert not validate_run(none_hit, {"cache_stats": {"store_hit_rate": 0.1}})["passed"]
+
+
+@pytest.mark.slow
+def test_merged_results_keep_the_semantics_and_the_validation(tmp_path, small_model):
+    from replay.synthetic.merge import main as merge_main
+
+    rec = {"context_tokens": 1000, "generation_tokens": 100, "read_bytes": 1, "write_bytes": 1}
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps([{**rec, "cache_hit": True}, {**rec, "cache_hit": False}]))
+    files = []
+    for seed in ("5", "6"):  # two trace-only runs (quick: no device I/O), as two clients of one job write them
+        log = str(tmp_path / f"s{seed}.csv")
+        doc = bench(
+            tmp_path, f"s{seed}", small_model, "--seed", seed, "--validation-trace", str(trace), "--io-trace-log", log
+        )
+        assert doc["validation"]["trace_stats"]["cache_hit_rate"] == 0.5
+        files.append(str(tmp_path / f"s{seed}.json"))
+    assert merge_main([*files, "-o", str(tmp_path / "m.json")]) == 0
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert (m["request_model"], m["size_unit"], m["trace_only"]) == ("reference", "GiB", True)
+    hit = m["summary"]["cache_stats"]["store_hit_rate"]
+    assert m["validation"]["comparison"]["cache_hit_rate"]["benchmark"] == hit
+    assert m["validation"]["passed"] == (abs(hit - 0.5) / 0.5 * 100 <= 5)
