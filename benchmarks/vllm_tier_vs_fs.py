@@ -19,7 +19,8 @@ where vLLM's GPU worker would), so tier CPU = a side's CPU minus the baseline's.
 Every side runs --rounds times in a fresh directory, the order alternating between rounds; the table gives medians.
 GB/s = 1e9 bytes per second of wall time; CPU = the process's user + system time (getrusage) per GB.
 Durability: --kills times per side, a forked writer stores batches and logs (fsync'd) each batch whose store jobs
-vLLM saw succeed (the acknowledgement); it is SIGKILLed after a random number of batches plus 0-20 ms, mid-store.
+vLLM saw succeed (the acknowledgement); it is SIGKILLed after a random number of batches plus a random fraction of
+the time a batch takes, so in the middle of a store.
 Then --corrupt entry files get one payload byte flipped (bit rot, a torn copy), and a new manager opens the same
 directory (kvtier rescans it) and loads every acknowledged chunk: "lost" = acknowledged, not served; "served
 corrupt" = served with bytes that differ; "temp left" = writers' temp files still there after the restart.
@@ -143,11 +144,13 @@ def writer(side: str, d: Path, a, engine_id: str, ack_path: Path, salt: int) -> 
 
     nbytes = a.chunk_mib << 20
     failures = "vllm:kv_offload_tiering_cascade_job_failures"
-    with open_driver(side, d, a, engine_id, KILL_BATCHES * a.batch * nbytes) as drv, open(ack_path, "a") as log:
-        for i in range(0, KILL_BATCHES * a.batch, a.batch):
+    n = KILL_BATCHES * a.batch
+    keys = [chunk_key(j, b"kill%d" % salt) for j in range(n)]
+    data = [payload(j, nbytes, salt) for j in range(n)]  # made first: the kill is to land in a store, not in this
+    with open_driver(side, d, a, engine_id, n * nbytes) as drv, open(ack_path, "a") as log:
+        for i in range(0, n, a.batch):
             idx = list(range(i, i + a.batch))
-            keys = [chunk_key(j, b"kill%d" % salt) for j in idx]
-            drv.store(keys, [payload(j, nbytes, salt) for j in idx])
+            drv.store(keys[i : i + a.batch], data[i : i + a.batch])
             if not drv.stats().get("data", {}).get(failures):
                 log.write("".join(f"{j}\n" for j in idx))
                 log.flush()
@@ -204,7 +207,7 @@ def kill_loop(side: str, base: Path, a, seed: int) -> dict:
         ack_path = base / f"acks-{side}-{k}"
         ack_path.unlink(missing_ok=True)
         engine_id = f"bench-kill-{uuid.uuid4().hex[:12]}"
-        want = rng.randint(1, KILL_BATCHES - 3)
+        want = rng.randint(2, KILL_BATCHES - 3)
         pid = os.fork()
         if pid == 0:  # the writer; never returns
             code = 0
@@ -214,14 +217,22 @@ def kill_loop(side: str, base: Path, a, seed: int) -> dict:
             except BaseException:
                 code = 3
             os._exit(code)
+        # Wait for `want` acknowledged batches, timing the last one, then kill at a random point of a batch's length:
+        # in the middle of the next store (its writes, fsyncs, renames, or vLLM's bookkeeping around them).
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if ack_path.exists() and ack_path.read_text().count("\n") >= want * a.batch:
-                break
+        seen, t_prev, batch_s = 0, None, 0.02
+        while seen < want:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the {side} writer acknowledged {seen} of {want} batches in 120 s")
             if os.waitpid(pid, os.WNOHANG)[0]:
                 raise RuntimeError(f"the {side} writer died before it was killed")
-            time.sleep(0.001)
-        time.sleep(rng.uniform(0, 0.02))  # into the next batch's store
+            now_seen = ack_path.read_text().count("\n") // a.batch if ack_path.exists() else 0
+            if now_seen > seen:
+                now = time.monotonic()
+                batch_s = (now - t_prev) / (now_seen - seen) if t_prev is not None else batch_s
+                seen, t_prev = now_seen, now
+            time.sleep(0.0005)
+        time.sleep(rng.uniform(0, batch_s))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         Path(primary_region_path(engine_id)).unlink(missing_ok=True)
