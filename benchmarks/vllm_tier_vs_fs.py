@@ -277,6 +277,11 @@ def summarize(rounds: dict[str, list[dict]], kills: dict[str, dict]) -> dict:
             k: med["kvtier"][k] / med["fs"][k] if med["fs"][k] else float("nan")
             for k in ("store_gbps", "load_gbps", "store_cpu_s_per_gb", "load_cpu_s_per_gb")
         }
+        # The same bandwidth ratio round by round (the two sides ran back to back): robust to the disk's drift.
+        med["round_ratio"] = {
+            k: [kv[k] / fs[k] for kv, fs in zip(rounds["kvtier"], rounds["fs"]) if fs[k]]
+            for k in ("store_gbps", "load_gbps")
+        }
     return med
 
 
@@ -316,9 +321,11 @@ def print_table(med: dict, a) -> None:
             )
         t.add_row(*row)
     if "ratio" in med:
-        r = med["ratio"]
+        r, rr = med["ratio"], med["round_ratio"]
         row = ["kvtier / fs", *(f"{r[k]:.2f}x" for k in r), ""] + ([""] * 5 if a.kills else [])
         t.add_row(*row, style="bold")
+        per_round = [f"{statistics.median(rr[k]):.2f}x ({min(rr[k]):.2f}-{max(rr[k]):.2f})" for k in rr]
+        t.add_row("kvtier / fs, per round: median (range)", *per_round, "", "", "", *([""] * 5 if a.kills else []))
     Console(width=200).print(t)
     print("CPU-s/GB: the process's CPU per GB moved, less the baseline's (same calls, same copies, no tier I/O).")
 
