@@ -17,7 +17,8 @@ keys) and --no-skip-verify. The tool drops no cache: its loads follow its stores
 side reads back from the page cache. Unless --no-cold-load, each side is then run again with `--only load` on the same
 directory after `sync; echo 1 > /proc/sys/vm/drop_caches` (root): a new process, cold caches, the same keys (the tool
 lays its keys out so that `--only load` after a store finds them). The sides alternate their order between repeats;
-the table gives medians of the tool's per-run averages. Throughput in MiB/s (the tool's "MB" is 2^20 bytes).
+the table gives medians of the tool's per-run averages, the ratios the range over repeats in brackets. Throughput in
+MiB/s (the tool's "MB" is 2^20 bytes).
 Exit 1 if a run failed, a round timed out, a key was missing or the tool's integrity check failed.
 
 example (2 cores, virtio disk; the disk's speed drifts between runs, compare ratios within one run):
@@ -133,7 +134,9 @@ def median_result(rs: list[dict]) -> dict:
     return out
 
 
-def table(results: list[dict]) -> str:
+def table(results: list[dict], runs: dict[str, list[dict]] | None = None) -> str:
+    """The medians, then each side's ratio to the reference: the median's ratio and, with `runs`, the range of the
+    per-repeat ratios (each side against the reference run next to it in the same repeat)."""
     lines = [
         f"{'side':26} {'store MiB/s':>11} {'lookup keys/s':>13} {'load MiB/s':>10} {'cold load MiB/s':>15}  verified"
     ]
@@ -148,12 +151,20 @@ def table(results: list[dict]) -> str:
     for r in results:
         if r is ref:
             continue
-        parts = [
-            f"store {ratio(r['store_mibps'], ref['store_mibps'])}",
-            f"load {ratio(r['load_mibps'], ref['load_mibps'])}",
-        ]
-        if r["cold_load_mibps"] is not None:
-            parts.append(f"cold load {ratio(r['cold_load_mibps'], ref['cold_load_mibps'])}")
+        parts = []
+        for label, k in (
+            ("store", "store_mibps"),
+            ("lookup", "lookup_keys_per_s"),
+            ("load", "load_mibps"),
+            ("cold load", "cold_load_mibps"),
+        ):
+            if r[k] is None:
+                continue
+            spread = ""
+            if runs:
+                per = [a[k] / b[k] for a, b in zip(runs[r["side"]], runs[REFERENCE]) if a[k] and b[k]]
+                spread = f" ({min(per):.2f}-{max(per):.2f})" if len(per) > 1 else ""
+            parts.append(f"{label} {ratio(r[k], ref[k])}{spread}")
         lines.append(f"ratio {r['side']} / {REFERENCE}: " + ", ".join(parts))
     return "\n".join(lines)
 
@@ -219,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         f"lmcache bench l2: {a.num_keys} keys x {a.data_size_kb} KiB per task, {a.in_flight} in flight, "
         f"{a.rounds} rounds (+1 warm-up); medians of {a.repeats} repeats; dir {base}"
     )
-    print(table(results))
+    print(table(results, runs))
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "results": results, "runs": runs}, indent=1))
     return 0 if all(r["ok"] for r in results) else 1
