@@ -280,14 +280,22 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
     """Check every output path before anything runs; return (results path, whether it is the default name)."""
     output = cfg.output or default_results_path()
+    files = {
+        "--output": output,
+        "--xlsx-output": cfg.xlsx_output,
+        "--csv-output": cfg.csv_output,
+        "--io-trace-log": cfg.io_trace_log,
+        "--io-op-log": cfg.io_op_log,
+    }
+    seen: dict[str, str] = {}
+    for flag, path in files.items():
+        if path:
+            real = os.path.realpath(path)
+            if real in seen:  # two writers on one file would interleave and clobber each other
+                raise ConfigError(f"{flag} {path}: also given to {seen[real]}; give each output its own file")
+            seen[real] = flag
     check_outputs(
-        {
-            "--output": output,
-            "--xlsx-output": cfg.xlsx_output,
-            "--csv-output": cfg.csv_output,
-            "--io-trace-log": cfg.io_trace_log,
-            "--io-op-log": cfg.io_op_log,
-        },
+        files,
         {"--plots": cfg.plots, "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None},
     )
     return output, cfg.output is None

@@ -110,6 +110,8 @@ def test_shared_flags_default_as_in_the_reference_except_the_listed_ones():
         (["--num-gpus", "0"], "--num-gpus"),
         (["--validation-trace", "{d}/nothere.json"], "--validation-trace"),
         (["--validation-trace", "{d}/bad.json"], "record 0 lacks cache_hit"),
+        (["--io-trace-log", "{d}/ops.csv", "--io-op-log", "{d}/ops.csv"], "give each output its own file"),
+        (["--io-trace-log", "{d}/t.csv", "--enable-latency-tracing"], "--io-trace-log runs without any"),
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(flags, needle, tmp_path):
