@@ -59,6 +59,7 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
         tiers.append(NullTier("disk", "disk", disk_bytes or auto_disk_bytes(run_dir)))
         return tiers
     if gpu_bytes > 0:
+        check_gpu_pool(cfg, gpu_gb, gpu_bytes)
         if cfg.num_gpus > 1:
             notes.append(
                 f"GPU tier: {cfg.num_gpus} x {gpu_gb:g} {cfg.size_unit} = {human_bytes(gpu_bytes)} on the first CUDA "
@@ -81,6 +82,22 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
         )
     tiers.append(DiskTier(run_dir, disk_bytes or auto_disk_bytes(run_dir), cfg.io_mode, name="disk"))
     return tiers
+
+
+def check_gpu_pool(cfg: BenchConfig, gpu_gb: float, gpu_bytes: int) -> None:
+    """The GPU tier lives on the first CUDA device (as the reference's GPU backend): a pool larger than that device's
+    memory would fail on the first allocation past it, mid-run. ConfigError now instead (no CUDA: GPUTier says so)."""
+    torch = cuda_torch()
+    if torch is None:
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    if gpu_bytes > total:
+        pool = f"{cfg.num_gpus} x " if cfg.num_gpus > 1 else ""
+        raise ConfigError(
+            f"--gpu-mem-gb {pool}{gpu_gb:g} {cfg.size_unit} = {human_bytes(gpu_bytes)}: more than the "
+            f"{human_bytes(total)} of the first CUDA device, which holds the whole GPU tier (--io-trace-log models a "
+            "larger node without its memory)"
+        )
 
 
 def auto_disk_bytes(run_dir: str) -> int:

@@ -244,3 +244,27 @@ def test_merged_results_keep_the_semantics_and_the_validation(tmp_path, small_mo
     hit = m["summary"]["cache_stats"]["store_hit_rate"]
     assert m["validation"]["comparison"]["cache_hit_rate"]["benchmark"] == hit
     assert m["validation"]["passed"] == (abs(hit - 0.5) / 0.5 * 100 <= 5)
+
+
+class FakeCudaTorch:
+    """A stand-in for torch on a machine with one 80 GiB CUDA device (there is no GPU here): only what the GPU pool
+    check reads."""
+
+    class cuda:  # torch.cuda
+        @staticmethod
+        def get_device_properties(index):
+            return type("Props", (), {"total_memory": 80 * 2**30})()
+
+
+def test_a_gpu_pool_larger_than_the_device_is_refused_before_the_run(tmp_path, monkeypatch):
+    from kvconnector.errors import ConfigError
+    from replay.synthetic import bench as bench_module
+
+    monkeypatch.setattr(bench_module, "cuda_torch", lambda: FakeCudaTorch)
+    cfg = BenchConfig(num_gpus=2, gpu_mem_gb=60, cpu_mem_gb=0)
+    with pytest.raises(ConfigError, match=r"--gpu-mem-gb 2 x 60 GiB = 128.8 GB: more than the 85.9 GB"):
+        bench_module.build_tiers(cfg, str(tmp_path), [])
+    # the trace-only mode holds no memory: the same node is modelled without the device
+    traced = BenchConfig(num_gpus=2, gpu_mem_gb=60, cpu_mem_gb=0, io_trace_log=str(tmp_path / "t.csv"))
+    tiers = bench_module.build_tiers(traced, str(tmp_path), [])
+    assert [(t.name, t.capacity_bytes) for t in tiers[:1]] == [("gpu", 120 * 2**30)]
