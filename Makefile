@@ -55,7 +55,7 @@ bench-lmcache: $(TEST_STAMP)
 	$(BIN)/python benchmarks/lmcache_vs_kvtier.py --total-gb 2
 
 # LMCache 0.5.7's own `lmcache bench l2` on kvtier's adapter and LMCache's fs adapter (use_odirect, buffered), one
-# invocation; root for the cold-cache loads (drop_caches). About 5 minutes here.
+# invocation; root for the cold-cache loads (drop_caches). About 5 minutes here (benchmarks/README.md).
 bench-lmcache-cli: $(LMC057_STAMP)
 	mkdir -p results
 	$(BIN)/python benchmarks/lmcache_cli_bench.py --json results/lmcache_cli_bench.json

@@ -2,7 +2,7 @@
 """lmcache_cli_bench.py	LMCache's own L2 benchmark (`lmcache bench l2`, 0.5.7) on kvtier's and LMCache's fs adapters.
 
 usage: benchmarks/lmcache_cli_bench.py [--lmcache PATH] [--dir DIR] [--data-size-kb 256] [--num-keys 32]
-                                       [--in-flight 4] [--rounds 5] [--repeats 3] [--no-cold-load] [--json OUT]
+                                       [--in-flight 4] [--rounds 20] [--repeats 5] [--no-cold-load] [--json OUT]
 
 `lmcache bench l2` (lmcache 0.5.7, lmcache/cli/commands/bench/l2_adapter_bench) builds one L2 adapter from an
 --l2-adapter JSON, as the LMCache server does, and drives it from one producer thread: each round submits --in-flight
@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-size-kb", type=int, default=256, help="bytes per key, KiB (the tool's default)")
     ap.add_argument("--num-keys", type=int, default=32, help="keys per task (the tool's default)")
     ap.add_argument("--in-flight", type=int, default=4, help="tasks submitted per round before waiting")
-    ap.add_argument("--rounds", type=int, default=5, help="measured rounds per operation (plus one warm-up)")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per side, alternating the order; medians")
+    ap.add_argument("--rounds", type=int, default=20, help="measured rounds per operation (plus one warm-up)")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per side, alternating the order; medians")
     ap.add_argument("--no-cold-load", dest="cold_load", action="store_false", help="skip the cold-cache load run")
     ap.add_argument("--json", help="write every run and the medians here")
     a = ap.parse_args(argv)
