@@ -108,11 +108,12 @@ class KvtierTier(SecondaryTierManager):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         cfg = BackendConfig.from_params(params)  # one-line ConfigError naming the key; vLLM then refuses to start
         self.locality = Locality(locality) if locality is not None else None
-        # One flat byte view over the primary tier's rows: chunk c is [c * size, (c + 1) * size).
-        self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         self._namespace = _namespace(offloading_spec)
         self.label = (_tier_label(offloading_spec, tier_type, params),)
         self.backend = KvtierBackend(cfg)
+        # One flat byte view over the primary tier's rows: chunk c is [c * size, (c + 1) * size). Made last: if the
+        # constructor fails, vLLM closes the primary tier's mmap, which a leftover view would keep from closing.
+        self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         # Jobs in flight; a job leaves (and `_done` is notified) when its result is queued for the scheduler.
         self._done = threading.Condition()
         self._jobs: dict[int, _Job] = {}
