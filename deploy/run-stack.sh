@@ -176,7 +176,7 @@ cmd_up() {
     local device="" model="" vport="" lport="" hport="" kvdir="" shared="" n=1 mode=mp mport="" disk_gb=4 shared_gb=4
     local io_mode=direct l1_gb=1 chunk=256 name=tiny timeout=300 l2kind=kvtier
     local -a vextra=() lextra=()
-    # vLLM's settings (issue 15: the long-session experiment sizes them)
+    # vLLM's settings (the long-session experiment sizes them)
     local max_len=2048 max_seqs=8 prefix_caching=off vblock="" kv_space=""
     while (($#)); do
         case $1 in
