@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM with tiered offloading is not installed")
+pytestmark = pytest.mark.slow  # importing vLLM alone takes seconds (conftest.py)
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "benchmarks" / "gpu_check_vllm_tier.sh"
@@ -32,7 +33,6 @@ def test_syntax_and_user_mistakes(tmp_path):
     assert run("--bogus").returncode == 2
 
 
-@pytest.mark.slow
 def test_cpu_only_builds_the_model_and_vllm_loads_the_tier_from_the_config(tmp_path):
     r = run("--cpu-only", str(tmp_path / "out"))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -26,6 +26,8 @@ from kvconnector.errors import ConfigError
 from kvconnector.vllm.driver import ManagerDriver, chunk_key, kvtier_tier_config
 from kvconnector.vllm.tier import KvtierMetrics, KvtierTier
 
+pytestmark = pytest.mark.slow  # importing vLLM alone takes seconds (conftest.py)
+
 CHUNK = 64 * 1024
 PRIMARY = 16 * CHUNK
 LABEL = ("1:KvtierTier",)

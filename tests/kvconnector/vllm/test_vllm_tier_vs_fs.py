@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM with tiered offloading is not installed")
+pytestmark = pytest.mark.slow  # importing vLLM alone takes seconds (conftest.py)
 
 SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "vllm_tier_vs_fs.py"
 
@@ -17,7 +18,6 @@ def run(*args, timeout=300):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.slow
 def test_a_short_run_is_byte_exact_and_kvtier_serves_nothing_torn(tmp_path):
     out = tmp_path / "figures.json"
     r = run(
