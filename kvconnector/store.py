@@ -362,6 +362,18 @@ class TieredStore:
             e.pins -= 1
             return True
 
+    def touch(self, keys: list[str]) -> list[bool]:
+        """Make each key held here the most recently used of its tier's LRU, without I/O (LMCache 0.5.7's
+        `submit_touch`); an entry being moved between tiers is in no LRU and stays so. Which keys are held."""
+        held = []
+        with self._lock:
+            for key in keys:
+                e = self._entries.get(key)
+                held.append(e is not None)
+                if e is not None and key in self._lru[e.tier]:
+                    self._lru[e.tier].move_to_end(key)
+        return held
+
     def delete(self, key: str) -> bool:
         """Remove an entry once nobody reads or moves it."""
         with self._lock:

@@ -36,7 +36,6 @@ from lmcache.v1.platform import create_event_notifier
 
 from ..backend import KvtierBackend
 from ..backend_config import BackendConfig
-from ..store import TieredStore
 from ._common import build_backend_or_refuse, byte_view, config_or_refuse
 
 try:  # lmcache >= 0.5.7: adapters report where their bytes live
@@ -54,20 +53,6 @@ log = logging.getLogger(__name__)
 def object_key_str(key: ObjectKey) -> str:
     """Every field of the key, '@'-separated (LMCache forbids '@' in model names and salts). Never used as a path."""
     return f"{key.model_name}@{key.kv_rank:x}@{key.object_group_id:x}@{key.chunk_hash.hex()}@{key.cache_salt}"
-
-
-def touch_lru(store: TieredStore, keys: list[str]) -> list[bool]:
-    """Move each key the store holds to the most recently used end of its tier's LRU, under the store's lock as
-    `TieredStore.get` does before a read, with no I/O; an entry being moved between tiers is out of every LRU and
-    stays so. Which keys the store holds. (TieredStore has no public touch; this is the one place reaching in.)"""
-    held = []
-    with store._lock:
-        for key in keys:
-            e = store._entries.get(key)
-            held.append(e is not None)
-            if e is not None and key in store._lru[e.tier]:
-                store._lru[e.tier].move_to_end(key)
-    return held
 
 
 class KvtierL2AdapterConfig(L2AdapterConfigBase):
@@ -265,7 +250,7 @@ class KvtierL2Adapter(L2AdapterInterface):
         """The keys were used (LMCache's StorageManager.touch_cached_keys on an L1 hit): refresh kvtier's LRU for
         those it holds, with no I/O, on the caller's thread, then tell LMCache's listeners as the base class does."""
         keys = list(keys)
-        held = [k for k, h in zip(keys, touch_lru(self.backend.store, [object_key_str(k) for k in keys])) if h]
+        held = [k for k, h in zip(keys, self.backend.store.touch([object_key_str(k) for k in keys])) if h]
         if held:
             self._notify_keys_accessed(held)
 
