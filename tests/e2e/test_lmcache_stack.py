@@ -114,6 +114,8 @@ def test_instance_b_hits_a_prefix_instance_a_computed_through_the_shared_tier(en
     assert kvtier_event(s, "shared_adopted", 1) >= CHUNKS  # B found A's entries in the shared directory
     assert kvtier_event(s, "hits", 1, tier="shared") >= CHUNKS
     assert kvtier_event(s, "store_ok", 1) == 0  # B computed nothing it had to store
+    # run-stack.sh told LMCache the adapter is shared exactly when kvtier has a shared tier (LMCache 0.5.7 reads it)
+    assert kvtier_event(s, "shared_flag_mismatch", 0) == kvtier_event(s, "shared_flag_mismatch", 1) == 0
     # The round-robin proxy on --vllm-port alternates between the instances and answers the same text.
     served = {complete(s.vllm, prompt)[2].get("x-kvtier-backend") for _ in range(2)}
     assert served == {"0", "1"}
