@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """vllm_tier_vs_fs.py	kvtier's tier vs vLLM's own fs tier behind vLLM's real tiering manager: GB/s, CPU, kill -9.
 
-usage: benchmarks/vllm_tier_vs_fs.py [--dir DIR] [--chunk-mib 2] [--total-gb 1] [--batch 16] [--threads 8]
-                                     [--rounds 3] [--kills 5] [--corrupt 4] [--no-drop-caches] [--json OUT]
+usage: benchmarks/vllm_tier_vs_fs.py [--dir DIR] [--chunk-mib 2] [--total-gb 1] [--batch 16] [--inflight 1]
+                                     [--threads 8] [--rounds 3] [--kills 5] [--corrupt 4] [--no-drop-caches]
+                                     [--json OUT]
 
 Both secondary tiers sit behind the same vLLM objects, built as vLLM builds them (OffloadingSpecFactory ->
 TieringOffloadingSpec -> TieringOffloadingManager with its CPU primary tier -> SecondaryTierFactory), driven through
@@ -12,8 +13,9 @@ the same scheduler calls by kvconnector.vllm.driver.ManagerDriver, on the same d
 Each uses --threads I/O threads per direction. A third row, vLLM's in-memory "example" tier (it moves no bytes), is the
 baseline: the same manager calls and the same copies in and out of the primary tier's memory (done by the driver
 where vLLM's GPU worker would), so tier CPU = a side's CPU minus the baseline's.
-- store: --total-gb of --chunk-mib chunks, --batch chunks per request (the primary holds two batches, so its chunks
-  are reused as a running engine's are), each request stored and cascaded to the tier until its jobs finish;
+- store: --total-gb of --chunk-mib chunks, --batch chunks per request, --inflight requests at a time (the primary
+  holds one request more, so its chunks are reused as a running engine's are), stored and cascaded to the tier until
+  their jobs finish (vLLM's fs tier runs each job, one request's chunks, as one task; kvtier one task per chunk);
 - load (cold): the primary emptied (reset_cache), the page cache dropped (root), every chunk looked up, promoted
   from the tier and read back; the bytes are compared with what was stored (exit 1 on any difference or miss).
 Every side runs --rounds times in a fresh directory, the order alternating between rounds; the table gives medians.
@@ -100,7 +102,11 @@ def open_driver(side: str, d: Path, a, engine_id: str | None = None, total: int 
     nbytes = a.chunk_mib << 20
     total = total or a.n * nbytes
     return ManagerDriver(
-        tier_configs(side, d, total, a.threads), nbytes, 2 * a.batch * nbytes, model="bench", engine_id=engine_id
+        tier_configs(side, d, total, a.threads),
+        nbytes,
+        (a.inflight + 1) * a.batch * nbytes,  # room for the requests in flight, and one more
+        model="bench",
+        engine_id=engine_id,
     )
 
 
@@ -109,19 +115,24 @@ def bench_side(side: str, d: Path, a, keys: list, data: list[bytes]) -> dict:
     d.mkdir(parents=True)
     nbytes = a.chunk_mib << 20
     with open_driver(side, d, a) as drv:
+        group = a.batch * a.inflight  # --inflight requests, stored (and later loaded) in the same steps
         c0, t0 = cpu_s(), time.perf_counter_ns()
-        for i in range(0, len(keys), a.batch):
-            assert drv.store(keys[i : i + a.batch], data[i : i + a.batch]) == len(keys[i : i + a.batch])
+        for g in range(0, len(keys), group):
+            for i in range(g, min(g + group, len(keys)), a.batch):
+                assert drv.store(keys[i : i + a.batch], data[i : i + a.batch], settle=False) == len(
+                    keys[i : i + a.batch]
+                )
+            drv.settle()
         store_ns, store_cpu = time.perf_counter_ns() - t0, cpu_s() - c0
         drv.drop_primary()
         dropped = drop_caches() if a.drop_caches else False
         bad = check_ns = check_cpu = 0
         c0, t0 = cpu_s(), time.perf_counter_ns()
-        for i in range(0, len(keys), a.batch):
-            got = drv.load(keys[i : i + a.batch])
+        for g in range(0, len(keys), group):
+            got = drv.load_many([keys[i : i + a.batch] for i in range(g, min(g + group, len(keys)), a.batch)])
             if side != "baseline":  # the comparison's own time is taken out of the load's
                 c1, t1 = cpu_s(), time.perf_counter_ns()
-                bad += sum(got[k] != data[i + j] for j, k in enumerate(keys[i : i + a.batch]))
+                bad += sum(got[k] != data[g + j] for j, k in enumerate(keys[g : g + group]))
                 check_ns, check_cpu = check_ns + time.perf_counter_ns() - t1, check_cpu + cpu_s() - c1
         load_ns, load_cpu = time.perf_counter_ns() - t0 - check_ns, cpu_s() - c0 - check_cpu
     gb = len(keys) * nbytes / 1e9
@@ -291,7 +302,7 @@ def print_table(med: dict, a) -> None:
 
     t = Table(
         title=f"kvtier vs vLLM fs tier behind vLLM's TieringOffloadingManager: {a.n} x {a.chunk_mib} MiB chunks, "
-        f"batch {a.batch}, {a.threads} threads, medians of {a.rounds}",
+        f"batch {a.batch}, {a.inflight} in flight, {a.threads} threads, medians of {a.rounds}",
     )
     for col in ("side", "store GB/s", "load GB/s", "store CPU-s/GB", "load CPU-s/GB", "fsync before ack"):
         t.add_column(col, justify="left" if col in ("side", "fsync before ack") else "right")
@@ -341,13 +352,16 @@ def main() -> int:
     ap.add_argument("--total-gb", type=float, default=1.0, help="data stored and loaded per side and round")
     ap.add_argument("--batch", type=int, default=16, help="chunks per request")
     ap.add_argument("--threads", type=int, default=8, help="I/O threads per direction, both tiers")
+    ap.add_argument(
+        "--inflight", type=int, default=1, help="requests whose stores (and loads) run in the same steps [1]"
+    )
     ap.add_argument("--rounds", type=int, default=3, help="repeat every side, alternating the order; medians")
     ap.add_argument("--kills", type=int, default=5, help="SIGKILLed writers per side (0: no durability part)")
     ap.add_argument("--corrupt", type=int, default=4, help="entry files given a flipped byte before each restart")
     ap.add_argument("--no-drop-caches", dest="drop_caches", action="store_false", help="warm loads (no root needed)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
-    for name in ("chunk_mib", "batch", "threads", "rounds"):
+    for name in ("chunk_mib", "batch", "threads", "rounds", "inflight"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     if a.total_gb <= 0 or a.kills < 0 or a.corrupt < 0:

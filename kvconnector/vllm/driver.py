@@ -203,18 +203,20 @@ class ManagerDriver:
         if hasattr(self.manager, "on_reset_flushed"):
             self._m.on_reset_flushed()
 
-    def _resolve(self, rc: ReqContext, keys, timeout_s: float) -> dict[OffloadKey, LookupResult]:
+    def _resolve(self, requests: list[tuple[ReqContext, list]], timeout_s: float) -> dict[OffloadKey, LookupResult]:
+        """Each step, look up every unresolved key of every request (a secondary hit starts a promotion, which the
+        step submits), until each is HIT or MISS."""
         deadline = time.monotonic() + timeout_s
         results: dict[OffloadKey, LookupResult] = {}
-        todo = list(keys)
+        todo = [(rc, key) for rc, keys in requests for key in keys]
         while todo:
             waiting = []
-            for key in todo:
+            for rc, key in todo:
                 r = self._m.lookup(key, rc)
                 if r in (LookupResult.HIT, LookupResult.MISS):
                     results[key] = r
                 else:
-                    waiting.append(key)
+                    waiting.append((rc, key))
             todo = waiting
             self.step()
             if todo:
@@ -224,18 +226,25 @@ class ManagerDriver:
         return results
 
     def load(self, keys: Sequence[OffloadKey], timeout_s: float = 120.0) -> dict[OffloadKey, bytes | None]:
-        """Look the keys up (promoting from secondary tiers), then read the hits out of the primary as the GPU worker
-        would. None for a miss."""
-        rc = self._new_request()
-        results = self._resolve(rc, keys, timeout_s)
-        hits = [k for k in keys if results[k] is LookupResult.HIT]
-        data: dict[OffloadKey, bytes | None] = dict.fromkeys(keys)
-        if hits:
-            spec = self._m.prepare_load(hits, rc)
-            for key, cid in zip(hits, spec.chunk_ids):
-                data[key] = self.gpu.read(cid)
-            self._m.complete_load(hits, rc)
-        self._m.on_request_finished(rc)
+        """Look the keys up as one request (promoting from secondary tiers), then read the hits out of the primary
+        as the GPU worker would. None for a miss."""
+        return self.load_many([keys], timeout_s)
+
+    def load_many(self, batches: Sequence[Sequence[OffloadKey]], timeout_s: float = 120.0) -> dict:
+        """`load` for several requests at once, their lookups and promotions in the same steps (one promotion job
+        per request, as vLLM submits them)."""
+        requests = [(self._new_request(), list(keys)) for keys in batches]
+        results = self._resolve(requests, timeout_s)
+        data: dict[OffloadKey, bytes | None] = {}
+        for rc, keys in requests:
+            data.update(dict.fromkeys(keys))
+            hits = [k for k in keys if results[k] is LookupResult.HIT]
+            if hits:
+                spec = self._m.prepare_load(hits, rc)
+                for key, cid in zip(hits, spec.chunk_ids):
+                    data[key] = self.gpu.read(cid)
+                self._m.complete_load(hits, rc)
+            self._m.on_request_finished(rc)
         self.step()
         return data
 
