@@ -142,7 +142,10 @@ def summary_tables(doc: dict) -> list[Table]:
     run.add_row("requests completed", f"{s['total_requests']:,} ({s['requests_per_second']:.1f}/s)")
     run.add_row("generated tokens/s (wall clock)", f"{s['avg_throughput_tokens_per_sec']:,.0f}")
     run.add_row("prompt + generated tokens/s", f"{s['prompt_and_generated_tokens_per_sec']:,.0f}")
-    run.add_row("tokens / storage I/O s", f"{s['storage_throughput_tokens_per_sec']:,.0f}")
+    if doc.get("trace_only"):  # no device I/O: storage time is ~0 and this ratio means nothing
+        run.add_row("tokens / storage I/O s", "- (trace-only)")
+    else:
+        run.add_row("tokens / storage I/O s", f"{s['storage_throughput_tokens_per_sec']:,.0f}")
     run.add_row("storage tier tokens/s", f"{s['storage_tier_tokens_per_sec']:,.0f}")
     wl = doc.get("workload", {})
     if wl.get("source") and wl["source"] != "synthetic":
