@@ -98,7 +98,7 @@ bench-sweep: $(BASE_STAMP) system-deps
 	$(BIN)/kvtier sweep --bw 4GB/s,1GB/s,250MB/s --lat-ms 0,0.5,1,2 --repeat 2 --driver bench \
 	    --backing /dev/shm/kvtier-sweep-backing --output results/sweep-bench.json --plots results/sweep-bench -- \
 	    --num-users 4 --duration 6 --cpu-mem-gb 0 --gpu-mem-gb 0 --storage-capacity-gb 0.5 \
-	    --max-context-tokens 256 --seed 1 --io-mode buffered
+	    --max-context-tokens 256 --seed 1 --io-mode buffered --request-model kvtier --size-unit GB
 
 bench-replayer: $(TEST_STAMP)
 	$(BIN)/python benchmarks/replayer_overhead.py
