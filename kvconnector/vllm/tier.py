@@ -89,8 +89,9 @@ class _Job:
     job: TransferJob
     keys: list[OffloadKey]
     pending: int
-    start_ns: int = field(default_factory=time.perf_counter_ns)
     ok: list[bool] = field(default_factory=list)
+    # When the first of its keys started its I/O: vLLM's transfer_time is the data movement, not the queueing before.
+    start_ns: int = 1 << 62
 
 
 class KvtierTier(SecondaryTierManager):
@@ -195,6 +196,7 @@ class KvtierTier(SecondaryTierManager):
 
     def _run_key(self, job: _Job, i: int, one, k: str, chunk_id: int) -> None:
         """On a pool thread: one key's I/O, then its share of the job's completion (the last key reports the job)."""
+        t0 = time.perf_counter_ns()
         try:
             ok = bool(one(k, chunk_id))
         except Exception:  # the backend counts the failures it expects; anything else is counted here, never lost
@@ -203,6 +205,7 @@ class KvtierTier(SecondaryTierManager):
             ok = False
         with self._done:
             job.ok[i] = ok
+            job.start_ns = min(job.start_ns, t0)
             job.pending -= 1
             if job.pending:
                 return
