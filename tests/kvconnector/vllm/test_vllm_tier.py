@@ -56,6 +56,11 @@ def test_vllms_factory_loads_the_tier_by_type_and_module_path(tmp_path):
         assert type(d.spec) is TieringOffloadingSpec and isinstance(tier, KvtierTier)
         assert tier.tier_type == "KvtierTier" and tier.label == LABEL
         assert tier.block_size_bytes == CHUNK and tier.backend.store.tiers[0].capacity_bytes == 10_000_000
+    # The keys vLLM itself reads reach vLLM: its back-pressure detector for this tier, the locality for its filter.
+    bp = {"backpressure": {"backpressure_cls": "EMABackpressureDetector"}, "locality": "REMOTE"}
+    with ManagerDriver([kvtier_tier_config(disk_dir=str(tmp_path / "kv1"), **bp)], CHUNK, PRIMARY) as d:
+        (tier,) = d.tiers
+        assert type(tier.bp_detector).__name__ == "EMABackpressureDetector" and tier.locality.value == "REMOTE"
     # A bad key stops vLLM's spec from building its manager, with one line naming the key.
     with pytest.raises(ConfigError, match=r"kvtier\.disk_capacity: unknown key"):
         ManagerDriver([kvtier_tier_config(disk_dir=str(tmp_path / "kv2"), disk_capacity=1)], CHUNK, PRIMARY)
