@@ -13,7 +13,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,12 +49,6 @@ class VllmServer:
         return self.base_url + "/metrics"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     reason = _vllm_missing()
@@ -78,7 +72,7 @@ def start_vllm(
     startup_timeout_s: float = 180.0,
 ):
     """Start `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 and yield a VllmServer once /health is OK."""
-    port = _free_port()
+    port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"vllm-{port}.log"
     full_env = dict(

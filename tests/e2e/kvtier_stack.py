@@ -26,9 +26,8 @@ TRACER = ROOT / "tracing" / "storage_latency_stack.sh"
 # a test module that traces a stack: root, bpftrace, and a stack's start-up on a loaded machine
 TRACE_STACK_MARKS = [
     pytest.mark.e2e,
-    pytest.mark.root,
+    pytest.mark.root(reason="bpftrace attaches kernel tracepoints"),
     pytest.mark.timeout(900),
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints"),
     pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),
 ]
 

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import free_port
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
@@ -18,18 +19,12 @@ from kvconnector.redis_tier import RedisTier
 N = 20_000
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory):
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; deploy/install-system-deps.sh)")
-    port = _free_port()
+    port = free_port()
     d = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
         [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(d)],
@@ -109,4 +104,4 @@ def test_waterfall_disk_to_redis_and_restart(redis_url, tmp_path):
 
 def test_unreachable_redis_is_a_config_error():
     with pytest.raises(ConfigError, match="cannot reach Redis"):
-        RedisTier(f"redis://127.0.0.1:{_free_port()}/0", 1 << 20)
+        RedisTier(f"redis://127.0.0.1:{free_port()}/0", 1 << 20)

@@ -194,10 +194,8 @@ def test_signal_writes_partial_results_and_cleans_up(tmp_path, small_model, sig)
 
 
 @pytest.mark.slow
-@pytest.mark.root
+@pytest.mark.root(reason="mounting a small tmpfs")
 def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, small_model):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
     mnt = tmp_path / "small"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(mnt)], check=True)

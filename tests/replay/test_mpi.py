@@ -94,10 +94,8 @@ def _fill(directory) -> None:
             pass
 
 
-@pytest.mark.root
+@pytest.mark.root(reason="mounting a small tmpfs")
 def test_a_rank_whose_disk_fills_stops_the_other_and_partial_results_are_merged(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
     cfg = write_config(tmp_path, duration=60, storage_capacity_gb=0)  # each disk tier: its filesystem's free space
     small = tmp_path / "cache" / "rank-1"
     small.mkdir(parents=True)

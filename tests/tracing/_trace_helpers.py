@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 TRACING = REPO / "tracing"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: bpftrace attaches kernel tracepoints")
+# the `root` marker skips as non-root (tests/conftest.py)
+needs_root = pytest.mark.root(reason="bpftrace attaches kernel tracepoints")
 needs_bpftrace = pytest.mark.skipif(
     shutil.which("bpftrace") is None, reason="bpftrace not installed (bash deploy/install-system-deps.sh)"
 )

@@ -57,7 +57,6 @@ def test_page_cache_line_from_byte_sums():
 
 
 @pytest.mark.slow
-@pytest.mark.root
 @pytest.mark.timeout(180)  # a workload that hangs fails the test, not the run
 @needs_root
 @needs_bpftrace

@@ -102,7 +102,6 @@ def test_a_capture_mostly_holes_is_refused_unless_allowed(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.root
 @needs_root
 @needs_bpftrace
 @needs_fio

@@ -22,7 +22,6 @@ SCRIPT = TRACING / "storage_latency_stack.sh"
 NOBODY = 65534
 
 pytestmark = [
-    pytest.mark.root,
     pytest.mark.slow,
     needs_root,
     needs_bpftrace,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_root
+from helpers import free_port
 
 from tracing.distill import validate_job
 from tracing.histparse import parse_trace
@@ -75,14 +76,6 @@ def test_kv_server_port_from_the_engines_command_line():
     assert kv_server_ports(P("python", "python", "--kv-transfer-config", "{not json")) == []
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class FakeStack:
     """Stand-in instances (front + engine + KV server on its own port) and a decoy doing I/O."""
 
@@ -98,7 +91,7 @@ class FakeStack:
         for i in range(instances):
             d = work / f"inst{i}"
             d.mkdir(parents=True, exist_ok=True)
-            port = _free_port()
+            port = free_port()
             srv = self._start("kvserver", str(port), str(d / "kv.dat"), str(seconds))
             assert srv.stdout.readline().strip() == "ready"
             cfg = json.dumps(
@@ -178,7 +171,7 @@ def test_resolve_finds_engine_children_and_kv_server_not_the_decoy(work):
         st.close()
 
 
-live = [pytest.mark.root, pytest.mark.slow, needs_root, needs_bpftrace]
+live = [pytest.mark.slow, needs_root, needs_bpftrace]
 
 
 def _live(f):

@@ -37,7 +37,7 @@ LAYERS = [
 ]
 
 # Only what attaches or compiles is gated: the script's style and the wrapper's argument checks run anywhere.
-live = [pytest.mark.root, needs_root, needs_bpftrace]
+live = [needs_root, needs_bpftrace]
 
 
 def _live(f):

@@ -79,7 +79,7 @@ def test_prefixed_and_bare_keys(tmp_path):
     assert BackendConfig.from_extra_config(extra).disk_dir == "/a"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.root(reason="mounting a tmpfs")
 def test_full_filesystem_refuses_stores_and_counts_them(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
