@@ -285,14 +285,22 @@ def test_multi_client_merges_histograms_not_percentiles(tmp_path):
 
 @pytest.mark.slow
 def test_multi_client_ctrl_c_reaches_every_client_and_partial_results_merge(tmp_path):
+    import os
     import signal
-    import time
 
     from bench_helpers import write_config
+    from helpers import wait_for
 
     cfg = write_config(tmp_path, duration=60, num_users=4, num_clients=2)
-    p = subprocess.Popen(KVTIER + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(5)
+    # TMPDIR: the parent's work folder, where each client rewrites its live snapshot (client-N.status), lands here
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = subprocess.Popen(KVTIER + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def both_clients_running() -> bool:
+        assert p.poll() is None, p.communicate()[1]
+        return len(list(tmp_path.glob("kvtier-clients-*/client-*.status"))) == 2
+
+    wait_for(both_clients_running, timeout_s=120, what="a live snapshot from each of the two clients")
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err

@@ -14,11 +14,13 @@ import time
 
 import pytest
 from bench_helpers import SMALL_MODEL, run, write_config
+from helpers import wait_for
 
 from replay.sources.base import WorkloadError
 from replay.sources.burstgpt import load_burstgpt
 from replay.sources.sharegpt import estimate_tokens, load_sharegpt
 from replay.synthetic.cli import main
+from replay.synthetic.view import STATUS_ENV
 
 HEADER = ["Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"]
 
@@ -142,11 +144,21 @@ def test_a_huge_request_leaves_the_loop_free_for_signals(tmp_path, sig):
     cfg = write_config(
         tmp_path, use_burst_trace=True, burst_trace_path=str(trace), trace_speedup=0, duration=30, num_users=2
     )
+    status = tmp_path / "live.status"  # the run's live snapshots (every 0.5 s), as --num-clients reads them
     proc = subprocess.Popen(
-        _kvtier() + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path
+        _kvtier() + ["--config", cfg],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=dict(os.environ, **{STATUS_ENV: str(status)}),
     )
-    time.sleep(4)  # imports, payload buffer, then the run
-    assert proc.poll() is None
+
+    def running() -> bool:
+        assert proc.poll() is None, proc.communicate()[1]
+        return status.exists()
+
+    wait_for(running, timeout_s=120, what="the run's first live snapshot")
     t0 = time.monotonic()
     proc.send_signal(sig)
     try:

@@ -12,9 +12,11 @@ import time
 
 import pytest
 from bench_helpers import write_config
+from helpers import wait_for
 
 from replay.synthetic.check import main as check_main
 from replay.synthetic.cli import main as bench_main
+from replay.synthetic.view import STATUS_ENV
 
 pytestmark = pytest.mark.slow  # real runs: 3 trials of 2 s, and one cut short
 
@@ -145,18 +147,22 @@ def test_check_refuses_what_is_not_a_result(tmp_path, capsys):
 
 def test_a_signal_during_a_trial_keeps_the_completed_ones_and_vary_seed_varies(tmp_path):
     cfg = write_config(tmp_path, duration=2, num_users=3, cpu_mem_gb=0)
+    status = tmp_path / "live.status"  # each trial's live snapshots (every 0.5 s of its window)
     proc = subprocess.Popen(
         [sys.executable, "-m", "replay.cli", "bench", "--config", cfg, "--trials", "3", "--vary-seed"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=dict(os.environ, **{STATUS_ENV: str(status)}),
     )
     deadline = time.monotonic() + 60
     seen = ""
     while "trial 2 of 3" not in seen and time.monotonic() < deadline:
         seen += proc.stderr.readline()
-    time.sleep(1.0)  # into trial 2's window
+    assert "trial 2 of 3" in seen, seen
+    status.unlink(missing_ok=True)  # trial 1's last snapshot; trial 1 is over once trial 2 is announced
+    wait_for(status.exists, timeout_s=60, what="a live snapshot from trial 2's window")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert proc.returncode == 130
