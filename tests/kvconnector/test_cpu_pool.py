@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -175,11 +176,11 @@ def test_a_put_ahead_of_the_delete_that_makes_its_room_waits_for_it():
     got = []
     t = threading.Thread(target=lambda: got.append(pool.acquire(4 * PAGE)))
     t.start()
-    while not pool.counters["pool_waits"]:
-        time.sleep(0.001)
+    wait_for(lambda: pool.counters["pool_waits"], timeout_s=30, interval_s=0.001, what="the second acquire to wait")
     assert not got and pool.resident_bytes == 6 * PAGE
     pool.release(held)
-    t.join()
+    t.join(timeout=30)
+    assert not t.is_alive(), "the waiting acquire did not return once the room was released"
     assert got[0].length == 4 * PAGE and pool.resident_bytes <= 8 * PAGE
 
 
