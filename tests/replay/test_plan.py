@@ -1,5 +1,5 @@
-"""`kvtier plan`: the chained-block LRU model against a block-by-block LRU, against seed 001's published figures, and
-its command line (outputs, figure, one-line mistakes)."""
+"""`kvtier plan`: the chained-block LRU model against a block-by-block LRU, against a published long-session
+measurement's figures, and its command line (outputs, figure, one-line mistakes)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from replay.plan import ChainLRU, TierSpec, Workload, simulate
 from replay.plan import cli as plan_cli
 from replay.plan.model import rounds_held
 
-# Seed 001 (shared/seeds/001_...): C = 112, 20 rounds, 5,000 forced output tokens, 88.1 KB/token, block 256,
-# 400 GiB DRAM vs 50 GiB DRAM over 46.09 TB NVMe-oF. First prompt and follow-up are not stated: 10,000 and 50 is
-# the reading of shared/reference/seed-001-arithmetic.md (answers recomputed), which fits its three ideal figures.
-SEED = dict(
+# LUISUAN Technology's published GP7000 measurement ("Actual measurement of 107 times KV Cache capacity", 2026; vLLM
+# with Mooncake): C = 112, 20 rounds, 5,000 forced output tokens, 88.1 KB/token, block 256, 400 GiB DRAM vs 50 GiB
+# DRAM over 46.09 TB NVMe-oF. First prompt and follow-up are not stated: 10,000 and 50 is kvtier's reading (answers
+# recomputed: the reusable prefix of round r is the previous prompt in whole blocks; replay/plan/README.md), which
+# fits its three ideal figures.
+LONG_SESSIONS = dict(
     concurrency=112,
     rounds=20,
     input_len=50,
@@ -29,7 +31,7 @@ SEED = dict(
 )
 DRAM = [TierSpec("dram", 400 * 2**30)]
 TIERED = [TierSpec("dram", 50 * 2**30), TierSpec("nvmeof", 46.09e12)]
-SEED_ARGV = [
+LONG_SESSIONS_ARGV = [
     "--concurrency", "112", "--rounds", "20", "--first-input-len", "10000", "--input-len", "50",
     "--output-len", "5000", "--block-size", "256", "--kv-bytes-per-token", "88.1KB",
     "--config", "dram=--tier dram=400GiB", "--config", "tiered=--tier dram=50GiB --tier nvmeof=46.09TB",
@@ -108,66 +110,66 @@ def test_a_lost_head_loses_the_whole_chain():
     assert out.written_blocks == 2  # its head and the new block; the cached tail is not written again
 
 
-# ---- seed 001 ----------------------------------------------------------------------------------------------------
+# ---- the GP7000 measurement -----------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def seed_plans():
-    w = Workload(**SEED)
+def long_session_plans():
+    w = Workload(**LONG_SESSIONS)
     return simulate(w, DRAM, name="dram"), simulate(w, TIERED, name="tiered")
 
 
-def test_seed_ideal_fits_answers_recomputed():
-    """Seed ideal: 0.9527 at round 20; the 50-round run rose from 0.6580 to 0.9797. Tolerance: the seed does not
+def test_long_sessions_ideal_fits_answers_recomputed():
+    """Measured ideal: 0.9527 at round 20; the 50-round run rose from 0.6580 to 0.9797. Tolerance: the report does not
     state its prompt lengths, and the whole-block floor alone moves ideal(20) by up to 256/P_20 = 0.0024."""
-    rec = Workload(**{**SEED, "rounds": 50})
+    rec = Workload(**{**LONG_SESSIONS, "rounds": 50})
     assert rec.reusable_blocks(20) * 256 / rec.prompt_tokens(20) == pytest.approx(0.9527, abs=0.0025)
     assert rec.reusable_blocks(2) * 256 / rec.prompt_tokens(2) == pytest.approx(0.6580, abs=0.006)
     assert rec.reusable_blocks(50) * 256 / rec.prompt_tokens(50) == pytest.approx(0.9797, abs=0.0025)
-    reused = Workload(**{**SEED, "answer_kv": "reused"})
-    assert reused.reusable_blocks(20) * 256 / reused.prompt_tokens(20) > 0.99  # not what the seed measured
+    reused = Workload(**{**LONG_SESSIONS, "answer_kv": "reused"})
+    assert reused.reusable_blocks(20) * 256 / reused.prompt_tokens(20) > 0.99  # not what was measured
 
 
-def test_seed_round20_dram_collapses_tiered_tracks_ideal(seed_plans):
-    dram, tiered = seed_plans
+def test_long_sessions_round20_dram_collapses_tiered_tracks_ideal(long_session_plans):
+    dram, tiered = long_session_plans
     d20, t20 = dram.rounds[19], tiered.rounds[19]
     assert d20.ideal_hit_rate == pytest.approx(0.9527, abs=0.0025)
-    # Seed: 0.0085, i.e. ideal / C, one session's reuse in 112. The model serves the sessions in a fixed order
+    # Measured: 0.0085, i.e. ideal / C, one session's reuse in 112. The model serves the sessions in a fixed order
     # and predicts 0; the tolerance is that one session's share.
     assert d20.predicted_hit_rate == pytest.approx(0.0085, abs=0.9527 / 112)
     assert dram.collapse_round is not None and dram.collapse_round < 20
     assert all(r.predicted_hit_rate < 0.25 * r.ideal_hit_rate for r in dram.rounds[dram.collapse_round - 1 :])
-    # Seed: 0.9516 = 99.88% of its ideal; the model loses nothing in a tier that never fills.
+    # Measured: 0.9516 = 99.88% of its ideal; the model loses nothing in a tier that never fills.
     assert tiered.collapse_round is None and tiered.first_eviction_round is None
     assert all(r.predicted_hit_rate == r.ideal_hit_rate for r in tiered.rounds)
     assert t20.predicted_hit_rate == pytest.approx(0.9516, abs=0.0025 + 0.0011)
-    # Excess recompute per request at round 20, seed: 99,754 tokens (DRAM) and 117 (tiered).
+    # Excess recompute per request at round 20, measured: 99,754 tokens (DRAM) and 117 (tiered).
     assert d20.excess_recompute_tokens_per_request == pytest.approx(99_754, rel=0.02)
     assert t20.excess_recompute_tokens_per_request < 117
 
 
-def test_seed_bytes_written(seed_plans):
-    dram, tiered = seed_plans
-    # Seed: 1,063.5 GB written in all by the tiered run (the model: every session's final prompt once, 1,043 GB);
+def test_long_sessions_bytes_written(long_session_plans):
+    dram, tiered = long_session_plans
+    # Measured: 1,063.5 GB written in all by the tiered run (the model: every session's final prompt once, 1,043 GB);
     # a normal round writes about 50 GB, the collapsed DRAM round 20 wrote 1,051.8 GB (the whole prompts again).
     assert tiered.bytes_written_total == pytest.approx(1063.5e9, rel=0.03)
     assert all(47e9 < r.bytes_written < 51e9 for r in tiered.rounds[1:])
     assert dram.rounds[19].bytes_written == pytest.approx(1051.8e9, rel=0.02)
-    # Seed: 5.2x less written. The model with 400 GiB alone collapses in round 9 and writes 9.4x; the seed's
+    # Measured: 5.2x less written. The model with 400 GiB alone collapses in round 9 and writes 9.4x; the measured
     # engines also kept KV in their own GPU prefix caches, so its DRAM run collapsed later (its total fits an
-    # effective ~800 GB: see replay/plan/README.md). The model's contrast is at least the seed's.
+    # effective ~800 GB: see replay/plan/README.md). The model's contrast is at least the measured one.
     assert dram.bytes_written_total / tiered.bytes_written_total >= 5.2
-    late = simulate(Workload(**SEED), [TierSpec("dram", 800e9)])
+    late = simulate(Workload(**LONG_SESSIONS), [TierSpec("dram", 800e9)])
     assert late.bytes_written_total / tiered.bytes_written_total == pytest.approx(5.2, rel=0.05)
 
 
 def test_rounds_the_largest_tier_holds():
-    # The seed's ~2,140 rounds: 46.09 TB at its estimate of 21.5 GB written per round (2,179 tokens per session
+    # The report's ~2,140 rounds: 46.09 TB at its estimate of 21.5 GB written per round (2,179 tokens per session
     # per round at 88.1 KB). Its own C x osl x 88.1 KB is 49.3 GB per round, which gives 924 (the model's figure).
     per_round = round(21.5e9 / 112 / 88_100)
-    w = Workload(**{**SEED, "output_len": per_round, "input_len": 0})
+    w = Workload(**{**LONG_SESSIONS, "output_len": per_round, "input_len": 0})
     assert rounds_held(w, int(46.09e12 // w.block_bytes)) == pytest.approx(2140, rel=0.01)
-    assert simulate(Workload(**SEED), TIERED).rounds_largest_tier_holds == 924
+    assert simulate(Workload(**LONG_SESSIONS), TIERED).rounds_largest_tier_holds == 924
     # The formula against the simulation: the round after the last one held is the first with an eviction.
     small = Workload(concurrency=3, rounds=40, input_len=7, output_len=90, block_size=16, kv_bytes_per_token=1000)
     for blocks in (30, 64, 100, 257):
@@ -188,7 +190,7 @@ def test_hits_split_by_tier_and_fast_enough():
     import time
 
     t0 = time.perf_counter()
-    simulate(Workload(**{**SEED, "rounds": 500}), DRAM)
+    simulate(Workload(**{**LONG_SESSIONS, "rounds": 500}), DRAM)
     assert time.perf_counter() - t0 < 5  # 0.3 s on a quiet core; the margin is for a loaded 2-core machine
 
 
@@ -198,19 +200,19 @@ def _fields(w: Workload) -> dict:
 
 def test_shuffled_order_is_a_slope_not_a_cliff():
     """Sessions in a new random order each round: some chains come back before LRU reaches them, so the hit rate
-    falls gradually and less is written. Seed 001's 0.0085 and its cliff point to the fixed order."""
-    fixed = simulate(Workload(**SEED), DRAM)
-    shuffled = simulate(Workload(**SEED), DRAM, order="shuffled", seed=1)
+    falls gradually and less is written. The measured 0.0085 and its cliff point to the fixed order."""
+    fixed = simulate(Workload(**LONG_SESSIONS), DRAM)
+    shuffled = simulate(Workload(**LONG_SESSIONS), DRAM, order="shuffled", seed=1)
     assert shuffled.rounds[8].predicted_hit_rate > 0.5 * shuffled.rounds[8].ideal_hit_rate  # fixed: 0 in round 9
     assert 0.02 < shuffled.rounds[19].predicted_hit_rate < 0.25
     assert shuffled.bytes_written_total < 0.9 * fixed.bytes_written_total
-    again = simulate(Workload(**SEED), DRAM, order="shuffled", seed=1)
+    again = simulate(Workload(**LONG_SESSIONS), DRAM, order="shuffled", seed=1)
     assert again.to_dict() == shuffled.to_dict()
 
 
 def test_answers_reused_keep_more_and_collapse_earlier():
-    rec = simulate(Workload(**SEED), DRAM)
-    reused = simulate(Workload(**{**SEED, "answer_kv": "reused"}), DRAM)
+    rec = simulate(Workload(**LONG_SESSIONS), DRAM)
+    reused = simulate(Workload(**{**LONG_SESSIONS, "answer_kv": "reused"}), DRAM)
     assert reused.rounds[5].ideal_hit_rate > rec.rounds[5].ideal_hit_rate
     assert reused.first_eviction_round < rec.first_eviction_round
 
@@ -218,9 +220,9 @@ def test_answers_reused_keep_more_and_collapse_earlier():
 # ---- command line ------------------------------------------------------------------------------------------------
 
 
-def test_seed_command_writes_plan_json_and_table(tmp_path, capsys):
+def test_long_sessions_command_writes_plan_json_and_table(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert plan_cli.main([*SEED_ARGV, "--output", str(out)]) == 0
+    assert plan_cli.main([*LONG_SESSIONS_ARGV, "--output", str(out)]) == 0
     text = capsys.readouterr().out
     assert "dram: collapses in round 9" in text and "tiered: does not collapse" in text
     doc = json.loads(out.read_text())
@@ -236,9 +238,9 @@ def test_seed_command_writes_plan_json_and_table(tmp_path, capsys):
 
 
 @pytest.mark.slow  # matplotlib: a few seconds on a loaded machine
-def test_seed_figure(tmp_path):
+def test_long_sessions_figure(tmp_path):
     plots = tmp_path / "plots"
-    assert plan_cli.main([*SEED_ARGV, "--quiet", "--plots", str(plots)]) == 0
+    assert plan_cli.main([*LONG_SESSIONS_ARGV, "--quiet", "--plots", str(plots)]) == 0
     png = (plots / "plan.png").read_bytes()
     width, height = struct.unpack(">II", png[16:24])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and width > 800 and height > 300
@@ -309,7 +311,7 @@ def test_interrupted_plan_writes_what_was_simulated(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plan_cli, "simulate", second_is_interrupted)
     out = tmp_path / "p.json"
-    assert plan_cli.main([*SEED_ARGV, "--quiet", "--output", str(out)]) == 130
+    assert plan_cli.main([*LONG_SESSIONS_ARGV, "--quiet", "--output", str(out)]) == 130
     doc = json.loads(out.read_text())
     assert doc["status"] == "interrupted" and [c["name"] for c in doc["configurations"]] == ["dram"]
 
