@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""collapse.py	The long-session hit-rate cliff on the real CPU stack (issue 15, section 3): predicted, then measured.
+"""collapse.py	The long-session hit-rate cliff on the real CPU stack: predicted, then measured.
 
 usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 12] [--concurrency 4] [--input-len 256]
                               [--output-len 32] [--l1-mb 16] [--l1-watermark 0.2] [--l1-evict-ratio 1.0]
                               [--round-pause 3] [--ticks-during 1] [--disk-mb 256] [--dram-mb 5]
                               [--chunk-size 256] [--base-port 18700] [--configs l1only,tiered,dram]
 
-Seed 001's experiment scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
+The experiment of LUISUAN Technology's published GP7000 long-session measurement (vLLM + Mooncake,
+2026; replay/plan/README.md) scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
 token): C sessions advance one round at a time, each round's prompt is the whole history (the earlier prompts and
 the server's own answers) plus --input-len new tokens, sent to /v1/completions (the exact text, so the next prompt
 starts with the same tokens and the block chain holds; the chat template did not re-tokenize identically).
@@ -24,10 +25,10 @@ starts with the same tokens and the block chain holds; the chat template did not
    comes through LMCache), `kvtier replay --rounds N --concurrency C --output-len L` runs, the stack is stopped:
      l1only  LMCache's memory only (--l2 none): what it evicts is gone;
      tiered  the same L1 over the kvtier disk tier (--l2 kvtier, --disk-mb);
-     dram    seed 001's own configuration: the same L1 as a staging area over a small DRAM store, kvtier's tier on
-             tmpfs (/dev/shm, --io-mode buffered, --dram-mb) with nothing behind it, so kvtier's LRU evicts and
-             drops. LMCache hands it a store's chunks head first, so it drops the oldest chain's head first and the
-             chain behind it is lost (the plan's L2, replay/plan/lmcache_mp.py).
+     dram    the GP7000 measurement's DRAM-only configuration: the same L1 as a staging area over a small DRAM store,
+             kvtier's tier on tmpfs (/dev/shm, --io-mode buffered, --dram-mb) with nothing behind it, so kvtier's LRU
+             evicts and drops. LMCache hands it a store's chunks head first, so it drops the oldest chain's head first
+             and the chain behind it is lost (the plan's L2, replay/plan/lmcache_mp.py).
 3. Predicted vs measured per round, the media identity of each run, and verdicts: l1only's late-round hit rate
    below a quarter of the ideal, tiered within 5 points of it, the plan within 5 points of each measurement.
 Everything lands in a new directory (--out, default results/collapse-<UTC time>; an existing one is refused):

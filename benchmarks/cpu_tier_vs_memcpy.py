@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU-tier put and get against a plain numpy copy of the same bytes, per entry size, in one run.
 
-The CPU tier should be bound by memcpy, not by allocation (issue 12, section 3). Three sides, in alternating rounds
+The CPU tier should be bound by memcpy, not by allocation. Three sides, in alternating rounds
 (medians reported, so a neighbour's burst on this shared VM hits every side alike):
 - memcpy: np.copyto from the source into destination buffers mapped and touched beforehand (the floor);
 - tier: CPUTier in its steady state: full of entries, each put first deletes the oldest (as the store's eviction

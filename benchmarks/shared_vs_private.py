@@ -11,14 +11,14 @@ backend), and a shared tier is to be judged by its per-operation latency first. 
 - private: deploy/run-stack.sh --instances N, each instance its own kvtier disk tier (no --shared-dir);
 - shared:  --instances N --shared-dir on a throttlefs mount --disk-gb 0 (every store lands in the shared tier),
            once per --shared-lat-ms (the mount's latency per operation changed live, the stack stays up).
-Each point replays the same kind of load with fresh sessions (its own seed): `kvtier replay --source synthetic
---rounds R --concurrency S` through the proxy, so a session's consecutive turns land on different instances (as in
-the seed; S must not be a multiple of N: rounds go out in lockstep and the rotation is per request, so with S = 4 and
-N = 2 every session would stay on one instance). LMCache's L1 is kept small (--l1-gb 0.2) and cleared on every
-instance before each point. Reported per point, from vLLM's and kvtier's Prometheus counters over the run (replay's
---metrics-url on every instance's vLLM and kvtier exporter): prefix hit rate (tokens served from a cache / prompt
-tokens), the share of kvtier reads served by the shared tier, TTFT p50/p95, recomputed prompt tokens (vLLM's
-local_compute), and the load average.
+Each point replays the same kind of load with fresh sessions (its own seed): `kvtier replay --source synthetic --rounds
+R --concurrency S` through the proxy, so a session's consecutive turns land on different instances (as behind the load
+balancer of the JGU Mainz storage-tiering case study, 2026; S must not be a multiple of N: rounds go out in lockstep and
+the rotation is per request, so with S = 4 and N = 2 every session would stay on one instance). LMCache's L1 is kept
+small (--l1-gb 0.2) and cleared on every instance before each point. Reported per point, from vLLM's and kvtier's
+Prometheus counters over the run (replay's --metrics-url on every instance's vLLM and kvtier exporter): prefix hit rate
+(tokens served from a cache / prompt tokens), the share of kvtier reads served by the shared tier, TTFT p50/p95,
+recomputed prompt tokens (vLLM's local_compute), and the load average.
 Needs root (FUSE). One stack at a time (two slow each other several-fold on 2 cores).
 
 example: sudo .venv/bin/python benchmarks/shared_vs_private.py --json svp.json --plot svp.png

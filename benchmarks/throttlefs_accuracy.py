@@ -14,8 +14,9 @@ Three parts, all with real fio, in one run:
                blkio cgroup throttle (cgroup v1 blkio.throttle.{read,write}_bps_device) on a loop device holding
                an ext4 (--direct-io=on). throttlefs's backing directory is on that same ext4, so only the throttle
                differs. Reported: both throughputs per point and whether the orderings agree (over bandwidths per
-               workload, over workloads per bandwidth, Kendall's tau over all points). This is seed 002's check
-               against dm-delay: this kernel has no device-mapper, the blkio throttle is its kernel-level stand-in.
+               workload, over workloads per bandwidth, Kendall's tau over all points). The JGU Mainz storage-tiering
+               case study ("Wo der KV-Cache liegt", 2026) checked its FUSE shim against dm-delay: this kernel has no
+               device-mapper, the blkio throttle is its kernel-level stand-in.
 
 Needs root (FUSE, losetup, cgroups), fio, fuse3 and mfusepy; without a blkio cgroup the cross-check is skipped and
 says so. The disk is shared and swings up to 2x: each figure is a ratio within this run, and the load average is

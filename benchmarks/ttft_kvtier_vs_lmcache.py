@@ -272,7 +272,7 @@ class Side:
     def counters(self) -> tuple:
         """What the L2-hit check compares against: vLLM's external hit tokens and the LMCache server's block-device
         reads, read before L1 is cleared. Nothing in the LMCache server is asked between timed requests: a scrape of
-        kvtier's exporter there was charged to the next request (kvconnector/README.md; issue 12), so kvtier's
+        kvtier's exporter there was charged to the next request (kvconnector/README.md), so kvtier's
         disk-tier hits are read once per stack (check_disk_hits)."""
         from kvtier_stack import vllm_external_hits
 

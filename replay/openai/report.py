@@ -306,11 +306,12 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
 
 
 def media_identity(state: RunState, rounds: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """What went to each storage medium over the run, to check that two configurations did the same work (the seed's
-    "media identity": total stores and loads per configuration, bytes into each tier): per kvtier tier the bytes and
-    operations written and read (`kvtier_bytes_total` / `kvtier_ops_total` by the exporter's `tier` label), the
-    backend's store and load events, LMCache's stored and hit tokens; and whether the rounds' per-tier bytes add up to
-    the run's (every byte is in exactly one round). None without two snapshots."""
+    """What went to each storage medium over the run, to check that two configurations did the same work (the "media
+    identity" of LUISUAN's published GP7000 long-session measurement, replay/plan/README.md: total stores and loads per
+    configuration, bytes into each tier): per kvtier tier the bytes and operations written and read
+    (`kvtier_bytes_total` / `kvtier_ops_total` by the exporter's `tier` label), the backend's store and load events,
+    LMCache's stored and hit tokens; and whether the rounds' per-tier bytes add up to the run's (every byte is in
+    exactly one round). None without two snapshots."""
     a, b = state.metrics_start, state.metrics_last
     if a is None or b is None:
         return None

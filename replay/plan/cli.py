@@ -27,7 +27,8 @@ PROG = "kvtier plan"
 ENV_PREFIX = "KVTIER_PLAN_"
 
 EXAMPLES = """examples:
-  # seed 001: 112 sessions x 20 rounds of 5,000 forced output tokens, FP8 KV at 88.1 KB/token, block 256;
+  # LUISUAN's published GP7000 measurement (replay/plan/README.md): 112 sessions x 20 rounds of 5,000 forced
+  # output tokens, FP8 KV at 88.1 KB/token, block 256;
   # a 400 GiB DRAM tier against 50 GiB of DRAM over 46.09 TB of NVMe-oF, side by side, with a figure
   kvtier plan --concurrency 112 --rounds 20 --first-input-len 10000 --input-len 50 --output-len 5000 \\
       --block-size 256 --kv-bytes-per-token 88.1KB \\

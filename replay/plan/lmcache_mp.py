@@ -22,7 +22,8 @@ What LMCache MP does (lmcache/v1/distributed/, read in 0.5.6), and what this mod
   order; the LRU's reversal is L1's alone), so in L2 a chain's *head* is its oldest block. kvtier evicts on demand,
   LRU (`store.py`): a put of a key it holds changes nothing, a lookup only pins, a load (`get`) makes the block
   recent, again in chain order. Under pressure it therefore drops the oldest session's head first, and the whole
-  chain behind it becomes unreachable: the seed's head-first cascade. A lookup hits the chain's prefix present in L1
+  chain behind it becomes unreachable: the head-first cascade of the published
+  GP7000 long-session measurement (replay/plan/README.md). A lookup hits the chain's prefix present in L1
   or L2.
 
 Time is reduced to ticks: a round is all sessions' lookups (concurrent: the closed loop sends them together), then

@@ -68,7 +68,7 @@ AnswerKV = Literal["reused", "recomputed"]
 # periodic eviction over an optional write-through L2, block by block (lmcache_mp.py)
 POLICIES = ("lru", "lmcache-mp")
 ORDERS = ("fixed", "shuffled")
-# A round has collapsed when its predicted hit rate is below this share of the ideal (issue 15's "a quarter").
+# A round has collapsed when its predicted hit rate is below this share of the ideal (kvtier's own threshold).
 COLLAPSE_FRACTION = 0.25
 
 

@@ -1,4 +1,7 @@
-"""`kvtier sweep`: storage sensitivity of the drivers, one throttle setting at a time (seed 002's testbed).
+"""`kvtier sweep`: storage sensitivity of the drivers, one throttle setting at a time.
+
+The testbed of the JGU Mainz storage-tiering case study ("Wo der KV-Cache liegt: Storage-Tiering für LLM-Inferenz
+unter realem Traffic", 2026): bandwidth and per-operation latency varied independently under a live stack.
 
     kvtier sweep --bw 4GB/s,1GB/s,250MB/s --lat-ms 0,0.5,1,2 [--repeat K] --driver bench|replay \\
         --output sweep.json [--plots DIR] -- <driver args>

@@ -22,7 +22,8 @@ REPLAY_METRICS = (
     ("l2_hit_share", "L2 hit share", ("server_metrics", "external_prefix_cache_hit_rate"), False),
 )
 METRICS = {"bench": BENCH_METRICS, "replay": REPLAY_METRICS}
-# the figure each driver's heat maps lead with (the seed's TTFT; the bench driver has no model, so storage service)
+# the figure each driver's heat maps lead with (TTFT, as in the JGU Mainz storage-tiering case study; the bench
+# driver has no model, so storage service)
 HEADLINE = {"bench": "service_p50_ms", "replay": "ttft_p50_ms"}
 
 

@@ -15,7 +15,8 @@ The model is the one `kvtier plan` simulates (replay/plan/model.py), here with r
   one request at a time, in the order the requests arrive (one GPU, on which an engine schedules a request's prefill
   and looks its prefix up then); the writes run after it, beside the next request's turn. Looking every request up
   at once on arrival instead lets the chains written last in a round survive into the next (18-42% hits where the
-  sequential model, and the seed's vLLM run, collapse to 0).
+  sequential model, and the vLLM run of the published GP7000 long-session measurement (replay/plan/README.md),
+  collapse to 0).
 - Decode is simulated generation time (the KV stays on the GPU while it is made), then the answer's whole blocks are
   written too (the engine's prefix cache keeps generated blocks), so the next turn can reuse prompt and answer:
   `kvtier plan --answer-kv reused`. Decode reads nothing from the store in this model.

@@ -1,6 +1,7 @@
 """throttlefs: a FUSE passthrough of a directory that caps bandwidth and adds latency per operation, independently.
 
-Why: to vary the storage under a live stack one property at a time (seed 002's sensitivity testbed): the disk tier's
+Why: to vary the storage under a live stack one property at a time (the sensitivity testbed of the JGU
+Mainz storage-tiering case study, "Wo der KV-Cache liegt", 2026): the disk tier's
 directory is mounted through it, and a sweep changes the caps and latencies while the stack stays up.
 
 Start it (foreground; Ctrl-C / SIGTERM or `fusermount3 -u MOUNTPOINT` end it and print what it did):

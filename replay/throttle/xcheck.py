@@ -1,10 +1,11 @@
 """Cross-check of throttlefs against the kernel's own throttle: the blkio cgroup (v1) on a loop device.
 
-Seed 002 checked its FUSE shim's orderings against dm-delay; this kernel has no device-mapper, and the blkio cgroup
-throttle (`blkio.throttle.{read,write}_bps_device`) on a loop device is its kernel-level stand-in
-(shared/reference/machine-io.md). The same fio workload runs capped at the same bandwidth both ways: fio inside a
-cgroup whose limit applies to the loop device under an ext4, and fio through a throttlefs mount whose backing
-directory is on that same ext4 (its I/O is not in the cgroup). Only the throttle differs.
+The JGU Mainz storage-tiering case study ("Wo der KV-Cache liegt", 2026) checked its FUSE shim's orderings against
+dm-delay; this kernel has no device-mapper, and the blkio cgroup throttle (`blkio.throttle.{read,write}_bps_device`) on
+a loop device is its kernel-level stand-in (kvtier's own finding on its development VM: /dev/mapper/control absent; the
+loop device's throttle caps accurately). The same fio workload runs capped at the same bandwidth both ways: fio inside a
+cgroup whose limit applies to the loop device under an ext4, and fio through a throttlefs mount whose backing directory
+is on that same ext4 (its I/O is not in the cgroup). Only the throttle differs.
 
 Orderings: for each workload, the points over the bandwidth grid are ranked by throughput both ways; a pair of points
 counts as concordant or discordant only where both throttles separate them by more than `TIE_REL` (closer than that
