@@ -1,5 +1,5 @@
 """End to end: deploy/run-stack.sh --instances 2 without --shared-dir (each instance its own kvtier disk tier) behind
-the round-robin proxy: the private-tier baseline of issue 16's shared-vs-private comparison.
+the round-robin proxy: the private-tier baseline of the shared-vs-private comparison (benchmarks/shared_vs_private.py).
 
 What could fail: `up` refusing N > 1 without a shared directory (it did: exit 2), the instances sharing a directory,
 the proxy not alternating. The same prompt sent twice through the proxy lands on instance 0, then instance 1; with

@@ -1,6 +1,6 @@
-"""deploy/run-stack.sh's flags of the long-session experiment (issue 15): each wrong value is one line on stderr and
-exit 2 before anything starts (no state directory holds a pid). No server is started here: the stacks these flags
-build are run by benchmarks/collapse.py."""
+"""deploy/run-stack.sh's flags of the long-session experiment (benchmarks/collapse.py): each wrong value is one line on
+stderr and exit 2 before anything starts (no state directory holds a pid). No server is started here: the stacks these
+flags build are run by benchmarks/collapse.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kvtier bench --prefix-model chained` (issue 15, section 2): sessions' KV as chains of blocks over the real tiered
+"""`kvtier bench --prefix-model chained`: sessions' KV as chains of blocks over the real tiered
 store, in rounds. A CPU tier smaller than the working set with no room below it collapses the hit rate (LRU takes
 every session's chain head); a disk tier below keeps it at the ideal. Real tiers, real files, a 256 B/token model so a
 run takes seconds."""

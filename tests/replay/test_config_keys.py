@@ -481,7 +481,7 @@ def p_generation_ms_per_token(tmp):
     assert s_p50(doc, "generation_latency_ms") >= 20 * 5 * 0.9
 
 
-# ---- the chained prefix model (issue 15): a short run of 2 sessions, 256 input + 256 answer tokens per turn ----------
+# ---- the chained prefix model: a short run of 2 sessions, 256 input + 256 answer tokens per turn --------------------
 def short_chained(tmp, **kw) -> dict:
     return chained_run(tmp, **{"num_users": 2, "rounds": 3, **kw})
 
@@ -761,7 +761,7 @@ def p_progress(tmp):
     pass  # checked in test_config_key_changes_behaviour, which has the captured stderr
 
 
-# ---- keys the MLPerf reference's config.yaml brought (issue 14) ------------------------------------------------------
+# ---- keys the MLPerf reference's config.yaml brought -----------------------------------------------------------------
 def notes_of(tmp, **kw) -> list[str]:
     return prepared(tmp, **kw).notes
 

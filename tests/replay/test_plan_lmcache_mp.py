@@ -162,7 +162,8 @@ def test_tails_go_first_so_a_chain_keeps_its_head():
 
 def test_l2_drops_the_oldest_chain_head_first_so_the_whole_chain_misses():
     """kvtier's LRU under LMCache gets a store's chunks head first: out of room, it evicts the oldest session's head,
-    and that session hits nothing of the chain behind it (seed 001's cascade, unlike L1's tails-first slope)."""
+    and that session hits nothing of the chain behind it (the published GP7000 measurement's cascade,
+    replay/plan/README.md; unlike L1's tails-first slope)."""
     mp = LMCacheMP(100, 7, MPParams(watermark=1.0, evict_ratio=1.0, ticks_during=0, ticks_between=0))
     mp.store(0, 0, 4)
     mp.store(1, 0, 4)  # 8 > 7: (0, 0) goes

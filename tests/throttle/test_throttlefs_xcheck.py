@@ -1,5 +1,6 @@
-"""The kernel cross-check: the same fio workloads capped by the blkio cgroup throttle on a loop device and by
-throttlefs order the same way over bandwidth, and both land near the cap (seed 002 did this against dm-delay)."""
+"""The kernel cross-check: the same fio workloads capped by the blkio cgroup throttle on a loop device and by throttlefs
+order the same way over bandwidth, and both land near the cap (the JGU Mainz storage-tiering case study, 2026, did this
+against dm-delay; this kernel has no device-mapper)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ send times to the same file gives one timeline (`benchmarks/ttft_kvtier_vs_lmcac
 
   PFTRACE_LOG=/tmp/pf.log PYTHONPATH=$PWD/tools/prefetch_timeline deploy/run-stack.sh up --model DIR --kv-dir DIR ...
 
-This is how the TTFT gap of kvconnector/README.md was traced to a metrics scrape right before each timed request,
-and how issue 12's "L1 hits" were found to be L2 re-reads (every one of them submitted a load task to kvtier).
+This is how the TTFT gap of kvconnector/README.md was traced to a metrics scrape right before each timed request, and
+how the "L1 hits" of an early TTFT run (benchmarks/README.md) were found to be L2 re-reads (every one of them submitted
+a load task to kvtier).
 """
 
 import functools

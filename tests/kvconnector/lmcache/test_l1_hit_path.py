@@ -5,8 +5,9 @@ LMCache 0.5.6 sends every prefetch to every L2 adapter, L1 hits included (Prefet
 waits for the adapter's lookup event fd in its poll loop, takes the bitmap with query_lookup_and_lock_result, then
 plans the load (_transition_to_load_phase -> _plan_load): the keys L1 holds are dropped from the L2 plan and handed
 back with submit_unlock, and no load task is submitted. The tests drive the real adapter through that sequence while
-kvtier's store and read pools are busy (stores with fdatasync queued ahead of the request, the situation of issue 12)
-and fail if the L1 hit did any tier I/O, submitted anything to a pool or had to wait for one.
+kvtier's store and read pools are busy (stores with fdatasync queued ahead of the request, the situation
+benchmarks/README.md's "TTFT of cached prompts" measured) and fail if the L1 hit did any tier I/O, submitted anything to
+a pool or had to wait for one.
 """
 
 import select

@@ -1,4 +1,4 @@
-"""The fake server's bounded LRU prefix cache (issue 15, section 2): `kvtier replay --rounds` against a capacity
+"""The fake server's bounded LRU prefix cache: `kvtier replay --rounds` against a capacity
 smaller than the sessions' working set sees the hit-rate cliff, against a large one the ideal; no vLLM needed."""
 
 from __future__ import annotations

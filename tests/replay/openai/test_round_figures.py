@@ -1,4 +1,4 @@
-"""Replay's per-round figures (issue 15, section 4) from real runs in rounds against the fake server's bounded LRU,
+"""Replay's per-round figures from real runs in rounds against the fake server's bounded LRU,
 with a real kvtier backend's exporter as a second /metrics URL: the hit rate against the ideal, excess recompute,
 TPOT, requests/s, the TTFT and decode shares of a round, errors, KV bytes per tier per round, and the summary's media
 identity (per-tier bytes and operations, stores and loads) that the rounds add up to."""

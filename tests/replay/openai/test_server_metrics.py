@@ -38,7 +38,7 @@ def _written(backend) -> dict[str, int]:
 
 def test_bytes_per_tier_from_a_real_kvtier_exporter(tmp_path):
     # A 200 KB disk tier over a shared-directory tier: 50 KB entries overflow the disk tier and are demoted, so both
-    # tiers are written, by different amounts (what seed 001's media-identity check needs to see).
+    # tiers are written, by different amounts (what the media-identity check, replay/openai/report.py, needs to see).
     cfg = BackendConfig(
         disk_dir=str(tmp_path / "disk"),
         disk_capacity_gb=2e-4,
