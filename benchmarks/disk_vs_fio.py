@@ -127,8 +127,8 @@ def run_kvtier(tier: DiskTier, op: str, keys: list[str], obj: int, workers: int,
     }
 
 
-# (label, kvtier op, fio op): each row of the table is a ratio kvtier / fio from the same round. The first two are the
-# issue's targets; "fill vs fio overwrite" holds kvtier's fill to blocks fio has already written.
+# (label, kvtier op, fio op): each row of the table is a ratio kvtier / fio from the same round. The first two are
+# kvtier's own targets; "fill vs fio overwrite" holds kvtier's fill to blocks fio has already written.
 ROWS = (
     ("fill vs fio fill", "kv_fill", "fio_fill"),
     ("overwrite vs fio overwrite", "kv_overwrite", "fio_overwrite"),

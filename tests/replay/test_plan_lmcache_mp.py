@@ -270,7 +270,7 @@ CONFIG_GAPS = {"dram": 0.24}
 @pytest.mark.parametrize("path", _recorded_runs(), ids=lambda p: p.stem)
 def test_recorded_runs(path):
     """Replanned from each recorded run's own parameters: runs with an eviction ratio of 1 (the L1 emptied at the
-    first tick over the watermark, whatever its phase) within 5 points of every measured round, the issue's target;
+    first tick over the watermark, whatever its phase) within 5 points of every measured round, kvtier's target;
     the slope runs within the gaps README.md reports for them, which still separates them from the on-demand LRU
     model those runs printed (off by 0.4-0.86)."""
     doc = json.loads(path.read_text())

@@ -123,7 +123,7 @@ def test_whole_trace_is_not_truncated(tmp_path, capsys):
 
 
 def test_half_a_trace_no_longer_loses_job_fields_silently(tmp_path, capsys):
-    # the case: the first half of a whole trace gave exit 0 and a job
+    # the reported case: the first half of a whole trace gave exit 0 and a job
     # without size, percentage_random and thinktime
     whole = tmp_path / "whole.fio"
     assert run(["-i", TEXT_IDLE, "-o", whole, "--no-validate"], capsys)[0] == 0
