@@ -9,11 +9,10 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _trace_helpers import FIXTURES, TRACING, disk_tmp_dir, needs_bpftrace, needs_root
+from _trace_helpers import FIXTURES, TRACING, disk_tmp_dir, needs_bpftrace, needs_root, wait_attached
 
 from tracing.histparse import parse_trace
 from tracing.report import health_lines, main
@@ -81,10 +80,7 @@ def test_cached_buffered_reads_are_said_to_come_from_the_page_cache(tmp_path):
             text=True,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 60
-        while "Tracing storage I/O" not in (out / "trace.txt").read_text() if (out / "trace.txt").exists() else True:
-            assert time.monotonic() < deadline and tracer.poll() is None, "tracer did not attach"
-            time.sleep(0.1)
+        wait_attached(out, tracer, timeout_s=60)
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "done"

@@ -16,11 +16,19 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from _trace_helpers import FIXTURES, TRACING, disk_tmp_dir, needs_bpftrace, needs_fio, needs_root
+from _trace_helpers import (
+    FIO_READING_BYTES,
+    FIXTURES,
+    TRACING,
+    disk_tmp_dir,
+    needs_bpftrace,
+    needs_fio,
+    needs_root,
+    wait_io,
+)
 
 from tracing.distill import distill, main
 from tracing.histparse import parse_trace
@@ -129,7 +137,7 @@ def test_live_fio_distils_to_its_depth(tmp_path, qd):
         stderr=subprocess.DEVNULL,
     )
     try:
-        time.sleep(0.7)
+        wait_io(fio, read_bytes=FIO_READING_BYTES)  # file laid out, its reads under way
         out = tmp_path / "trace"
         p = subprocess.run(
             ["bash", str(SH), str(fio.pid), "--dev", str(work), "--duration", "3", "--out", str(out), "--no-syscalls"],

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_root
+from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_root, wait_attached
 from helpers import free_port
 
 from tracing.distill import validate_job
@@ -189,24 +189,13 @@ def _trace(work: Path, out: Path, *args: str, timeout: float = 120) -> subproces
     )
 
 
-def _wait_attached(out: Path, trace: str = "trace.txt", timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        p = out / trace
-        if p.exists() and "Tracing storage I/O by layer" in p.read_text(errors="replace"):
-            return
-        time.sleep(0.1)
-    raise AssertionError("tracer did not attach")
-
-
 @_live
 def test_name_traces_the_stack_and_a_child_started_while_tracing(work, tmp_path):
     st = FakeStack(work, 40)
     out = tmp_path / "t"
     try:
         tr_proc = _trace(work, out, st.tag, "--duration", "10", "--fio")
-        _wait_attached(out)
-        time.sleep(1.0)
+        wait_attached(out, tr_proc)  # from here bpftrace follows forks and the watcher rescans: a child now is late
         late = st.start_late()
         _, err = tr_proc.communicate(timeout=120)
         assert tr_proc.returncode == 0, err

@@ -9,11 +9,19 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_fio, needs_root
+from _trace_helpers import (
+    FIO_READING_BYTES,
+    TRACING,
+    disk_tmp_dir,
+    io_counters,
+    needs_bpftrace,
+    needs_fio,
+    needs_root,
+    wait_io,
+)
 
 from tracing.distill import distill, render_job, validate_job
 from tracing.histparse import parse_trace
@@ -162,7 +170,7 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
             ],
             orig_json,
         )
-        time.sleep(0.7)  # file laid out, I/O running
+        wait_io(fio, read_bytes=FIO_READING_BYTES)  # file laid out, its reads under way
         out = tmp_path / "trace"
         p = subprocess.run(
             [
@@ -243,7 +251,8 @@ def test_session_sees_syscall_and_block_layers(tmp_path):
         assert wl.stdout.readline().strip() == "ready"
         s = TraceSession(pid=wl.pid, path=work, out_dir=tmp_path / "t", job_name="pyloop")
         s.start()
-        time.sleep(2.0)
+        # 20 rounds of the loop traced: 8 pwrites each (syscw), and 8 x 64 KiB read back from the disk after fadvise
+        wait_io(wl, since=io_counters(wl.pid), syscw=20 * 8, read_bytes=20 * 8 * 64 * 1024)
         res = s.stop()
         assert {"block", "syscalls", "fadvise", "owner"} <= set(res["layers_on"])
         h = res["histograms"]
