@@ -1,5 +1,9 @@
 """`kvtier check RESULTS.json...`: the MLPerf KV Cache spec's submission checklist (its section 6) over results files.
 
+The spec: "MLPerf Storage v3.0 KV Cache Benchmark: Technical Specification and Implementation Guide" (Hazem
+Awadallah, Kingston Digital, January 2026), whose reference implementation is kv_cache_benchmark/ of the
+hazemawadalla/storage fork of mlcommons/storage.
+
 Input: `kvtier bench` results, one file per trial (the spec's `mlperf_stress_8b_trial{1..5}.json`), and/or trials
 documents of `kvtier bench --trials N`. Runs with the same configuration (everything but seed and output paths) form
 one configuration; its trials are the completed runs. One line per checklist item, PASS or FAIL with what was found,
