@@ -126,13 +126,15 @@ def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, needle):
 
 @pytest.mark.parametrize("op", ["read", "write", "fsync", "open"])
 def test_each_operations_latency_holds_that_operation_only(op):
-    t = Throttle(apply_changes(Settings(), {f"{op}_lat_ms": 30}))
+    # 200 ms held vs a 100 ms line: a loaded machine may stall an unheld operation, or wake a sleep late (the
+    # throttle then shortens its next sleeps), by tens of ms without blurring which operation is held
+    t = Throttle(apply_changes(Settings(), {f"{op}_lat_ms": 200}))
     for other in ("read", "write", "fsync", "open"):
         slot, s = t.begin(other, 4096)
         t0 = time.monotonic_ns()
         t.finish(other, 4096, slot, s)
         held_ms = (time.monotonic_ns() - t0) / 1e6
-        assert (held_ms >= 20) == (other == op), (other, held_ms)
+        assert (held_ms >= 100) == (other == op), (other, held_ms)
 
 
 def test_jitter_spreads_the_added_latency_around_its_value():
@@ -149,4 +151,5 @@ def test_jitter_spreads_the_added_latency_around_its_value():
 def test_a_write_cap_does_not_hold_reads():
     t = Throttle(Settings(write_bw_bytes_s=1e6))
     assert t.begin("read", 1 << 20)[0] <= time.monotonic_ns()
-    assert t.begin("write", 1 << 20)[0] - time.monotonic_ns() > 0.9e9
+    # 1 MiB at 1 MB/s: a slot about 1.05 s ahead; half of that is left whatever a loaded machine delays here
+    assert t.begin("write", 1 << 20)[0] - time.monotonic_ns() > 0.5e9
