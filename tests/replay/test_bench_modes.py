@@ -1,12 +1,11 @@
 """Every workload source and mode of `kvtier bench`, on small files the tests write."""
 
-import csv
 import json
 import subprocess
 import sys
 
 import pytest
-from bench_helpers import run
+from bench_helpers import run, write_burstgpt, write_sharegpt
 
 from kvconnector.histogram import LatencyHistogram
 from replay.synthetic.autoscaler import Autoscaler
@@ -14,61 +13,6 @@ from replay.synthetic.config import AutoscalerConfig
 from replay.synthetic.executor import PriorityExecutor
 
 KVTIER = [sys.executable, "-m", "replay.cli", "bench"]
-
-
-def write_sharegpt(path, n=3, turns=3):
-    convs = []
-    for i in range(n):
-        msgs = []
-        for t in range(turns):
-            msgs.append({"from": "human", "value": f"question {i}.{t} " + "word " * (40 + 10 * t)})
-            msgs.append({"from": "gpt", "value": "answer " * (30 + t)})
-        convs.append({"id": f"c{i}", "conversations": msgs})
-    text = json.dumps(convs)
-    path.write_text(text[:-40])  # truncated like the real copy: the last conversation is damaged
-    return path
-
-
-def write_burstgpt(path, with_sessions=True):
-    rows = []
-    t = 0.0
-    for s in range(4):
-        for turn in range(3):
-            rows.append(
-                {
-                    "Timestamp": round(t, 3),
-                    "Model": "ChatGPT",
-                    "Request tokens": 100 + 150 * turn,
-                    "Response tokens": 40,
-                    "Total tokens": 140 + 150 * turn,
-                    "Log Type": "Conversation log",
-                    "Session ID": f"s{s}",
-                    "Elapsed time": 1.0,
-                }
-            )
-            t += 0.1
-    rows.append(
-        {
-            "Timestamp": round(t, 3),
-            "Model": "GPT-4",
-            "Request tokens": 50,
-            "Response tokens": 0,
-            "Total tokens": 50,
-            "Log Type": "API log",
-            "Session ID": "failed",
-            "Elapsed time": 0,
-        }
-    )
-    fields = (
-        list(rows[0])
-        if with_sessions
-        else ["Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"]
-    )
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def test_sharegpt_replay_tolerates_truncation_and_reuses_previous_turns(tmp_path):

@@ -6,37 +6,12 @@ run takes seconds."""
 import json
 
 import pytest
-from bench_helpers import run
+from bench_helpers import chained_run
 
 from replay.outputs import write_plots
 from replay.synthetic.cli import main
 
-TINY = {"tiny": {"num_layers": 1, "kv_heads": 1, "head_dim": 64}}  # 256 B/token in bf16: a 256-token block is 64 KiB
-# Every turn adds 256 input and 256 answer tokens: two blocks per session per round.
-FIXED = {"chat": {"context_tokens": [256, 256], "generate_tokens": [256, 256], "think_time_s": [0, 0]}}
-# 0.8 x 4 MB of CPU tier = 48 blocks: 8 sessions x 2 blocks x 3 rounds, so the working set crosses it in round 4.
-CPU_GB = 0.004
 NO_ROOM_BELOW_GB = 0.000001  # a disk tier smaller than one block: no tier below the CPU (build_tiers always has one)
-
-
-def chained_run(tmp, **kw) -> dict:
-    cfg = {
-        "model": "tiny",
-        "model_configs": TINY,
-        "user_templates": FIXED,
-        "prefix_model": "chained",
-        "block_size": 256,
-        "rounds": 9,
-        "num_users": 8,
-        "duration": 120,
-        "cpu_mem_gb": CPU_GB,
-        "storage_capacity_gb": 0.05,
-        **kw,
-    }
-    tmp.mkdir(parents=True, exist_ok=True)
-    doc = run(tmp, **cfg)
-    assert doc["_rc"] == 0 and doc["status"] == "completed", doc.get("error")
-    return doc
 
 
 @pytest.mark.slow

@@ -7,10 +7,8 @@ import os
 import threading
 
 import pytest
-from bench_helpers import FAST_TEMPLATES, prepared, run
+from bench_helpers import FAST_TEMPLATES, chained_run, prepared, run, saturated_run, write_burstgpt, write_sharegpt
 from pydantic import BaseModel
-from test_bench_modes import write_burstgpt, write_sharegpt
-from test_chained_prefix import chained_run
 
 from kvconnector.errors import ConfigError
 from replay.synthetic.config import BenchConfig
@@ -620,8 +618,6 @@ def p_qos_profiles(tmp):
 
 @probe("qos_scheduler")
 def p_qos_scheduler(tmp):
-    from test_qos import saturated_run
-
     def batch_requests(sched):
         return saturated_run(tmp, qos_scheduler=sched, duration=2)["summary"]["qos_metrics"]["batch"]["requests"]
 

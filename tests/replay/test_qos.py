@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from bench_helpers import FAST_TEMPLATES, run
+from bench_helpers import run, saturated_run
 from rich.console import Console
 
 from replay.outputs._common import qos_rows
@@ -88,21 +88,6 @@ def test_fair_executor_idle_class_banks_no_credit():
     # Interactive resumes where batch's last operation started (10 ms behind: 20 operations at 0.5 ms a charge);
     # banked credit (200 ms) would let it run all 40 before any batch.
     assert order.index("batch") < 30, order[:32]
-
-
-def saturated_run(tmp_path, **overrides) -> dict:
-    # One I/O worker and users that never think: storage is the bottleneck for the whole run.
-    templates = {n: {**t, "think_time_s": [0.0, 0.0]} for n, t in FAST_TEMPLATES.items()}
-    cfg = dict(
-        num_users=12,
-        io_workers=1,
-        duration=3,
-        disable_prefix_caching=True,
-        user_templates=templates,
-        qos_distribution={"interactive": 1, "responsive": 1, "batch": 1},
-    )
-    cfg.update(overrides)
-    return run(tmp_path, **cfg)
 
 
 @pytest.mark.slow
