@@ -1,9 +1,11 @@
-"""Real LMCache memory objects for the adapter tests."""
+"""Real LMCache memory objects, waits with a deadline, and the adapter as LMCache's factory builds it."""
 
 import time
 
 import torch
 from lmcache.v1.distributed.api import ObjectKey
+from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
 from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
 
 SHAPE = torch.Size([2, 2, 16, 64])  # (K/V, layers, tokens, hidden) in bf16: 8 KiB
@@ -45,3 +47,16 @@ def wait_store(adapter, task_id, timeout_s: float = 10.0):
             return done.pop(task_id)
         time.sleep(0.002)
     raise TimeoutError(f"store task {task_id} did not complete")
+
+
+def make_adapter(params: dict):
+    """kvtier's L2 adapter as LMCache's MP server builds it: through its plugin factory, from a config dict."""
+    cfg = PluginL2AdapterConfig.from_dict(
+        {
+            "type": "plugin",
+            "module_path": "kvconnector.lmcache.l2_adapter",
+            "class_name": "KvtierL2Adapter",
+            "adapter_params": params,
+        }
+    )
+    return create_l2_adapter(cfg)

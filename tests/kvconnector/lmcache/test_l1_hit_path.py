@@ -14,15 +14,16 @@ import select
 import threading
 
 import pytest
-from kvtier_lmcache_helpers import mem_obj, okey, wait_store
-from test_l2_adapter import make
+from kvtier_lmcache_helpers import make_adapter, mem_obj, okey, wait_store
 
 from kvconnector.lmcache.l2_adapter import object_key_str
 
 
 @pytest.fixture
 def adapter(tmp_path):
-    a = make({"disk_dir": str(tmp_path / "disk"), "disk_capacity_gb": 1e-3, "io_mode": "direct", "io_workers": 2})
+    a = make_adapter(
+        {"disk_dir": str(tmp_path / "disk"), "disk_capacity_gb": 1e-3, "io_mode": "direct", "io_workers": 2}
+    )
     yield a
     a.close()
 

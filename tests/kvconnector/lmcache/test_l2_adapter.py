@@ -13,10 +13,9 @@ import threading
 
 import pytest
 import torch
-from kvtier_lmcache_helpers import NBYTES, mem_obj, okey, wait_result, wait_store
+from kvtier_lmcache_helpers import NBYTES, make_adapter, mem_obj, okey, wait_result, wait_store
 from lmcache.v1.distributed.internal_api import L2AdapterListener
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
-from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
 
 from kvconnector.lmcache._common import KvtierRefusedToRun
 from kvconnector.lmcache.l2_adapter import KvtierL2Adapter, object_key_str
@@ -29,21 +28,9 @@ except ImportError:  # lmcache 0.5.6
 needs_memory_tags = pytest.mark.skipif(MemoryTags is None, reason=f"lmcache {LMCACHE} has no memory tags (0.5.7 on)")
 
 
-def make(params):
-    cfg = PluginL2AdapterConfig.from_dict(
-        {
-            "type": "plugin",
-            "module_path": "kvconnector.lmcache.l2_adapter",
-            "class_name": "KvtierL2Adapter",
-            "adapter_params": params,
-        }
-    )
-    return create_l2_adapter(cfg)
-
-
 @pytest.fixture
 def adapter(tmp_path):
-    a = make({"disk_dir": str(tmp_path / "disk"), "disk_capacity_gb": 1e-3, "io_mode": "direct"})
+    a = make_adapter({"disk_dir": str(tmp_path / "disk"), "disk_capacity_gb": 1e-3, "io_mode": "direct"})
     yield a
     a.close()
 
@@ -73,7 +60,7 @@ def test_report_status_is_unhealthy_once_the_backend_is_closed(adapter):
 def test_io_workers_run_before_the_first_request(tmp_path):
     # The first cold L2 hit of a fresh stack must not start threads (ThreadPoolExecutor starts them lazily).
     before = set(threading.enumerate())
-    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3, "io_workers": 3})
+    a = make_adapter({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3, "io_workers": 3})
     try:
         new = [t.name for t in set(threading.enumerate()) - before]
         assert sum(n.startswith("kvtier-io") for n in new) == 3 and sum(n.startswith("kvtier-read") for n in new) == 3
@@ -101,7 +88,7 @@ def test_each_operation_signals_its_own_event_fd_only(adapter):
 def test_the_class_is_concrete_and_built_from_its_config_class(tmp_path):
     # LMCache 0.5.7 added an abstract method (get_memory_tags): a class missing one cannot be instantiated at all.
     assert not inspect.isabstract(KvtierL2Adapter)
-    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3})
+    a = make_adapter({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3})
     try:
         # The factory found KvtierL2AdapterConfig by name and validated adapter_params with it (a typo fails there,
         # test_broken_config_fails_loudly); the adapter took what it validated.
@@ -124,7 +111,7 @@ def test_the_class_is_concrete_and_built_from_its_config_class(tmp_path):
 )
 def test_memory_tags_say_where_the_bytes_live(tmp_path, tiers, residency):
     params = {k: str(tmp_path / v) for k, v in tiers.items()}
-    a = make({**params, "disk_capacity_gb": 1e-3, "shared_capacity_gb": 1e-3})
+    a = make_adapter({**params, "disk_capacity_gb": 1e-3, "shared_capacity_gb": 1e-3})
     try:
         assert a.get_memory_tags() == MemoryTags(MemorySegment.STORAGE, MemoryResidency[residency])
     finally:
@@ -145,8 +132,8 @@ def test_memory_tags_agree_with_lmcaches_own_fs_adapter(tmp_path):
         finally:
             fs.close()
 
-    local = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3})
-    shared = make({"shared_dir": str(tmp_path / "s"), "shared_capacity_gb": 1e-3})
+    local = make_adapter({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3})
+    shared = make_adapter({"shared_dir": str(tmp_path / "s"), "shared_capacity_gb": 1e-3})
     try:
         assert local.get_memory_tags() == fs_tags(False) != shared.get_memory_tags() == fs_tags(True)
     finally:
@@ -155,7 +142,7 @@ def test_memory_tags_agree_with_lmcaches_own_fs_adapter(tmp_path):
 
 
 def test_a_shared_flag_that_contradicts_the_tiers_is_counted(tmp_path):
-    a = make({"shared_dir": str(tmp_path / "s"), "shared_capacity_gb": 1e-3})
+    a = make_adapter({"shared_dir": str(tmp_path / "s"), "shared_capacity_gb": 1e-3})
     try:
         a.set_backend_identity("plugin", shared=True)
         assert "shared_flag_mismatch" not in a.backend.events_snapshot()
@@ -240,7 +227,7 @@ def test_lock_pins_against_eviction_and_unlock_releases(adapter):
 
 
 def test_delete_removes_and_capacity_never_exceeded_under_concurrent_stores(tmp_path):
-    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 2e-4, "io_workers": 8})  # 200 KB
+    a = make_adapter({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 2e-4, "io_workers": 8})  # 200 KB
     try:
         seen = []
         stop = threading.Event()
@@ -273,12 +260,12 @@ def test_delete_removes_and_capacity_never_exceeded_under_concurrent_stores(tmp_
 
 def test_restart_serves_what_was_on_disk(tmp_path):
     params = {"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-3}
-    a = make(params)
+    a = make_adapter(params)
     store(a, [okey(1), okey(2)], [mem_obj(seed=1), mem_obj(seed=2)])
     a.close()
     snap = json.loads((tmp_path / "d" / "kvtier-stats.json").read_text())
     assert snap["backend_events"]["store_ok"] == 2
-    b = make(params)
+    b = make_adapter(params)
     try:
         hit, out = load(b, [okey(1), okey(2)])
         assert hit == [0, 1] and torch.equal(out[1].raw_data, mem_obj(seed=2).raw_data)
@@ -289,8 +276,8 @@ def test_restart_serves_what_was_on_disk(tmp_path):
 
 def test_two_instances_share_one_directory(tmp_path):
     shared = str(tmp_path / "shared")
-    a = make({"shared_dir": shared, "shared_capacity_gb": 1e-3})
-    b = make({"shared_dir": shared, "shared_capacity_gb": 1e-3})
+    a = make_adapter({"shared_dir": shared, "shared_capacity_gb": 1e-3})
+    b = make_adapter({"shared_dir": shared, "shared_capacity_gb": 1e-3})
     try:
         store(a, [okey(5)], [mem_obj(seed=5)])
         assert lookup(b, [okey(5), okey(6)]) == [0]  # B finds what A computed
@@ -317,7 +304,7 @@ def test_two_instances_share_one_directory(tmp_path):
 def test_broken_config_fails_loudly(params, needle, caplog):
     with caplog.at_level("ERROR", logger="kvconnector.lmcache"):
         with pytest.raises(KvtierRefusedToRun, match="refuses to run"):
-            make(params)
+            make_adapter(params)
     assert any(needle in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
 
 
@@ -325,7 +312,7 @@ def test_store_and_prefetch_controllers_at_once(tmp_path):
     # LMCache calls an adapter from two threads (base.py: the store controller and the prefetch controller). Here one
     # thread stores batches while the other looks up, loads, touches and unlocks what was stored before: every task
     # completes once, with its own id, and every load is byte-exact.
-    a = make({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-2, "io_workers": 4})
+    a = make_adapter({"disk_dir": str(tmp_path / "d"), "disk_capacity_gb": 1e-2, "io_workers": 4})
     ids: list[int] = []
     errors: list[str] = []
     stored = threading.Semaphore(0)
