@@ -138,15 +138,23 @@ def test_live_fio_distils_to_its_depth(tmp_path, qd):
     )
     try:
         wait_io(fio, read_bytes=FIO_READING_BYTES)  # file laid out, its reads under way
-        out = tmp_path / "trace"
-        p = subprocess.run(
-            ["bash", str(SH), str(fio.pid), "--dev", str(work), "--duration", "3", "--out", str(out), "--no-syscalls"],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
-        assert p.returncode == 0, p.stderr
-        d = distill(parse_trace((out / "trace.txt").read_text()))
+        # A second capture only when the first says it is degraded: the kernel skipped probe runs (BPF recursion guard,
+        # seen on a loaded 2-core machine), so some requests' ends were never seen and the depth may be off by one.
+        for attempt in range(2):
+            out = tmp_path / f"trace{attempt}"
+            p = subprocess.run(
+                ["bash", str(SH), str(fio.pid), "--dev", str(work), "--duration", "3", "--out", str(out)]
+                + ["--no-syscalls"],
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+            assert p.returncode == 0, p.stderr
+            trace = parse_trace((out / "trace.txt").read_text())
+            d = distill(trace)
+            skipped = trace.meta.get("missed_events", "")
+            if in_target(d.iodepth, qd) or not (skipped.isdigit() and int(skipped) > 0):
+                break
         assert d.figures["issued"] > 500, d.figures  # enough requests to tell a depth
         assert in_target(d.iodepth, qd), (d.figures, d.notes)
     finally:

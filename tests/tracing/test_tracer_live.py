@@ -202,7 +202,13 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
         assert issued > 1000 and -16 <= issued - completed <= 16 + issued // 50, (issued, completed)
         job = (out / "job.fio").read_text()
         assert validate_job(job) is None
-        assert "bssplit=128k/100,128k/100" in job
+        # fio issues 128 KiB only; the block layer merges the odd pair of adjacent random requests (about 1% at QD 8 on
+        # a 256 MiB file), and the distilled job keeps them: 128 KiB must carry at least 95% of both directions.
+        split = re.search(r"^bssplit=(\S+),(\S+)$", job, re.M)
+        assert split, job
+        for side in split.groups():
+            shares = dict(part.split("/") for part in side.split(":"))
+            assert int(shares.get("128k", 0)) >= 95, job
         mix = int(re.search(r"^rwmixread=(\d+)$", job, re.M).group(1))
         assert abs(mix - 70) <= 5
         assert re.search(r"^rw=randrw$", job, re.M)
