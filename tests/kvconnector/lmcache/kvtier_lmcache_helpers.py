@@ -3,10 +3,14 @@
 import time
 
 import torch
+from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
+from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
+from lmcache.v1.metadata import LMCacheMetadata
+from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 SHAPE = torch.Size([2, 2, 16, 64])  # (K/V, layers, tokens, hidden) in bf16: 8 KiB
 NBYTES = SHAPE.numel() * 2
@@ -60,3 +64,27 @@ def make_adapter(params: dict):
         }
     )
     return create_l2_adapter(cfg)
+
+
+def storage_manager(**kvtier):
+    """LMCache's StorageManager (CPU) with kvtier as its storage plugin, configured with these kvtier keys."""
+    extra = {
+        "storage_plugin.kvtier.module_path": "kvconnector.lmcache.storage_plugin",
+        "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
+    }
+    extra.update({f"kvtier.{k}": v for k, v in kvtier.items()})
+    cfg = LMCacheEngineConfig.from_defaults(
+        chunk_size=16, local_cpu=True, max_local_cpu_size=0.05, storage_plugins=["kvtier"], extra_config=extra
+    )
+    md = LMCacheMetadata(
+        model_name="org/../model",
+        world_size=1,
+        local_world_size=1,
+        worker_id=0,
+        local_worker_id=0,
+        kv_dtype=torch.bfloat16,
+        kv_shape=(2, 2, 16, 2, 32),
+        chunk_size=16,
+        role="worker",
+    )
+    return StorageManager(cfg, md, EventManager())

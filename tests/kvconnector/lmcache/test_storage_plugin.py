@@ -3,43 +3,17 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
+from helpers import wait_for
+from kvtier_lmcache_helpers import storage_manager
 from lmcache.utils import CacheEngineKey
-from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryFormat
-from lmcache.v1.metadata import LMCacheMetadata
-from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 from kvconnector.lmcache.storage_plugin import EXIT_CONFIG
 
 SHAPE = torch.Size([2, 2, 16, 64])
-
-
-def manager(**kvtier):
-    extra = {
-        "storage_plugin.kvtier.module_path": "kvconnector.lmcache.storage_plugin",
-        "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
-    }
-    extra.update({f"kvtier.{k}": v for k, v in kvtier.items()})
-    cfg = LMCacheEngineConfig.from_defaults(
-        chunk_size=16, local_cpu=True, max_local_cpu_size=0.05, storage_plugins=["kvtier"], extra_config=extra
-    )
-    md = LMCacheMetadata(
-        model_name="org/../model",
-        world_size=1,
-        local_world_size=1,
-        worker_id=0,
-        local_worker_id=0,
-        kv_dtype=torch.bfloat16,
-        kv_shape=(2, 2, 16, 2, 32),
-        chunk_size=16,
-        role="worker",
-    )
-    return StorageManager(cfg, md, EventManager())
 
 
 def key(i):
@@ -57,9 +31,7 @@ def expected(i):
 
 
 def settle(plugin, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while plugin._putting and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: not plugin._putting, timeout_s, 0.005, what="the plugin's background puts to finish")
 
 
 def get(sm, i):
@@ -68,7 +40,7 @@ def get(sm, i):
 
 @pytest.fixture
 def sm(tmp_path):
-    m = manager(disk_dir=str(tmp_path / "disk"), disk_capacity_gb=1e-3)
+    m = storage_manager(disk_dir=str(tmp_path / "disk"), disk_capacity_gb=1e-3)
     yield m
     m.close()
 
@@ -91,7 +63,7 @@ def test_round_trip_contains_pin_unpin_remove(sm):
 
 def test_eviction_demotes_to_the_shared_tier_then_deletes(tmp_path):
     # disk holds ~12 entries (100 KB at 0.9), the shared dir ~24 more, then the bottom deletes.
-    m = manager(
+    m = storage_manager(
         disk_dir=str(tmp_path / "disk"),
         disk_capacity_gb=1e-4,
         shared_dir=str(tmp_path / "shared"),
@@ -119,7 +91,7 @@ def test_eviction_demotes_to_the_shared_tier_then_deletes(tmp_path):
 
 def test_restart_persistence_and_corrupt_files(tmp_path):
     d = tmp_path / "disk"
-    m = manager(disk_dir=str(d), disk_capacity_gb=1e-3)
+    m = storage_manager(disk_dir=str(d), disk_capacity_gb=1e-3)
     for i in range(4):
         put(m, i)
     settle(m.storage_backends["kvtier"])
@@ -140,7 +112,7 @@ def test_restart_persistence_and_corrupt_files(tmp_path):
     with open(by_key[key(2).to_string()], "r+b") as fh:
         fh.truncate(4096 + 10)
     (d / (files[0].name + ".tmp123-456")).write_bytes(b"partial")
-    m2 = manager(disk_dir=str(d), disk_capacity_gb=1e-3)
+    m2 = storage_manager(disk_dir=str(d), disk_capacity_gb=1e-3)
     try:
         plugin = m2.storage_backends["kvtier"]
         rep = plugin.backend.rescan_reports[0]
@@ -160,12 +132,12 @@ def test_broken_config_refuses_to_run_through_lmcache(tmp_path):
     # LMCache's plugin loader swallows constructor exceptions; a broken kvtier config must stop the process instead
     # (in a child process here, since that is what it does), with the cause at error level.
     script = (
-        f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-        "import test_storage_plugin as t\n"
-        f"t.manager(disk_dir={str(tmp_path / 'd')!r}, io_mode='sideways')\n"
+        "import kvtier_lmcache_helpers as h\n"  # python -c imports from its working directory: this folder
+        f"h.storage_manager(disk_dir={str(tmp_path / 'd')!r}, io_mode='sideways')\n"
         "print('STILL RUNNING')\n"
     )
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=here)
     assert p.returncode == EXIT_CONFIG, p.stderr[-2000:]
     assert "STILL RUNNING" not in p.stdout
     err = [line for line in p.stderr.splitlines() if "refuses to run" in line]
