@@ -3,14 +3,10 @@
 import time
 
 import torch
-from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
 from lmcache.v1.distributed.l2_adapters.plugin_l2_adapter import PluginL2AdapterConfig
-from lmcache.v1.event_manager import EventManager
 from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
-from lmcache.v1.metadata import LMCacheMetadata
-from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 SHAPE = torch.Size([2, 2, 16, 64])  # (K/V, layers, tokens, hidden) in bf16: 8 KiB
 NBYTES = SHAPE.numel() * 2
@@ -68,6 +64,12 @@ def make_adapter(params: dict):
 
 def storage_manager(**kvtier):
     """LMCache's StorageManager (CPU) with kvtier as its storage plugin, configured with these kvtier keys."""
+    # imported here: the L2 adapter tests import this module on LMCache 0.5.7 too, which has no event_manager
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.event_manager import EventManager
+    from lmcache.v1.metadata import LMCacheMetadata
+    from lmcache.v1.storage_backend.storage_manager import StorageManager
+
     extra = {
         "storage_plugin.kvtier.module_path": "kvconnector.lmcache.storage_plugin",
         "storage_plugin.kvtier.class_name": "KvtierStoragePlugin",
