@@ -26,7 +26,7 @@ USAGE = (
     "usage: kvtier {"
     + ",".join(SUBCOMMANDS)
     + "} [options]   (kvtier SUBCOMMAND --help for each)\n\n"
-    + "\n".join(f"  {name:<8} {summary}" for name, (_, summary) in SUBCOMMANDS.items())
+    + "\n".join(f"  {name:<{max(map(len, SUBCOMMANDS))}}  {summary}" for name, (_, summary) in SUBCOMMANDS.items())
 )
 
 

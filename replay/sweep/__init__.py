@@ -5,7 +5,7 @@ unter realem Traffic", 2026): bandwidth and per-operation latency varied indepen
 
     kvtier sweep --bw 4GB/s,1GB/s,250MB/s --lat-ms 0,0.5,1,2 [--repeat K] --driver bench|replay \\
         --output sweep.json [--plots DIR] -- <driver args>
-    # (until the subcommand is registered: python -m replay.sweep with the same arguments)
+    # the same as: python -m replay.sweep with the same arguments
 
 kvtier's disk tier sits on a throttlefs mount (replay/throttle) for the whole sweep; between points only the mount's
 settings change, through its control endpoint, never a remount. Each point runs the driver once per pass as its own

@@ -1,13 +1,13 @@
 """throttlefs: a FUSE passthrough of a directory that caps bandwidth and adds latency per operation, independently.
 
-Why: to vary the storage under a live stack one property at a time (the sensitivity testbed of the JGU
-Mainz storage-tiering case study, "Wo der KV-Cache liegt", 2026): the disk tier's
-directory is mounted through it, and a sweep changes the caps and latencies while the stack stays up.
+Why: to vary the storage under a live stack one property at a time (the sensitivity testbed of the JGU Mainz
+storage-tiering case study, "Wo der KV-Cache liegt", 2026): the disk tier's directory is mounted through it, and a
+sweep changes the caps and latencies while the stack stays up.
 
 Start it (foreground; Ctrl-C / SIGTERM or `fusermount3 -u MOUNTPOINT` end it and print what it did):
 
     kvtier throttlefs /mnt/kv --backing /var/tmp/kv --read-bw 250MB/s --lat-ms 1 --control-port 9123
-    # (until the subcommand is registered: python -m replay.throttle ... with the same flags)
+    # the same as: python -m replay.throttle ... with the same flags
 
 It prints one line on stdout once mounted, ending `control http://127.0.0.1:PORT` (any free port unless
 --control-port). The model it emulates, per direction: a pipe of the cap's bandwidth shared by all operations in
