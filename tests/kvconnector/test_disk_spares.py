@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from test_store import data, put, read
+from store_helpers import data, put, read
 
 from kvconnector.entry_format import MARKER_NAME, file_nbytes
 from kvconnector.persistence import rescan_dir

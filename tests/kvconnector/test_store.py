@@ -5,10 +5,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import data, put, read
 
 from kvconnector.errors import StorageFullError
 from kvconnector.store import TieredStore
@@ -16,22 +16,6 @@ from kvconnector.tiers import CPUTier, DiskTier
 from kvconnector.timed_io import IOMode
 
 KB = 1024
-
-
-def data(key: str, n: int) -> bytes:
-    # Bytes derived from the key, so any mix-up between entries shows.
-    seed = int.from_bytes(key.encode()[-8:].rjust(8, b"\0"), "little")
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
-
-
-def put(store, key, n):
-    return store.put(key, [memoryview(data(key, n))])
-
-
-def read(store, key, n):
-    out = memoryview(bytearray(n))
-    res = store.get(key, out)
-    return res, bytes(out)
 
 
 def make_store(tmp_path, cpu=40 * KB, disk=100 * KB, **kw):
