@@ -82,7 +82,13 @@ from replay.outputs import IOTraceLog
 log = IOTraceLog(sys.argv[1], flush_interval_s=0.05)
 for n in range(500):
     log("write", "disk", f"k{n}", n, None, "put")
-time.sleep(0.5)  # several flush intervals
+deadline = time.monotonic() + 20
+while log.rows_written < 500:  # the background flusher took them (no explicit flush)
+    if time.monotonic() > deadline:
+        sys.exit("the flusher did not write 500 rows in 20 s")
+    time.sleep(0.01)
+with log._write_lock:  # the flush that counted them has written them too
+    pass
 for n in range(500, 600):
     log("write", "disk", f"k{n}", n, None, "put")
 os.kill(os.getpid(), signal.SIGKILL)
