@@ -33,6 +33,7 @@ from kvconnector.histogram import LatencyHistogram
 from kvconnector.units import GB
 
 from ._common import OPS, sla_verdict_text, timeline_series
+from .paths import atomic_path
 
 __all__ = ["FIGURES", "REPLAY_FIGURES", "cdf_points", "write_plots", "write_replay_plots"]
 
@@ -129,7 +130,8 @@ def _save_figures(
                 continue
             fig.text(0.995, 0.005, title, ha="right", va="bottom", fontsize=7, color="0.45")
             path = out / name
-            fig.savefig(path, dpi=_DPI)
+            with atomic_path(path, suffix=".png") as tmp:  # written whole: a temp file, then a rename
+                fig.savefig(tmp, dpi=_DPI)
             plt.close(fig)
             written.append(str(path))
     return written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..outputs.paths import atomic_path
 from .metrics import METRICS
 
 _DPI = 120
@@ -66,7 +67,8 @@ def write_heatmaps(doc: dict, directory: str | os.PathLike) -> list[str]:
             )
             fig.tight_layout()
             path = out / f"heatmap_{key}.png"
-            fig.savefig(path, dpi=_DPI)
+            with atomic_path(path, suffix=".png") as tmp:  # written whole: a temp file, then a rename
+                fig.savefig(tmp, dpi=_DPI)
             plt.close(fig)
             written.append(str(path))
     return written
