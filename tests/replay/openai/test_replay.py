@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from helpers import wait_for
 
 from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
@@ -496,9 +497,7 @@ def test_signal_writes_partial_results(tmp_path, sig):
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while srv_requests(srv.base_url) < 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: srv_requests(srv.base_url) >= 10, timeout_s=30, what="10 requests at the server")
         t_int = time.monotonic()
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
