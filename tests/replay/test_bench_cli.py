@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from helpers import wait_for
 
 from kvconnector.histogram import LatencyHistogram
 from replay.synthetic.cli import main
@@ -163,12 +164,12 @@ def test_user_errors_are_one_line_and_exit_2(args, needle, tmp_path):
 
 def wait_for_entries(cache: "os.PathLike", timeout_s: float = 60) -> None:
     """Until the run's disk tier holds an entry: the run window has begun (set-up writes none in this config)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(f.endswith(".kv") for _, _, files in os.walk(cache) for f in files):
-            return
-        time.sleep(0.2)
-    raise AssertionError("the run never wrote an entry")
+    wait_for(
+        lambda: any(f.endswith(".kv") for _, _, files in os.walk(cache) for f in files),
+        timeout_s=timeout_s,
+        interval_s=0.2,
+        what="the run's first entry",
+    )
 
 
 def start_bench(model: str, cache, out, *extra: str) -> subprocess.Popen:
@@ -226,10 +227,12 @@ def test_sigterm_during_precondition_stops_promptly_and_removes_its_files(tmp_pa
     out, cache = tmp_path / "r.json", tmp_path / "c"
     precondition = ["--precondition", "--precondition-size-gb", "20", "--precondition-threads", "1"]
     p = start_bench(small_model, cache, out, "--io-mode", "buffered", *precondition)
-    deadline = time.monotonic() + 60
-    while not any(f.startswith("precondition-") for _, _, fs in os.walk(cache) for f in fs):
-        assert time.monotonic() < deadline and p.poll() is None, p.stderr.read() if p.poll() is not None else "slow"
-        time.sleep(0.1)
+
+    def preconditioning() -> bool:
+        assert p.poll() is None, p.stderr.read()
+        return any(f.startswith("precondition-") for _, _, fs in os.walk(cache) for f in fs)
+
+    wait_for(preconditioning, timeout_s=60, interval_s=0.1, what="the first precondition file")
     t0 = time.monotonic()
     p.send_signal(signal.SIGTERM)
     _, stderr = p.communicate(timeout=120)

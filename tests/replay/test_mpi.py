@@ -13,6 +13,7 @@ import time
 
 import pytest
 from bench_helpers import write_config
+from helpers import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -106,10 +107,7 @@ def test_a_rank_whose_disk_fills_stops_the_other_and_partial_results_are_merged(
         p = subprocess.Popen(
             MPIRUN + KVTIER + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
         )
-        deadline = time.monotonic() + 120
-        while not any(f.endswith(".kv") for _, _, files in os.walk(small) for f in files):  # rank 1's window began
-            assert time.monotonic() < deadline and p.poll() is None, p.communicate()[1][-3000:]
-            time.sleep(0.2)
+        wait_for(lambda: window_began(p, small), timeout_s=120, interval_s=0.2, what="rank 1's first entry")
         _fill(small)
         _, stderr = p.communicate(timeout=120)
         assert p.returncode == 1, stderr[-3000:]
@@ -129,6 +127,12 @@ def test_a_rank_whose_disk_fills_stops_the_other_and_partial_results_are_merged(
             p.kill()
             p.wait()
         subprocess.run(["umount", "-l", str(small)])
+
+
+def window_began(p: subprocess.Popen, cache) -> bool:
+    """Rank 1's run window has begun: its disk tier holds an entry (set-up writes none here); fails if mpirun ended."""
+    assert p.poll() is None, p.communicate()[1][-3000:]
+    return any(f.endswith(".kv") for _, _, files in os.walk(cache) for f in files)
 
 
 def _rank_pid(mpirun_pid: int, rank: int) -> int | None:
@@ -153,11 +157,8 @@ def test_sigint_to_one_rank_stops_the_other_and_partial_results_are_merged(tmp_p
         MPIRUN + KVTIER + ["--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
     )
     try:
-        deadline = time.monotonic() + 120
         cache1 = tmp_path / "cache" / "rank-1"
-        while not any(f.endswith(".kv") for _, _, files in os.walk(cache1) for f in files):  # rank 1's window began
-            assert time.monotonic() < deadline and p.poll() is None, p.communicate()[1][-3000:]
-            time.sleep(0.2)
+        wait_for(lambda: window_began(p, cache1), timeout_s=120, interval_s=0.2, what="rank 1's first entry")
         os.kill(_rank_pid(p.pid, 1), signal.SIGINT)
         _, stderr = p.communicate(timeout=120)
     finally:
