@@ -7,10 +7,11 @@ usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,204
                                          [--big-layers 4] [--big-hidden 512] [--big-heads 8] [--big-kv-heads 4]
                                          [--big-intermediate 1408]
 
-Seed 002 found reloading an evicted prefix beat recomputing it 3.5-4.6x on an A100. Here, per model, one stack is
-started by deploy/run-stack.sh (vLLM on CPU, LMCache MP server, kvtier's L2 adapter with its disk tier, O_DIRECT)
-whose --kv-dir is a throttlefs mount (replay/throttle) over a directory on the disk; the mount starts with no
-throttle. For each prompt length and repeat, with a prompt never sent before:
+The JGU Mainz storage-tiering case study ("Wo der KV-Cache liegt: Storage-Tiering für LLM-Inferenz unter realem
+Traffic", 2026; vLLM 0.19 + LMCache) found reloading an evicted prefix beat recomputing it 3.5-4.6x on an A100. Here,
+per model, one stack is started by deploy/run-stack.sh (vLLM on CPU, LMCache MP server, kvtier's L2 adapter with its
+disk tier, O_DIRECT) whose --kv-dir is a throttlefs mount (replay/throttle) over a directory on the disk; the mount
+starts with no throttle. For each prompt length and repeat, with a prompt never sent before:
   1. uncached: the prompt, computed in full (recompute), its chunks stored to L1 and to the disk tier;
   2. L1: the same prompt again (LMCache's memory);
   3. disk: POST /cache/clear (L1 empty), page cache dropped, the prompt again: read back from kvtier's disk tier;

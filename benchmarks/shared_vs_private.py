@@ -6,8 +6,9 @@ usage: benchmarks/shared_vs_private.py [--instances 2] [--chunk-sizes 256,128] [
                                        [--sessions 5] [--rounds 4] [--input-len 512] [--output-len 16]
                                        [--dir DIR] [--json OUT] [--plot PNG]
 
-Seed 002: four instances sharing one GekkoFS tier reached parity with private local NVMe after tuning (chunk size,
-backend), and a shared tier is to be judged by its per-operation latency first. Here, per chunk size:
+The JGU Mainz storage-tiering case study ("Wo der KV-Cache liegt", 2026; vLLM 0.19 + LMCache): four instances sharing
+one GekkoFS tier reached parity with private local NVMe after tuning (chunk size, backend), and a shared tier is to be
+judged by its per-operation latency first. Here, per chunk size:
 - private: deploy/run-stack.sh --instances N, each instance its own kvtier disk tier (no --shared-dir);
 - shared:  --instances N --shared-dir on a throttlefs mount --disk-gb 0 (every store lands in the shared tier),
            once per --shared-lat-ms (the mount's latency per operation changed live, the stack stays up).

@@ -215,7 +215,7 @@ def test_precondition_writes_twice_the_capacity_never_holding_more(tmp_path, dir
     assert got["threads"] == 3 and "error" not in got
     # seen during the run: never above the capacity (plus the filesystem's extent blocks for the file)
     assert 0 < peak[0] <= capacity + 256 * 1024, peak
-    # the filesystem as a whole (other helpers write to it too): far from the 2x a file per pass would take
+    # the filesystem as a whole (other processes write to it too): far from the 2x a file per pass would take
     assert free_drop[0] < 1.5 * capacity + 64 * ALIGN, free_drop
     assert os.listdir(tmp_path / "pc") == []  # removed afterwards
 
