@@ -38,7 +38,7 @@ file; tools/prefetch_timeline/phases.py splits each request into its phases. Nee
 /proc/PID/io); stops the stack even on errors.
 
 example (2 cores, virtio disk, tiny model, 310 s; benchmarks/README.md says how to read it):
-  $ sudo .venv/bin/python benchmarks/ttft_kvtier_vs_lmcache.py --dir /var/tmp/ttft-h12a --rounds 4
+  $ sudo .venv/bin/python benchmarks/ttft_kvtier_vs_lmcache.py --dir /var/tmp/kvtier-ttft --rounds 4
   backend     L2 adapter                uncached  L1-hit  L1-hit  L2-hit  L2-hit L2 again  samples ok
                                              p50     p50     p90     p50     p90      p50  L1/L2
   kvtier      kvtier disk (O_DIRECT)        36.9    31.8    34.3    37.5    43.1     34.0  40/40 40/40
