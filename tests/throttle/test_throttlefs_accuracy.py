@@ -8,7 +8,7 @@ import shutil
 import statistics
 
 import pytest
-from _throttle_helpers import needs_fio, needs_fuse, shm_dir
+from throttle_helpers import needs_fio, needs_fuse, shm_dir
 
 from replay.throttle.fio_probe import run_fio
 from replay.throttle.runner import Mount

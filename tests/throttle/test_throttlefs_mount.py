@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from _throttle_helpers import needs_fuse, shm_dir
+from throttle_helpers import needs_fuse, shm_dir
 
 from replay.throttle.control import ControlError
 from replay.throttle.runner import Mount

@@ -5,7 +5,7 @@ against dm-delay; this kernel has no device-mapper)."""
 from __future__ import annotations
 
 import pytest
-from _throttle_helpers import needs_fio, needs_fuse
+from throttle_helpers import needs_fio, needs_fuse
 
 from replay.throttle import xcheck
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _trace_helpers import FIXTURES, TRACING, disk_tmp_dir, needs_bpftrace, needs_root, wait_attached
+from trace_helpers import FIXTURES, TRACING, disk_tmp_dir, needs_bpftrace, needs_root, wait_attached
 
 from tracing.histparse import parse_trace
 from tracing.report import health_lines, main

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _trace_helpers import (
+from trace_helpers import (
     FIO_READING_BYTES,
     FIXTURES,
     TRACING,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from _trace_helpers import FIXTURES, REPO, needs_fio
+from trace_helpers import FIXTURES, REPO, needs_fio
 
 from tracing.distill import Distilled, DistillError, main, render_job, validate_job
 from tracing.histparse import parse_trace

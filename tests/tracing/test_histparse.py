@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from _trace_helpers import FIXTURES, REPO, needs_fio
 from hypothesis import given
 from hypothesis import strategies as st
+from trace_helpers import FIXTURES, REPO, needs_fio
 
 from tracing.distill import distill, main, render_job, size_split, validate_job
 from tracing.histparse import Bucket, Stats, TraceParseError, parse_text, parse_trace, parse_value

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _trace_helpers import REPO, TRACING, disk_tmp_dir, needs_bpftrace, needs_root
+from trace_helpers import REPO, TRACING, disk_tmp_dir, needs_bpftrace, needs_root
 
 SCRIPT = TRACING / "storage_latency_stack.sh"
 NOBODY = 65534

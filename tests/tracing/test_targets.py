@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_root, wait_attached
 from helpers import free_port
+from trace_helpers import TRACING, disk_tmp_dir, needs_bpftrace, needs_root, wait_attached
 
 from tracing.distill import validate_job
 from tracing.histparse import parse_trace

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _trace_helpers import (
+from trace_helpers import (
     FIO_READING_BYTES,
     TRACING,
     disk_tmp_dir,

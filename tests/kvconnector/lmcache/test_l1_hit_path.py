@@ -14,7 +14,7 @@ import select
 import threading
 
 import pytest
-from kvtier_lmcache_helpers import make_adapter, mem_obj, okey, wait_store
+from lmcache_helpers import make_adapter, mem_obj, okey, wait_store
 
 from kvconnector.lmcache.l2_adapter import object_key_str
 

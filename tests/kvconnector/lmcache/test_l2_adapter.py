@@ -13,9 +13,9 @@ import threading
 
 import pytest
 import torch
-from kvtier_lmcache_helpers import NBYTES, make_adapter, mem_obj, okey, wait_result, wait_store
 from lmcache.v1.distributed.internal_api import L2AdapterListener
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+from lmcache_helpers import NBYTES, make_adapter, mem_obj, okey, wait_result, wait_store
 
 from kvconnector.lmcache._common import KvtierRefusedToRun
 from kvconnector.lmcache.l2_adapter import KvtierL2Adapter, object_key_str

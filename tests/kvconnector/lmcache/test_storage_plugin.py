@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 from helpers import wait_for
-from kvtier_lmcache_helpers import storage_manager
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryFormat
+from lmcache_helpers import storage_manager
 
 from kvconnector.lmcache.storage_plugin import EXIT_CONFIG
 
@@ -132,7 +132,7 @@ def test_broken_config_refuses_to_run_through_lmcache(tmp_path):
     # LMCache's plugin loader swallows constructor exceptions; a broken kvtier config must stop the process instead
     # (in a child process here, since that is what it does), with the cause at error level.
     script = (
-        "import kvtier_lmcache_helpers as h\n"  # python -c imports from its working directory: this folder
+        "import lmcache_helpers as h\n"  # python -c imports from its working directory: this folder
         f"h.storage_manager(disk_dir={str(tmp_path / 'd')!r}, io_mode='sideways')\n"
         "print('STILL RUNNING')\n"
     )
