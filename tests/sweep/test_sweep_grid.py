@@ -73,7 +73,7 @@ def test_summary_is_median_per_point_relative_to_the_reference_median():
         (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "bench", "--repeat", "0"], "--repeat 0"),
         (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "replay"], "needs --stack"),
         (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "bench", "--", "--cache-dir", "/x"], "--cache-dir after --"),
-        (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "bench", "--mount", "/nonexistent-kvtier-mount"], "not a directory"),
+        (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "bench", "--mount", "/nonexistent-mount"], "not a directory"),
         (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "nope"], "invalid choice"),
     ],
 )
