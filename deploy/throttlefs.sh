@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # throttlefs.sh	mount a throttling FUSE passthrough (bandwidth caps, added latency per operation) in the foreground.
 #
-# The server people start under a stack's --kv-dir (deploy/ holds what starts servers: README.md, Layout); the code is the Python
-# package replay/throttle (so `kvtier throttlefs` and `kvtier sweep` use the same thing). All flags are
+# The server people start under a stack's --kv-dir (deploy/ holds what starts servers: README.md, Layout); the code
+# is the Python package replay/throttle (so `kvtier throttlefs` and `kvtier sweep` use the same thing). All flags are
 # `kvtier throttlefs`'s; see `deploy/throttlefs.sh --help` and replay/throttle/__init__.py for the control endpoint.
 #
 #   deploy/throttlefs.sh /mnt/kv --backing /var/tmp/kv --read-bw 250MB/s --lat-ms 1 --control-port 9123 &
