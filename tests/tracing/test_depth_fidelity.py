@@ -6,7 +6,7 @@ project's 2-CPU VM, vda) check the estimator; the *_lost_dropped ones come
 from the tracer that drops a request whose completion was lost (each lost
 some: @lost_reqs), the others from the tracer before it, whose samples
 drifted up with every lost completion. The live runs check the whole chain
-at QD 1, 4, 8 and 32 (issue 13: 6-10 at QD 8, else within 25%): the old
+at QD 1, 4, 8 and 32 (kvtier's targets: 6-10 at QD 8, else within 25%): the old
 tracer gave 37-41 for QD 32 in 4 of 5 runs and 2 for QD 1 now and then."""
 
 from __future__ import annotations
