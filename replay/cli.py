@@ -27,6 +27,10 @@ USAGE = (
     + ",".join(SUBCOMMANDS)
     + "} [options]   (kvtier SUBCOMMAND --help for each)\n\n"
     + "\n".join(f"  {name:<{max(map(len, SUBCOMMANDS))}}  {summary}" for name, (_, summary) in SUBCOMMANDS.items())
+    + "\n\nexamples:\n"
+    + "  kvtier bench --duration 30 --num-users 50 --cache-dir /mnt/nvme --output run.json\n"
+    + "  kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --num-requests 100\n"
+    + "  kvtier compare a.json b.json"
 )
 
 
