@@ -222,6 +222,7 @@ def test_filesystem_full_mid_run_fails_cleanly_with_partial_results(tmp_path, sm
         subprocess.run(["umount", "-l", str(mnt)])
 
 
+@pytest.mark.slow  # a real process through imports and set-up, and a 10 s bound on its stop
 def test_sigterm_during_precondition_stops_promptly_and_removes_its_files(tmp_path, small_model):
     """Set-up I/O (here 20 GB of preconditioning by one writer) stops within one write when SIGTERM comes."""
     out, cache = tmp_path / "r.json", tmp_path / "c"
