@@ -101,12 +101,13 @@ def test_settings_change_while_mounted(dirs):
         f.write(b"y" * 4096)
     with Mount(mnt, back, ["--read-lat-ms", "0"]) as m:
         assert min(_timed_read_ms(f"{mnt}/f") for _ in range(5)) < 40
-        assert m.client.set(read_lat_ms=60)["read_lat_ms"] == 60
+        # 100 ms asked, 60 ms checked: the throttle shortens a sleep by how late recent sleeps woke (a loaded machine)
+        assert m.client.set(read_lat_ms=100)["read_lat_ms"] == 100
         assert min(_timed_read_ms(f"{mnt}/f") for _ in range(3)) >= 60
         # A bad change is refused whole with one line; what was in force stays.
         with pytest.raises(ControlError, match="not a rate"):
             m.client.set(read_lat_ms=0, read_bw="quick")
-        assert m.client.settings()["read_lat_ms"] == 60
+        assert m.client.settings()["read_lat_ms"] == 100
         with pytest.raises(ControlError, match="unknown setting"):
             m.client.set(latency=1)
         m.client.set(lat_ms=0, bw="2GB/s")
@@ -154,11 +155,12 @@ def test_refuses_a_mountpoint_in_use_and_a_backing_inside_it(dirs, tmp_path):
 
 
 def test_concurrent_readers_all_progress(dirs):
-    """Multi-threaded FUSE: 8 readers each paying 50 ms per read finish in far less than 8 x 50 ms."""
+    """Multi-threaded FUSE: 8 readers each paying 200 ms per read finish in far less than 8 x 200 ms (under half,
+    a margin a loaded machine keeps; one at a time they would take 1.6 s)."""
     mnt, back = dirs
     with open(f"{back}/f", "wb") as f:
         f.write(b"q" * 4096)
-    with Mount(mnt, back, ["--read-lat-ms", "50"]):
+    with Mount(mnt, back, ["--read-lat-ms", "200"]):
         script = (
             "import os,sys,threading,time\n"
             "def r():\n  fd=os.open(sys.argv[1],os.O_RDONLY); os.pread(fd,4096,0); os.close(fd)\n"
@@ -167,7 +169,7 @@ def test_concurrent_readers_all_progress(dirs):
         )
         out = subprocess.run([sys.executable, "-c", script, f"{mnt}/f"], capture_output=True, text=True, check=True)
         elapsed_s = float(out.stdout)
-        assert 0.05 <= elapsed_s < 0.25, elapsed_s
+        assert 0.15 <= elapsed_s < 0.8, elapsed_s
 
 
 def test_deploy_script_mounts_relative_paths_of_the_caller(tmp_path):
