@@ -5,11 +5,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 
 import numpy as np
 import pytest
-from helpers import free_port
+from helpers import free_port, wait_for
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
@@ -32,16 +31,17 @@ def redis_url(tmp_path_factory):
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+
+    def accepting() -> bool:
+        assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return True
+        except OSError:
+            return False
+
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("redis-server did not start")
-                time.sleep(0.05)
+        wait_for(accepting, timeout_s=10, what=f"redis-server to accept connections on port {port}")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
