@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,10 @@ from kvtier_stack import (
     wait_for,
 )
 
+from tracing.histparse import parse_trace
+from tracing.report import health_lines, process_rows, read_matched
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from tracing.histparse import parse_trace  # noqa: E402
-from tracing.report import health_lines, process_rows, read_matched  # noqa: E402
 
 pytestmark = TRACE_STACK_MARKS
 

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -43,11 +42,11 @@ from kvtier_stack import (
     wait_for,
 )
 
+from tracing.distill import validate_job
+from tracing.histparse import parse_trace
+from tracing.report import issued_bytes, process_rows, read_matched
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from tracing.distill import validate_job  # noqa: E402
-from tracing.histparse import parse_trace  # noqa: E402
-from tracing.report import issued_bytes, process_rows, read_matched  # noqa: E402
 
 CHUNKS = 5  # a 1300-token prompt at chunk size 256: five full chunks
 SOURCES = ("argparse.py", "typing.py", "inspect.py", "pathlib.py")
