@@ -53,3 +53,27 @@ def test_the_root_marker_skips_with_its_reason_when_not_root():
     p = subprocess.run([sys.executable, "-c", script, node], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "1 skipped" in p.stdout and "needs root: the marker's own check" in p.stdout, p.stdout
+
+
+def test_the_packages_are_the_repository_s():
+    import kvconnector
+    import replay
+    import tracing
+
+    for package in (kvconnector, replay, tracing):
+        assert Path(package.__file__).resolve().parent == REPO / package.__name__, package.__file__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["python -m pytest", "pytest"])
+def test_the_suite_imports_the_repository_s_packages_from_any_directory(tmp_path, how):
+    # tests/ has folders named like the packages; started elsewhere, pytest must still import the real ones
+    cmd = (
+        [sys.executable, "-m", "pytest"] if how == "python -m pytest" else [str(Path(sys.executable).parent / "pytest")]
+    )
+    node = f"{Path(__file__)}::test_the_packages_are_the_repository_s"
+    p = subprocess.run(
+        cmd + ["-q", "-p", "no:cacheprovider", node], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert "1 passed" in p.stdout, p.stdout
