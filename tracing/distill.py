@@ -750,10 +750,21 @@ def _check_writable(path: str) -> None:
         raise DistillError(f"cannot write {path}: Permission denied")
 
 
-def _write(path: str, text: str) -> None:
+def write_whole(path: str | os.PathLike, text: str) -> None:
+    """Whole or not at all: a temp file beside the target, then one rename, so a job file being read (or a run cut
+    short) never sees half a job. tracing/ imports nothing from the rest of kvtier, hence no shared helper."""
+    tmp = None
     try:
-        Path(path).write_text(text)
+        fd, tmp = tempfile.mkstemp(prefix=".distill-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
     except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise DistillError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
@@ -811,10 +822,10 @@ def main(argv: list[str] | None = None, prog: str = "kvtier distill") -> int:
                     raise DistillError(f"fio rejects the generated job: {err}")
         # written only once everything is made: a refused trace leaves no file
         if args.dump_json:
-            _write(args.dump_json, json.dumps(tr.to_json(), indent=1) + "\n")
+            write_whole(args.dump_json, json.dumps(tr.to_json(), indent=1) + "\n")
         if job is not None:
             if args.output:
-                _write(args.output, job)
+                write_whole(args.output, job)
             else:
                 sys.stdout.write(job)
         if warn:

@@ -26,7 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .distill import DistillError, distill, render_job
+from .distill import DistillError, distill, render_job, write_whole
 from .histparse import parse_trace
 
 __all__ = ["SCRIPT", "TraceSession", "TraceSessionError", "TracingUnavailable"]
@@ -188,7 +188,7 @@ class TraceSession:
         try:
             d = distill(tr, process=self.job_name)
             result["fio_job"] = render_job(d, source=str(self.trace_path), tr=tr)
-            (self.out_dir / "job.fio").write_text(result["fio_job"])
+            write_whole(self.out_dir / "job.fio", result["fio_job"])
         except DistillError as exc:
             result["fio_error"] = str(exc)
         return result

@@ -394,6 +394,29 @@ def test_outputs_checked_before_anything_is_written(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.txt"]
 
 
+def test_a_job_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    job = tmp_path / "job.fio"
+    rc, _, err = run(["-i", TEXT, "-o", job], capsys)
+    assert rc == 0, err
+    written = job.read_text()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert job.stat().st_mode & 0o777 == 0o666 & ~umask
+    job.write_text("; the user's previous job\n")
+
+    # the rename that would publish the new job fails: the old job stays whole, no temp file is left
+    def refuse(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    rc, _, err = run(["-i", TEXT, "-o", job], capsys)
+    assert_one_line_error(rc, err, "No space left on device")
+    assert job.read_text() == "; the user's previous job\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.fio"]
+    monkeypatch.undo()
+    assert run(["-i", TEXT, "-o", job], capsys)[0] == 0 and job.read_text() == written
+
+
 def test_the_command_is_named_as_typed():
     kvtier = subprocess.run(
         [sys.executable, "-c", "import sys; from replay.cli import main; sys.exit(main())", "distill", "--help"],
