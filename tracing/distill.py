@@ -40,6 +40,7 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -48,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -750,14 +752,17 @@ def _check_writable(path: str) -> None:
         raise DistillError(f"cannot write {path}: Permission denied")
 
 
-def write_whole(path: str | os.PathLike, text: str) -> None:
-    """Whole or not at all: a temp file beside the target, then one rename, so a job file being read (or a run cut
-    short) never sees half a job. tracing/ imports nothing from the rest of kvtier, hence no shared helper."""
+@contextlib.contextmanager
+def whole_file(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[str]:
+    """Yield a temp path beside `path`; once the caller has written it, one rename makes it `path` (mode from the
+    umask, as a plain open would give), so a job or plot being read, or a run cut short, never leaves half a file. On
+    failure the temp file is removed and the user's previous file stays as it was. tracing/ imports nothing from the
+    rest of kvtier (it runs under sudo from a bare checkout), hence its own copy of this small helper."""
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".distill-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        fd, tmp = tempfile.mkstemp(prefix=".kvtier-", suffix=suffix, dir=os.path.dirname(os.path.abspath(path)))
+        os.close(fd)
+        yield tmp
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -766,6 +771,16 @@ def write_whole(path: str | os.PathLike, text: str) -> None:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise DistillError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_whole(path: str | os.PathLike, text: str) -> None:
+    """`text` into `path`, whole or not at all (see whole_file)."""
+    with whole_file(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
 
 
 def main(argv: list[str] | None = None, prog: str = "kvtier distill") -> int:

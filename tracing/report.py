@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-from .distill import LOST_WARN_SHARE, lost_completions
+from .distill import LOST_WARN_SHARE, DistillError, lost_completions, whole_file
 from .histparse import Hist, Trace, TraceParseError, parse_trace, read_trace
 
 __all__ = [
@@ -288,7 +288,8 @@ def write_plots(tr: Trace, out_dir: str | Path) -> list[Path]:
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         path = out / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        with whole_file(path, suffix=".png") as tmp:  # a plot being viewed is replaced whole
+            fig.savefig(tmp, dpi=110)
         plt.close(fig)
         written.append(path)
 
@@ -369,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
             paths = write_plots(tr, args.plots)
         except ImportError:
             print("report: --plots needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+        except DistillError as exc:
+            print(f"report: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # the folder itself cannot be made
+            print(f"report: cannot write plots to {args.plots}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         for path in paths:
             print(f"wrote {path}")

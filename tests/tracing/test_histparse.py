@@ -285,3 +285,37 @@ def test_report_user_error(capsys):
 
     assert report_main(["/nonexistent"]) == 2
     assert capsys.readouterr().err.startswith("report: cannot read")
+
+
+@pytest.mark.slow
+def test_report_plots_replace_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
+    """A plot that fails half-way leaves the user's earlier plot byte for byte and no temp file; a --plots path under a
+    file is one line and exit 2."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from tracing.report import main as report_main
+
+    earlier = tmp_path / "latency_by_layer.png"
+    earlier.write_bytes(b"the user's earlier plot")
+    real_savefig = Figure.savefig
+
+    def half_then_fail(self, fname, **kw):
+        real_savefig(self, fname, **kw)
+        with open(fname, "r+b") as f:
+            f.truncate(100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", half_then_fail)
+    trace = str(FIXTURES / "python_pwrite_fsync_pread.txt")
+    assert report_main([trace, "--plots", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("report: cannot write") and "No space left" in err and err.count("\n") == 1
+    assert earlier.read_bytes() == b"the user's earlier plot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latency_by_layer.png"]
+
+    monkeypatch.setattr(Figure, "savefig", real_savefig)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert report_main([trace, "--plots", str(blocker / "plots")]) == 2
+    assert capsys.readouterr().err == f"report: cannot write plots to {blocker / 'plots'}: Not a directory\n"
