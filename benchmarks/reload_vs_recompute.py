@@ -10,7 +10,7 @@ usage: benchmarks/reload_vs_recompute.py [--models tiny,big] [--lengths 1024,204
 The JGU Mainz storage-tiering case study ("Wo der KV-Cache liegt: Storage-Tiering für LLM-Inferenz unter realem
 Traffic", 2026; vLLM 0.19 + LMCache) found reloading an evicted prefix beat recomputing it 3.5-4.6x on an A100. Here,
 per model, one stack is started by deploy/run-stack.sh (vLLM on CPU, LMCache MP server, kvtier's L2 adapter with its
-disk tier, O_DIRECT) whose --kv-dir is a throttlefs mount (replay/throttle) over a directory on the disk; the mount
+disk tier, O_DIRECT) whose --kv-dir is a throttlefs mount (deploy/throttle) over a directory on the disk; the mount
 starts with no throttle. For each prompt length and repeat, with a prompt never sent before:
   1. uncached: the prompt, computed in full (recompute), its chunks stored to L1 and to the disk tier;
   2. L1: the same prompt again (LMCache's memory);
@@ -123,7 +123,7 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
     from kvtier_stack import down, up, vllm_external_hits
     from ttft_kvtier_vs_lmcache import clear_l1, drop_caches, stream_ttft
 
-    from replay.throttle import Mount
+    from deploy.throttle import Mount
 
     work = Path(a.dir) / name
     shutil.rmtree(work, ignore_errors=True)

@@ -97,7 +97,7 @@ def run(a, model: str, log, rows: list[dict]) -> None:
     """Appends one row per point to `rows` as it goes, so a failure later leaves the points measured so far."""
     from kvtier_stack import down, up
 
-    from replay.throttle import Mount
+    from deploy.throttle import Mount
 
     seed = 100
     # the tiny model's limit (run-stack.sh's own 2048 cut the 4th round of 512-token turns: HTTP 400)

@@ -41,13 +41,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from deploy.throttle.cli import check_fuse
+from deploy.throttle.fio_probe import FioResult, run_fio
+from deploy.throttle.runner import Mount
+from deploy.throttle.settings import SettingError, human_rate, parse_rate
+from deploy.throttle.xcheck import TIE_REL, XCHECK, cross_check
+from deploy.throttle.xcheck import missing as xcheck_missing
 from replay.cli_common import stop_signals_raise
-from replay.throttle.cli import check_fuse
-from replay.throttle.fio_probe import FioResult, run_fio
-from replay.throttle.runner import Mount
-from replay.throttle.settings import SettingError, human_rate, parse_rate
-from replay.throttle.xcheck import TIE_REL, XCHECK, cross_check
-from replay.throttle.xcheck import missing as xcheck_missing
 
 PROG = "throttlefs_accuracy"
 REPEATS = 3  # base/throttled pairs per latency; the median rise is reported

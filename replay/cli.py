@@ -16,8 +16,8 @@ SUBCOMMANDS = {
     "compare": ("replay.synthetic.compare", "side-by-side table of result JSON files, with ratios"),
     "check": ("replay.synthetic.check", "the MLPerf spec's submission checklist over kvtier bench results files"),
     "merge": ("replay.synthetic.merge", "merge kvtier bench results of several processes, hosts or trials into one"),
-    "throttlefs": ("replay.throttle.cli", "mount a FUSE passthrough that caps bandwidth and adds per-op latency"),
-    "sweep": ("replay.sweep.cli", "run bench or replay once per throttlefs bandwidth x latency point; heat maps"),
+    "throttlefs": ("deploy.throttle.cli", "mount a FUSE passthrough that caps bandwidth and adds per-op latency"),
+    "sweep": ("deploy.sweep.cli", "run bench or replay once per throttlefs bandwidth x latency point; heat maps"),
     "plan": ("replay.plan.cli", "predict per-round prefix hit rates of long sessions over tiers, and the collapse"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
 }

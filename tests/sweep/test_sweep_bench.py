@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.throttle.cli import check_fuse
+from deploy.throttle.cli import check_fuse
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(check_fuse() is not None, reason=f"FUSE: {check_fuse()}")]
 
@@ -25,7 +25,7 @@ LAT_MS = 20.0
 
 def test_small_grid_with_the_bench_driver(tmp_path):
     out, plots = tmp_path / "sweep.json", tmp_path / "plots"
-    cmd = [sys.executable, "-m", "replay.sweep", "--bw", "none,25MB/s", "--lat-ms", f"0,{LAT_MS:g}"]
+    cmd = [sys.executable, "-m", "deploy.sweep", "--bw", "none,25MB/s", "--lat-ms", f"0,{LAT_MS:g}"]
     cmd += ["--driver", "bench", "--output", str(out), "--plots", str(plots), "--"]
     cmd += ["--num-users", "4", "--duration", "2", "--cpu-mem-gb", "0", "--gpu-mem-gb", "0"]
     cmd += ["--storage-capacity-gb", "0.5", "--max-context-tokens", "256", "--seed", "1"]

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from replay.sweep import REFERENCE, grid, parse_bw_list, parse_lat_list, schedule
-from replay.sweep.cli import summarize
+from deploy.sweep import REFERENCE, grid, parse_bw_list, parse_lat_list, schedule
+from deploy.sweep.cli import summarize
 
 
 def _pts(bw="4GB/s,1GB/s,250MB/s", lat="0,0.5,1,2"):
@@ -78,7 +78,7 @@ def test_summary_is_median_per_point_relative_to_the_reference_median():
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2(args, says):
-    r = subprocess.run([sys.executable, "-m", "replay.sweep", *args], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "deploy.sweep", *args], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvtier sweep: ") and says in lines[0], r.stderr
@@ -87,7 +87,7 @@ def test_a_mistake_is_one_line_and_exit_2(args, says):
 def test_a_non_empty_mountpoint_is_refused_and_left_alone(tmp_path):
     (tmp_path / "mine.txt").write_text("keep")
     r = subprocess.run(
-        [sys.executable, "-m", "replay.sweep", "--bw", "1GB/s", "--lat-ms", "0", "--driver", "bench",
+        [sys.executable, "-m", "deploy.sweep", "--bw", "1GB/s", "--lat-ms", "0", "--driver", "bench",
          "--mount", str(tmp_path)], capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 2 and "not empty" in r.stderr
@@ -95,5 +95,5 @@ def test_a_non_empty_mountpoint_is_refused_and_left_alone(tmp_path):
 
 
 def test_help_has_examples():
-    r = subprocess.run([sys.executable, "-m", "replay.sweep", "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "deploy.sweep", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "examples:" in r.stdout and "--driver replay" in r.stdout

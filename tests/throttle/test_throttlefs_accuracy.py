@@ -1,5 +1,5 @@
 """throttlefs judged by real fio through the mount: caps land within 10%, latency adds L within 10% + 0.2 ms, and the
-two combine as the model says (module docstring of replay.throttle). Backing on tmpfs, so the figures are the
+two combine as the model says (module docstring of deploy.throttle). Backing on tmpfs, so the figures are the
 throttle's and not the shared disk's; benchmarks/throttlefs_accuracy.py repeats them on the disk, with the ceiling."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import statistics
 import pytest
 from throttle_helpers import needs_fio, needs_fuse, shm_dir
 
-from replay.throttle.fio_probe import run_fio
-from replay.throttle.runner import Mount
+from deploy.throttle.fio_probe import run_fio
+from deploy.throttle.runner import Mount
 
 pytestmark = [pytest.mark.slow, needs_fuse, needs_fio]
 

@@ -13,8 +13,8 @@ import time
 import pytest
 from throttle_helpers import needs_fuse, shm_dir
 
-from replay.throttle.control import ControlError
-from replay.throttle.runner import Mount
+from deploy.throttle.control import ControlError
+from deploy.throttle.runner import Mount
 
 pytestmark = [pytest.mark.slow, needs_fuse]
 
@@ -142,14 +142,14 @@ def test_refuses_a_mountpoint_in_use_and_a_backing_inside_it(dirs, tmp_path):
     mnt, back = dirs
     with Mount(mnt, back):
         again = subprocess.run(
-            [sys.executable, "-m", "replay.throttle", mnt, "--backing", back], capture_output=True, text=True
+            [sys.executable, "-m", "deploy.throttle", mnt, "--backing", back], capture_output=True, text=True
         )
         assert again.returncode == 2
         assert again.stderr.count("\n") == 1 and "already a mount point" in again.stderr
     inner = tmp_path / "mnt2"
     inner.mkdir()
     res = subprocess.run(
-        [sys.executable, "-m", "replay.throttle", str(inner), "--backing", str(inner)], capture_output=True, text=True
+        [sys.executable, "-m", "deploy.throttle", str(inner), "--backing", str(inner)], capture_output=True, text=True
     )
     assert res.returncode == 2 and "inside the mountpoint" in res.stderr and res.stderr.count("\n") == 1
 

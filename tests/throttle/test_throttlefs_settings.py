@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from replay.throttle.cli import check_paths, main
-from replay.throttle.fs import Pipe, Throttle
-from replay.throttle.settings import SettingError, Settings, apply_changes, parse_rate
+from deploy.throttle.cli import check_paths, main
+from deploy.throttle.fs import Pipe, Throttle
+from deploy.throttle.settings import SettingError, Settings, apply_changes, parse_rate
 
 
 @pytest.mark.parametrize(

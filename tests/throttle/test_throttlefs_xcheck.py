@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from throttle_helpers import needs_fio, needs_fuse
 
-from replay.throttle import xcheck
+from deploy.throttle import xcheck
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,7 @@ import pytest
 
 
 def fuse_missing() -> str | None:
-    from replay.throttle.cli import check_fuse
+    from deploy.throttle.cli import check_fuse
 
     return check_fuse()
 

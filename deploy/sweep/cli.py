@@ -1,7 +1,7 @@
 """`kvtier sweep`: run a driver once per (bandwidth cap, added latency) point with kvtier's disk tier on throttlefs.
 
 The mount stays up for the whole sweep and only its settings change between points (throttlefs's control endpoint),
-as a live stack would see it. See replay/sweep/__init__.py for the order of the runs and what the output holds.
+as a live stack would see it. See deploy/sweep/__init__.py for the order of the runs and what the output holds.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def run(a: argparse.Namespace, driver_args: list[str]) -> int:
     else:
         backing = tempfile.mkdtemp(prefix="kvtier-sweep-kv-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
         made.append(backing)
-    from replay.throttle import Mount
+    from deploy.throttle import Mount
 
     doc: dict[str, Any] = {
         "kind": "kvtier sweep",

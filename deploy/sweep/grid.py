@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replay.throttle.settings import SettingError, parse_ms, parse_rate
+from deploy.throttle.settings import SettingError, parse_ms, parse_rate
 
 
 @dataclass(frozen=True)

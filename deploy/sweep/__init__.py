@@ -5,9 +5,9 @@ unter realem Traffic", 2026): bandwidth and per-operation latency varied indepen
 
     kvtier sweep --bw 4GB/s,1GB/s,250MB/s --lat-ms 0,0.5,1,2 [--repeat K] --driver bench|replay \\
         --output sweep.json [--plots DIR] -- <driver args>
-    # the same as: python -m replay.sweep with the same arguments
+    # the same as: python -m deploy.sweep with the same arguments
 
-kvtier's disk tier sits on a throttlefs mount (replay/throttle) for the whole sweep; between points only the mount's
+kvtier's disk tier sits on a throttlefs mount (deploy/throttle) for the whole sweep; between points only the mount's
 settings change, through its control endpoint, never a remount. Each point runs the driver once per pass as its own
 process (`kvtier bench` with --cache-dir on the mount, or `kvtier replay` against a deploy/run-stack.sh stack whose
 --kv-dir is the mount, LMCache's L1 cleared before each point so what is measured is the kvtier tier; one

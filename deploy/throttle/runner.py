@@ -30,11 +30,11 @@ class Mount:
         launcher: list[str] | tuple[str, ...] | None = None,
         cwd: str | None = None,
     ):
-        """`launcher`: the command before the mountpoint (default: this Python, -m replay.throttle)."""
+        """`launcher`: the command before the mountpoint (default: this Python, -m deploy.throttle)."""
         self.mountpoint = mountpoint
         self.backing = backing
         self.cwd = cwd
-        launcher = list(launcher) if launcher else [sys.executable, "-m", "replay.throttle"]
+        launcher = list(launcher) if launcher else [sys.executable, "-m", "deploy.throttle"]
         self.argv = [*launcher, mountpoint, "--backing", backing, *args]
         self.proc: subprocess.Popen | None = None
         self.url = ""

@@ -7,7 +7,7 @@ sweep changes the caps and latencies while the stack stays up.
 Start it (foreground; Ctrl-C / SIGTERM or `fusermount3 -u MOUNTPOINT` end it and print what it did):
 
     kvtier throttlefs /mnt/kv --backing /var/tmp/kv --read-bw 250MB/s --lat-ms 1 --control-port 9123
-    # the same as: python -m replay.throttle ... with the same flags
+    # the same as: python -m deploy.throttle ... with the same flags
 
 It prints one line on stdout once mounted, ending `control http://127.0.0.1:PORT` (any free port unless
 --control-port). The model it emulates, per direction: a pipe of the cap's bandwidth shared by all operations in
@@ -37,9 +37,9 @@ Control while mounted (for `kvtier sweep` and people; only 127.0.0.1 is bound):
 
 From Python (what the tests and the accuracy benchmark use):
 
-    from replay.throttle import Mount
+    from deploy.throttle import Mount
     with Mount("/mnt/kv", "/var/tmp/kv", ["--bw", "4GB/s"]) as m:   # starts the same command, waits for the mount
-        m.client.set(bw="250MB/s", lat_ms=1)                         # replay.throttle.control.Client
+        m.client.set(bw="250MB/s", lat_ms=1)                         # deploy.throttle.control.Client
         before = m.client.stats(); ...; after = m.client.stats()
     # leaving the block sends SIGTERM: unmounted, m.returncode == 143, m.stderr holds the summary table
 

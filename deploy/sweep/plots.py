@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..outputs.paths import atomic_path
+from replay.outputs.paths import atomic_path
+
 from .metrics import METRICS
 
 _DPI = 120
