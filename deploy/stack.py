@@ -1,0 +1,156 @@
+"""The one Python owner of a live stack started by deploy/run-stack.sh: up and down with a state directory, its
+endpoints, clearing LMCache's L1, its metrics, a completion, the model's tokenizer. People, `kvtier sweep`, the
+benchmarks and the end-to-end tests all drive a stack through this module."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from replay.openai.server_metrics import Series, parse_prometheus
+
+from . import RUN_STACK
+
+
+def free_port_block(n: int) -> int:
+    """A base port with n consecutive free ports on 127.0.0.1."""
+    for _ in range(200):
+        base = random.randint(20000, 55000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+@dataclass
+class Stack:
+    state_dir: Path
+    endpoints: dict
+
+    @property
+    def vllm(self) -> str:
+        return self.endpoints["vllm"]
+
+    def inst(self, i: int = 0) -> dict:
+        return self.endpoints["instances"][i]
+
+    def log(self, name: str) -> str:
+        p = self.state_dir / f"{name}.log"
+        return p.read_text(errors="replace")[-3000:] if p.exists() else ""
+
+
+def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300) -> Stack:
+    """Start a CPU stack on free ports with this interpreter (`--python`), so a run on another venv's python starts
+    its LMCache server and vLLM from that venv too. A failed start is torn down and raises RuntimeError."""
+    base = free_port_block(60)
+    ports = ["--vllm-port", str(base), "--lmcache-port", str(base + 10), "--lmcache-http-port", str(base + 20)]
+    cmd = ["bash", str(RUN_STACK), "up", "--device", "cpu", "--model", model_dir, *ports]
+    cmd += ["--metrics-port", str(base + 40), "--kv-dir", str(kv_dir), "--state-dir", str(state_dir)]
+    cmd += ["--timeout", str(timeout_s), "--python", sys.executable, *extra]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
+    if p.returncode != 0:
+        down(state_dir)
+        raise RuntimeError(f"run-stack.sh up failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+    return Stack(state_dir, json.loads((state_dir / "endpoints.json").read_text()))
+
+
+def down(state_dir: Path) -> None:
+    subprocess.run(["bash", str(RUN_STACK), "down", "--state-dir", str(state_dir)], capture_output=True, timeout=120)
+
+
+def group_pids(state_dir: Path) -> list[int]:
+    p = state_dir / "pids"
+    return [int(line.split()[1]) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+def pid_of(state_dir: Path, name: str) -> int:
+    """The pid run-stack.sh recorded for `name` (its last one); KeyError when it recorded none."""
+    pids = dict(line.split() for line in (state_dir / "pids").read_text().splitlines())
+    return int(pids[name])
+
+
+def alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@functools.lru_cache(maxsize=2)
+def tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def prompt_text(model_dir: str, n_tokens: int = 1300, source: str = "argparse.py") -> str:
+    """About n_tokens of the model's tokens, from a standard-library source file (offline, deterministic)."""
+    import sysconfig
+
+    tok = tokenizer(model_dir)
+    text = Path(sysconfig.get_paths()["stdlib"], source).read_text()
+    return tok.decode(tok(text[: n_tokens * 8])["input_ids"][:n_tokens])
+
+
+def complete(base: str, prompt: str, max_tokens: int = 16, timeout_s: float = 120) -> tuple[str, float, dict]:
+    """Greedy completion: (text, seconds, response headers)."""
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        data = json.load(r)
+        headers = dict(r.headers)
+    return data["choices"][0]["text"], time.perf_counter() - t0, headers
+
+
+def metrics(url: str) -> dict[Series, float]:
+    """The Prometheus samples at `url` as {(name, labels): value} (prometheus_client's parser)."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return parse_prometheus(r.read().decode())
+
+
+def metric(m: dict[Series, float], name: str, **labels: str) -> float:
+    """Sum of the series of `name` whose labels include `labels`."""
+    return sum(v for (n, ls), v in m.items() if n == name and labels.items() <= dict(ls).items())
+
+
+def kvtier_event(stack: Stack, event: str, i: int = 0, tier: str | None = None) -> float:
+    m = metrics(stack.inst(i)["kvtier_metrics"])
+    if tier is None:
+        return metric(m, "kvtier_backend_events_total", event=event)
+    return metric(m, "kvtier_tier_events_total", event=event, tier=tier)
+
+
+def vllm_external_hits(base: str) -> float:
+    return metric(metrics(base + "/metrics"), "vllm:external_prefix_cache_hits_total")
+
+
+def clear_l1(stack: Stack, i: int = 0) -> None:
+    """Empty LMCache's CPU tier (L1) of instance i, so the next lookup goes to kvtier; raises on a non-200."""
+    clear_l1_at(stack.inst(i)["lmcache_http"])
+
+
+def clear_l1_at(lmcache_http: str) -> None:
+    req = urllib.request.Request(lmcache_http + "/cache/clear", b"", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        if r.status != 200:
+            raise RuntimeError(f"POST {lmcache_http}/cache/clear: HTTP {r.status}")
