@@ -57,19 +57,24 @@ class Stack:
         return p.read_text(errors="replace")[-3000:] if p.exists() else ""
 
 
-def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300) -> Stack:
-    """Start a CPU stack on free ports with this interpreter (`--python`), so a run on another venv's python starts
-    its LMCache server and vLLM from that venv too. A failed start is torn down and raises RuntimeError."""
-    base = free_port_block(60)
-    ports = ["--vllm-port", str(base), "--lmcache-port", str(base + 10), "--lmcache-http-port", str(base + 20)]
-    cmd = ["bash", str(RUN_STACK), "up", "--device", "cpu", "--model", model_dir, *ports]
-    cmd += ["--metrics-port", str(base + 40), "--kv-dir", str(kv_dir), "--state-dir", str(state_dir)]
-    cmd += ["--timeout", str(timeout_s), "--python", sys.executable, *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s + 60)
+def start(state_dir: Path, *args: str, timeout_s: float | None = None) -> Stack:
+    """`run-stack.sh up ARGS --state-dir STATE_DIR`; a failed start is torn down and raises RuntimeError."""
+    cmd = ["bash", str(RUN_STACK), "up", *args, "--state-dir", str(state_dir)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if p.returncode != 0:
         down(state_dir)
         raise RuntimeError(f"run-stack.sh up failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
-    return Stack(state_dir, json.loads((state_dir / "endpoints.json").read_text()))
+    return Stack(Path(state_dir), json.loads(Path(state_dir, "endpoints.json").read_text()))
+
+
+def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300) -> Stack:
+    """A CPU stack on free ports started with this interpreter (`--python`), so a run on another venv's python
+    starts its LMCache server and vLLM from that venv too."""
+    base = free_port_block(60)
+    args = ["--device", "cpu", "--model", model_dir, "--vllm-port", str(base), "--lmcache-port", str(base + 10)]
+    args += ["--lmcache-http-port", str(base + 20), "--metrics-port", str(base + 40), "--kv-dir", str(kv_dir)]
+    args += ["--timeout", str(timeout_s), "--python", sys.executable, *extra]
+    return start(state_dir, *args, timeout_s=timeout_s + 60)
 
 
 def down(state_dir: Path) -> None:

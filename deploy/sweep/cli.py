@@ -15,10 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from deploy import stack as live
 from kvconnector.errors import ConfigError
 from replay.cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
 from replay.outputs.paths import check_outputs, default_results_path, free_name, write_results
@@ -27,7 +27,6 @@ from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, sche
 from .metrics import HEADLINE, METRICS, extract, median, relative
 
 PROG = "kvtier sweep"
-ROOT = Path(__file__).resolve().parents[2]
 
 EPILOG = """\
 examples:
@@ -86,33 +85,7 @@ def _check_driver_args(driver: str, args: list[str]) -> None:
             raise ConfigError(f"{a.split('=', 1)[0]} after --: the sweep sets it for each point")
 
 
-class _Stack:
-    """deploy/run-stack.sh up/down around a replay sweep; state in a temporary directory."""
-
-    def __init__(self, args: str, kv_dir: str):
-        self.state = tempfile.mkdtemp(prefix="kvtier-sweep-stack-")
-        self.argv = [str(ROOT / "deploy" / "run-stack.sh"), "up", *shlex.split(args), "--kv-dir", kv_dir]
-        self.argv += ["--state-dir", self.state]
-        self.endpoints: dict[str, Any] = {}
-
-    def up(self) -> None:
-        print(f"{PROG}: starting the stack (deploy/run-stack.sh up, state {self.state})", file=sys.stderr)
-        r = subprocess.run(self.argv, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"deploy/run-stack.sh up failed ({r.returncode}): {r.stderr.strip()[-600:]}")
-        self.endpoints = json.loads(Path(self.state, "endpoints.json").read_text())
-
-    def clear_l1(self) -> None:
-        for inst in self.endpoints.get("instances", []):
-            req = urllib.request.Request(inst["lmcache_http"] + "/cache/clear", b"", method="POST")
-            urllib.request.urlopen(req, timeout=30).read()
-
-    def down(self) -> None:
-        cmd = [str(ROOT / "deploy" / "run-stack.sh"), "down", "--state-dir", self.state]
-        subprocess.run(cmd, capture_output=True, text=True)
-
-
-def _driver_argv(driver: str, args: list[str], mount: str, out: str, stack: _Stack | None) -> list[str]:
+def _driver_argv(driver: str, args: list[str], mount: str, out: str, stack: live.Stack | None) -> list[str]:
     base = [sys.executable, "-m", "replay.cli", driver, *args, "--output", out]
     if driver == "bench":
         return [*base, "--cache-dir", mount, "--no-progress"]
@@ -235,8 +208,9 @@ def run(a: argparse.Namespace, driver_args: list[str]) -> int:
     try:
         with Mount(mount, backing, ["--bw", "0", "--lat-ms", "0"]) as m:
             if a.driver == "replay":
-                stack = _Stack(a.stack, mount)
-                stack.up()
+                state = tempfile.mkdtemp(prefix="kvtier-sweep-stack-")
+                print(f"{PROG}: starting the stack (deploy/run-stack.sh up, state {state})", file=sys.stderr)
+                stack = live.start(Path(state), *shlex.split(a.stack), "--kv-dir", mount)
                 # Warm-up, not measured: the same prompts every point, so the first point would be the only one
                 # computing them all; after this run each point finds the same prefixes in the disk tier.
                 warm = os.path.join(runs_dir, "warmup.json")
@@ -247,7 +221,8 @@ def run(a: argparse.Namespace, driver_args: list[str]) -> int:
             for i, (rep, p) in enumerate(order, 1):
                 m.client.set(**p.changes())
                 if stack is not None:
-                    stack.clear_l1()
+                    for inst in range(len(stack.endpoints.get("instances", []))):
+                        live.clear_l1(stack, inst)
                 out = os.path.join(runs_dir, f"run-{i:03d}.json")
                 argv = _driver_argv(a.driver, driver_args, mount, out, stack)
                 _progress(i, len(order), p, rep, "running")
@@ -296,7 +271,7 @@ def run(a: argparse.Namespace, driver_args: list[str]) -> int:
         code = 1
     finally:
         if stack is not None:
-            stack.down()
+            live.down(stack.state_dir)
         for d in made:
             shutil.rmtree(d, ignore_errors=True)
     doc["loadavg_end"] = _loadavg()
