@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .validation import describe_validation_error
 
 PREFIX = "kvtier."
 
@@ -112,18 +113,11 @@ class BackendConfig(BaseModel):
         try:
             return cls.model_validate(d)
         except ValidationError as exc:
-            raise ConfigError("kvtier: invalid configuration: " + _one_line(exc)) from None
-
-
-def _one_line(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        parts.append(f"{PREFIX}{loc}: {msg}" if err["loc"] else msg)
-    return "; ".join(parts)
+            raise ConfigError(
+                describe_validation_error(
+                    exc, "kvtier: invalid configuration", key_prefix=PREFIX, unknown_key="unknown key"
+                )
+            ) from None
 
 
 def _same_dir(a: str, b: str) -> bool:

@@ -27,14 +27,26 @@ def error_path(loc: Sequence[int | str]) -> str:
 
 
 def describe_validation_error(
-    exc: ValidationError, where: str | None = None, *, skip: int = 0, show_input: bool = False
+    exc: ValidationError,
+    where: str | None = None,
+    *,
+    skip: int = 0,
+    show_input: bool = False,
+    key_prefix: str = "",
+    unknown_key: str | None = None,
 ) -> str:
     """The first error of `exc` as one line. `skip`: how many leading parts of the error's location `where`
     already names (a flag names its key); `show_input`: add the offending value (`path = value`) for sources the
-    user did not type (a file someone else wrote)."""
+    user did not type (a file someone else wrote); `key_prefix`: the namespace the user wrote the keys in
+    (`kvtier.` in LMCache's extra_config); `unknown_key`: the message for a key the schema lacks, where pydantic's
+    "Extra inputs are not permitted" would read oddly."""
     err = exc.errors()[0]
     msg = err["msg"].removeprefix("Value error, ")
+    if unknown_key is not None and err["type"] == "extra_forbidden":
+        msg = unknown_key
     path = error_path(err["loc"][skip:])
+    if path:
+        path = key_prefix + path
     if show_input and path:
         path += f" = {err.get('input')!r}"
     return ": ".join(p for p in (where, path, msg) if p)

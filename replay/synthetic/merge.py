@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from kvconnector.errors import ConfigError
 from kvconnector.units import GB
+from kvconnector.validation import describe_validation_error
 
 from ..cli_common import OneLineParser, fail
 from ..outputs.paths import check_outputs, default_results_path, write_results
@@ -91,9 +92,7 @@ def _config_of(doc: dict, name: str) -> BenchConfig:
     try:
         return BenchConfig.model_validate(doc["config"])
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        raise MergeError(f"{name}: its config does not load here ({where}: {err['msg']})") from None
+        raise MergeError(f"{name}: its config does not load here ({describe_validation_error(exc)})") from None
 
 
 def leaves(doc: dict) -> list[dict]:
