@@ -55,9 +55,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
 
 MAX_MODEL_LEN = 4096
 
@@ -73,9 +70,9 @@ def fresh_prompts(model_dir: str, n_tokens: int, n: int, salt: int) -> list[str]
     """n prompts of n_tokens never sent before: windows of the standard library's sources, shifted by salt."""
     import sysconfig
 
-    from kvtier_stack import _tokenizer
+    from deploy.stack import tokenizer
 
-    tok = _tokenizer(model_dir)
+    tok = tokenizer(model_dir)
     ids: list[int] = []
     for name in ("typing.py", "argparse.py", "inspect.py", "pathlib/_local.py", "pathlib.py", "tarfile.py"):
         p = Path(sysconfig.get_paths()["stdlib"], name)
@@ -120,9 +117,9 @@ def fit_break_even(points: list[tuple[float, float]], uncached: float) -> tuple[
 
 
 def run_model(a, name: str, model_dir: str, log) -> dict:
-    from kvtier_stack import down, up, vllm_external_hits
     from ttft_kvtier_vs_lmcache import clear_l1, drop_caches, stream_ttft
 
+    from deploy.stack import down, up, vllm_external_hits
     from deploy.throttle import Mount
 
     work = Path(a.dir) / name

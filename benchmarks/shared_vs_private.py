@@ -37,8 +37,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-sys.path.insert(0, str(ROOT))
 
 PROG = "shared_vs_private"
 
@@ -55,7 +53,7 @@ def _make_tiny_model(out: Path) -> str:
 
 def replay_point(a, stack, out: Path, seed: int) -> dict:
     """One replay through the proxy; the summary's figures for the table."""
-    from kvtier_stack import clear_l1
+    from deploy.stack import clear_l1
 
     for i in range(len(stack.endpoints["instances"])):
         clear_l1(stack, i)
@@ -95,8 +93,7 @@ def replay_point(a, stack, out: Path, seed: int) -> dict:
 
 def run(a, model: str, log, rows: list[dict]) -> None:
     """Appends one row per point to `rows` as it goes, so a failure later leaves the points measured so far."""
-    from kvtier_stack import down, up
-
+    from deploy.stack import down, up
     from deploy.throttle import Mount
 
     seed = 100

@@ -60,11 +60,9 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 CHUNK_TOKENS = 256  # run-stack.sh's default LMCache chunk size
 LABELS = {
@@ -154,13 +152,6 @@ def stream_ttft(base: str, prompt: str, max_tokens: int, timeout_s: float = 60, 
     return out
 
 
-def clear_l1(lmcache_http: str) -> None:
-    req = urllib.request.Request(lmcache_http + "/cache/clear", b"", method="POST")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        if r.status != 200:
-            raise BenchError(f"POST {lmcache_http}/cache/clear answered {r.status}")
-
-
 def nearest_rank(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -172,10 +163,10 @@ def prompts(model: str, n_tokens: int, n_fresh: int) -> tuple[str, list[str]]:
     """The fixed prompt (argparse.py) and n_fresh prompts of the same length never sent before (typing.py windows)."""
     import sysconfig
 
-    from kvtier_stack import _tokenizer, prompt_text
+    from deploy.stack import prompt_text, tokenizer
 
     fixed = prompt_text(model, n_tokens, "argparse.py")
-    tok = _tokenizer(model)
+    tok = tokenizer(model)
     text = Path(sysconfig.get_paths()["stdlib"], "typing.py").read_text()
     ids = tok(text)["input_ids"]
     step = 37
@@ -209,7 +200,7 @@ class Side:
         }
 
     def up(self) -> None:
-        from kvtier_stack import up
+        from deploy.stack import up
 
         t0 = time.monotonic()
         self.stack = up(
@@ -230,12 +221,12 @@ class Side:
         self.v = self.stack.vllm
 
     def down(self) -> None:
-        from kvtier_stack import down
+        from deploy.stack import down
 
         down(self.state)
 
     def disk_hits(self) -> float | None:
-        from kvtier_stack import kvtier_event
+        from deploy.stack import kvtier_event
 
         if self.l2 != "kvtier":
             return None
@@ -246,7 +237,7 @@ class Side:
 
     def store(self, fixed: str, warmups: list[str]) -> None:
         """Warm-up requests (one-off first-request costs), then the fixed prompt computed and stored in L2."""
-        from kvtier_stack import kvtier_event, wait_for
+        from deploy.stack import kvtier_event, wait_for
 
         for p in warmups:
             r = stream_ttft(self.v, p, self.a.max_tokens)
@@ -267,14 +258,16 @@ class Side:
             )
 
     def clear_l1(self) -> None:
-        clear_l1(self.stack.inst(0)["lmcache_http"])
+        from deploy.stack import clear_l1
+
+        clear_l1(self.stack)
 
     def counters(self) -> tuple:
         """What the L2-hit check compares against: vLLM's external hit tokens and the LMCache server's block-device
         reads, read before L1 is cleared. Nothing in the LMCache server is asked between timed requests: a scrape of
         kvtier's exporter there was charged to the next request (kvconnector/README.md), so kvtier's
         disk-tier hits are read once per stack (check_disk_hits)."""
-        from kvtier_stack import vllm_external_hits
+        from deploy.stack import vllm_external_hits
 
         return vllm_external_hits(self.v), read_bytes(self.lm_pid)
 
@@ -290,7 +283,7 @@ class Side:
 
     def l2_hit(self, where: str, fixed: str, before: tuple) -> str:
         """The fixed prompt after L1 was cleared and the page cache dropped; checked to be a cold L2 hit."""
-        from kvtier_stack import vllm_external_hits
+        from deploy.stack import vllm_external_hits
 
         h0, rb0 = before
         r = stream_ttft(self.v, fixed, self.a.max_tokens, label=f"{self.l2}:l2")
@@ -323,7 +316,7 @@ class Side:
         """The uncached prompt again: served from LMCache's memory (L1), while that prompt's stores to L2 may still
         be in flight. Checked: the hit tokens, the same greedy text, and no chunk's worth of block-device reads by the
         LMCache server during the request (and, for kvtier, none from its disk tier over the stack: check_disk_hits)."""
-        from kvtier_stack import vllm_external_hits
+        from deploy.stack import vllm_external_hits
 
         rb0 = read_bytes(self.lm_pid)
         r = stream_ttft(self.v, prompt, self.a.max_tokens, label=f"{self.l2}:l1")
@@ -364,7 +357,7 @@ def schedule(backends: list[str], rounds: int) -> list[str]:
 def run(a, backends: list[str], fixed: str, fresh: list[str], log, results: list[dict]) -> None:
     """One stack at a time (two idle vLLM CPU servers on 2 cores slow each other down by 5-10x), in ABBA order.
     Samples land in `results` as they come (a run cut short still reports what it has)."""
-    from kvtier_stack import vllm_external_hits
+    from deploy.stack import vllm_external_hits
 
     merged: dict[str, dict] = {}
     for n, backend in enumerate(schedule(backends, a.rounds)):
@@ -484,7 +477,7 @@ def main() -> int:
     except BenchError as exc:
         print(f"ttft_kvtier_vs_lmcache: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:  # run-stack.sh up failed (kvtier_stack.up), with its output
+    except RuntimeError as exc:  # run-stack.sh up failed (deploy.stack.up), with its output
         print(f"ttft_kvtier_vs_lmcache: {str(exc).splitlines()[0]}\n{exc}", file=sys.stderr)
         return 1
     want = a.repeats * a.rounds

@@ -149,6 +149,16 @@ def vllm_external_hits(base: str) -> float:
     return metric(metrics(base + "/metrics"), "vllm:external_prefix_cache_hits_total")
 
 
+def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.2):
+    """Poll fn until it returns something true or timeout_s passes; its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = fn()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(interval_s)
+
+
 def clear_l1(stack: Stack, i: int = 0) -> None:
     """Empty LMCache's CPU tier (L1) of instance i, so the next lookup goes to kvtier; raises on a non-200."""
     clear_l1_at(stack.inst(i)["lmcache_http"])

@@ -29,6 +29,7 @@ from deploy.stack import (  # noqa: F401  (the tests use them through this modul
     tokenizer,
     up,
     vllm_external_hits,
+    wait_for,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,15 +41,6 @@ TRACE_STACK_MARKS = [
     pytest.mark.timeout(900),
     pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),
 ]
-
-
-def wait_for(fn, timeout_s: float = 30.0, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = fn()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(interval_s)
 
 
 def need_lmcache() -> None:
