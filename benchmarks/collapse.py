@@ -345,5 +345,4 @@ def _print(doc) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     sys.exit(main())

@@ -35,8 +35,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 import numpy as np
 import xxhash
 

@@ -32,8 +32,6 @@ import time
 from collections import Counter, defaultdict
 from time import perf_counter_ns
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 import kvconnector.timed_io as tio
 from kvconnector.tiers import DiskTier
 from replay.synthetic.payload import RandomPayload

@@ -47,8 +47,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 from kvconnector.tiers import DiskTier
 from replay.synthetic.payload import RandomPayload
 

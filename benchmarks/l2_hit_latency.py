@@ -19,9 +19,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 
 def wait(query, tid):
     while (result := query(tid)) is None:

@@ -70,7 +70,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from kvconnector.files import atomic_path  # noqa: E402
 from replay.cli_common import OneLineParser, fail, stop_signals_raise  # noqa: E402

@@ -35,8 +35,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from replay.openai.fake_server import FakeServer, FakeServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,8 +39,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 from deploy.throttle.cli import check_fuse
 from deploy.throttle.fio_probe import FioResult, run_fio
 from deploy.throttle.runner import Mount

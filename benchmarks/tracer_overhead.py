@@ -46,8 +46,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from tracing.distill import distill, render_job
 from tracing.histparse import parse_trace
 

@@ -53,7 +53,6 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SIDES = ("kvtier", "fs", "baseline")
 KILL_BATCHES = 8  # a killed writer stores at most this many batches

@@ -1,18 +1,15 @@
 """benchmarks/lmcache_cli_bench.py: LMCache 0.5.7's `lmcache bench l2` run for real on kvtier's adapter and LMCache's
 fs adapter (the CLI from .venv-lmcache057, which `make test` builds), and its user errors."""
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+import benchmarks.lmcache_cli_bench as bench
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("lmcache_cli_bench", ROOT / "benchmarks" / "lmcache_cli_bench.py")
-bench = sys.modules["lmcache_cli_bench"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 needs_cli = pytest.mark.skipif(
     not os.access(bench.DEFAULT_CLI, os.X_OK), reason="no .venv-lmcache057 (make test-lmcache057 builds it)"

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mlperf_reference_vs_kvtier.py"
-sys.path.insert(0, str(SCRIPT.parent))
+import benchmarks.mlperf_reference_vs_kvtier as m
 
-import mlperf_reference_vs_kvtier as m  # noqa: E402
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mlperf_reference_vs_kvtier.py"
 
 
 def _run(*args, cwd=None):
