@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from deploy import stack as live
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = os.environ.get("PYTHON") or (str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else "python3")
 CONFIGS = ("l1only", "tiered", "dram")
@@ -180,9 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         state = out / f"stack-{c}"
         # the dram tier is a directory on tmpfs: kvtier's disk tier code, DRAM underneath
         kvdir = Path(f"/dev/shm/kvtier-collapse-{os.getpid()}") / c if c == "dram" else out / f"kv-{c}"
-        up = [str(ROOT / "deploy/run-stack.sh"), "up", "--device", "cpu", "--model", str(model)]
+        up = ["--device", "cpu", "--model", str(model)]
         up += ["--vllm-port", str(bp), "--lmcache-port", str(bp + 10), "--lmcache-http-port", str(bp + 20)]
-        up += ["--metrics-port", str(bp + 30), "--kv-dir", str(kvdir), "--state-dir", str(state)]
+        up += ["--metrics-port", str(bp + 30), "--kv-dir", str(kvdir)]
         up += ["--l1-gb", l1_gb, "--chunk-size", str(a.chunk_size), "--prefix-caching", "off"]
         max_len = min(32768, i0 + a.rounds * (follow + a.output_len) + 64)
         up += ["--max-model-len", str(max_len), "--max-num-seqs", str(a.concurrency)]
@@ -198,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             up += ["--l2", "kvtier", "--disk-gb", f"{a.dram_mb / 1e3:g}", "--io-mode", "buffered"]
         say(f"{c}: starting the stack (vLLM + LMCache{'' if c == 'l1only' else ' + kvtier ' + c}), about 1-2 min")
         try:
-            run(up, out / f"up-{c}.log")
+            try:
+                live.start(state, *up)
+            except RuntimeError as exc:  # run-stack.sh up failed, with its output
+                raise SystemExit(f"collapse.py: {exc}") from None
             metrics = [f"http://127.0.0.1:{bp}/metrics", f"http://127.0.0.1:{bp + 20}/metrics"]
             if c != "l1only":
                 metrics.append(f"http://127.0.0.1:{bp + 30}/metrics")
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{c}: done in {time.monotonic() - t:.0f} s")
             measured[c] = json.loads((out / f"{c}.json").read_text())
         finally:
-            run([str(ROOT / "deploy/run-stack.sh"), "down", "--state-dir", str(state)], check=False)
+            live.down(state)
             if c == "dram":
                 shutil.rmtree(kvdir.parent, ignore_errors=True)
     load1 = os.getloadavg()
