@@ -13,7 +13,7 @@ hundreds of MB whose sizes vary from put to put (tokens x 24 KiB, tiny-1b's byte
 makes them, so the pool's size classes and their slack are exercised.
 
   python benchmarks/cpu_tier_vs_memcpy.py                      # all sizes, 11 rounds, about a minute
-  python benchmarks/cpu_tier_vs_memcpy.py --sizes 1M,32M --rounds 9 --json out.json
+  python benchmarks/cpu_tier_vs_memcpy.py --sizes 1MiB,32MiB --rounds 9 --json out.json
 """
 
 from __future__ import annotations
@@ -31,18 +31,11 @@ import numpy as np
 
 from kvconnector.tiers import CPUTier
 from kvconnector.timed_io import aligned_buffer
-from kvconnector.units import GB
+from kvconnector.units import GB, parse_size
 
 KiB, MiB = 1024, 1024 * 1024
 TOKEN_BYTES = 24576  # tiny-1b, bf16
 WHOLE = "whole"  # whole-request entries: 8k-16k tokens, 192-384 MiB, size varies per put
-
-
-def parse_size(text: str) -> int | str:
-    if text == WHOLE:
-        return WHOLE
-    units = {"K": KiB, "M": MiB, "G": 1024 * MiB}
-    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units else int(text)
 
 
 def label(size: int | str) -> str:
@@ -139,15 +132,20 @@ def main() -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  python benchmarks/cpu_tier_vs_memcpy.py\n"
-        "  python benchmarks/cpu_tier_vs_memcpy.py --sizes 1M,32M --rounds 9",
+        "  python benchmarks/cpu_tier_vs_memcpy.py --sizes 1MiB,32MiB --rounds 9",
     )
-    ap.add_argument("--sizes", default="128K,1M,8M,32M,whole", help="entry sizes (K/M/G suffixes) and 'whole'")
+    ap.add_argument(
+        "--sizes", default="128KiB,1MiB,8MiB,32MiB,whole", help="entry sizes (KiB/MiB or KB/MB ...) and 'whole'"
+    )
     ap.add_argument("--rounds", type=int, default=11, help="alternating rounds per size (median reported)")
     ap.add_argument("--working-set-mb", type=int, default=128, help="bytes each side copies per round")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [WHOLE if s == WHOLE else int(parse_size(s)) for s in args.sizes.split(",")]
+    except ValueError as exc:
+        ap.error(f"--sizes: {exc}")
     rows = []
     print(
         f"{'entry size':<28} {'memcpy GB/s':>11} {'put GB/s':>8} {'put/memcpy':>10} {'get GB/s':>8} "
