@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy import RUN_STACK
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 )
 def test_bad_flag_is_one_line_and_exit_2(tmp_path, flags, message):
     (tmp_path / "model").mkdir()
-    cmd = [str(ROOT / "deploy/run-stack.sh"), "up", "--device", "cpu", "--model", str(tmp_path / "model")]
+    cmd = [str(RUN_STACK), "up", "--device", "cpu", "--model", str(tmp_path / "model")]
     cmd += ["--vllm-port", "1", "--lmcache-port", "2", "--lmcache-http-port", "3", "--kv-dir", str(tmp_path / "kv")]
     cmd += ["--state-dir", str(tmp_path / "state"), *flags]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
