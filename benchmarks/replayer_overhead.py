@@ -32,9 +32,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+import psutil
+
+from deploy.stack import metric, metrics
 from replay.openai.fake_server import FakeServer, FakeServerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,22 +58,18 @@ def _pin(cpu: int):
 
 def _proc_cpu_s(pid: int) -> float | None:
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return t.user + t.system
 
 
 def _server_requests(url: str) -> int:
+    """Requests the server finished, all its series summed (one per finish reason)."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=1) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("vllm:request_success_total"):
-                    return int(float(line.split()[-1]))
-    except OSError:
-        pass
-    return 0
+        return int(metric(metrics(url + "/metrics"), "vllm:request_success_total"))
+    except (OSError, ValueError):
+        return 0
 
 
 def run_pinned(cmd: list[str], cpu: int, timeout_s: float, server_url: str) -> tuple[int, float, float, str]:
