@@ -69,13 +69,14 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
+from kvconnector.files import atomic_path
+from replay.cli_common import OneLineParser, fail, stop_signals_raise
+from replay.outputs.paths import check_outputs, default_results_path
+from replay.synthetic.sysinfo import block_device_of, disk_counters
+
 ROOT = Path(__file__).resolve().parents[1]
-
-from kvconnector.files import atomic_path  # noqa: E402
-from replay.cli_common import OneLineParser, fail, stop_signals_raise  # noqa: E402
-from replay.outputs.paths import check_outputs, default_results_path  # noqa: E402
-from replay.synthetic.sysinfo import block_device_of, disk_counters  # noqa: E402
-
 PROG = "mlperf_reference_vs_kvtier"
 CLONE = "git clone https://github.com/hazemawadalla/storage"
 GB = 1e9
@@ -193,23 +194,19 @@ def command(side: str, a, model: str, cache: str, out: str, py: str, bdir: Path)
 
 
 def proc_io(pid: int) -> tuple[int, int] | None:
+    """Bytes the process made the block layer read and write (/proc/PID/io, through psutil)."""
     try:
-        with open(f"/proc/{pid}/io") as f:
-            kv = dict(line.split(": ") for line in f.read().splitlines())
-        return int(kv["read_bytes"]), int(kv["write_bytes"])
-    except (OSError, KeyError, ValueError):
+        io = psutil.Process(pid).io_counters()
+    except psutil.Error:
         return None
+    return io.read_bytes, io.write_bytes
 
 
 def proc_rss(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:
+        return 0
 
 
 def stop_group(proc: subprocess.Popen) -> None:

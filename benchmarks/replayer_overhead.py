@@ -75,8 +75,8 @@ def _server_requests(url: str) -> int:
 def run_pinned(cmd: list[str], cpu: int, timeout_s: float, server_url: str) -> tuple[int, float, float, str]:
     """Run cmd on one CPU. Returns (rc, CPU seconds it spent from its first request to its exit, wall_s, stderr).
 
-    Start-up (imports, tokenizer loading, vllm's ready check) is left out: the client's CPU time is read from
-    /proc/PID/stat when the fake server sees its first request, and subtracted from the total that wait4 reports.
+    Start-up (imports, tokenizer loading, vllm's ready check) is left out: the client's CPU time is read (psutil)
+    when the fake server sees its first request, and subtracted from the total that wait4 reports.
     """
     t0 = time.perf_counter()
     env = dict(
