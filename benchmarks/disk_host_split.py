@@ -22,6 +22,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import shutil
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter_ns
 
 import kvconnector.timed_io as tio
@@ -81,28 +83,24 @@ def instrument(acc: Counter, lock: threading.Lock) -> None:
 
 
 def write_all(tier: DiskTier, keys: list[str], obj: int, workers: int, payload: RandomPayload) -> dict:
-    queue, lock = list(keys), threading.Lock()
-    host, total = [0] * workers, [0] * workers
+    rngs = threading.local()  # one generator per worker thread, seeded by its order of first use
 
-    def worker(i: int) -> None:
-        rng = random.Random(i)
-        while True:
-            with lock:
-                if not queue:
-                    return
-                key = queue.pop()
-            t = tier.write(key, payload.chunks(obj, rng), obj)
-            host[i] += t.host_ns
-            total[i] += t.total_ns
+    def put(key: str) -> tuple[int, int]:
+        if not hasattr(rngs, "rng"):
+            rngs.rng = random.Random(next(seeds))
+        t = tier.write(key, payload.chunks(obj, rngs.rng), obj)
+        return t.host_ns, t.total_ns
 
+    seeds = itertools.count()
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(workers) as ex:
+        times = list(ex.map(put, keys))
     wall = time.perf_counter() - t0
-    return {"gbps": len(keys) * obj / wall / 1e9, "host_ns": sum(host), "total_ns": sum(total)}
+    return {
+        "gbps": len(keys) * obj / wall / 1e9,
+        "host_ns": sum(h for h, _ in times),
+        "total_ns": sum(t for _, t in times),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
