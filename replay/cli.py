@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .cli_common import Interrupted, stop_signals_raise
+from .cli_common import Interrupted, fail, stop_signals_raise
 
 SUBCOMMANDS = {
     "bench": ("replay.synthetic.cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
@@ -41,11 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(
-            f"kvtier: unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')",
-            file=sys.stderr,
-        )
-        return 2
+        return fail("kvtier", f"unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')")
     # Any subcommand stopped by SIGINT or SIGTERM where it does not handle them itself: one line, 128 + signal.
     with stop_signals_raise():
         try:

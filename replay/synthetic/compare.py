@@ -12,7 +12,7 @@ from typing import Any
 from kvconnector.errors import ConfigError
 from kvconnector.units import GB
 
-from ..cli_common import OneLineParser
+from ..cli_common import OneLineParser, fail
 from ..outputs._common import sla_verdict_text
 from ..outputs.paths import atomic_path, check_outputs
 from ..sources.base import open_regular
@@ -261,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as exc:
                 raise CompareError(f"--json {args.json_out}: {exc.strerror or exc}") from None
     except CompareError as exc:
-        print(f"kvtier compare: {exc}", file=sys.stderr)
-        return 2
+        return fail("kvtier compare", str(exc))
     from rich.console import Console
 
     Console().print(render(table))
