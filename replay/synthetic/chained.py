@@ -36,18 +36,18 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from kvconnector.errors import ConfigError
 from kvconnector.histogram import LatencyHistogram
+from kvconnector.store import TieredStore
 
 from ..plan.model import ChainLRU
 from ..sources.base import Conversation
 from ..sources.synthetic_users import SyntheticUser
-from .workload import Session
-
-if TYPE_CHECKING:
-    from .driver import SyntheticDriver
+from .config import BenchConfig
+from .payload import RandomPayload
+from .workload import Session, Workload
 
 __all__ = ["ChainedRounds", "block_key"]
 
@@ -73,11 +73,32 @@ class _Round:
     decode_ns: int = 0
 
 
+class RoundsDriver(Protocol):
+    """What ChainedRounds uses of the SyntheticDriver that owns it: its store, workload, payload and accounting, and
+    its I/O queue. Declared here so that this module does not import the driver, which imports it."""
+
+    cfg: BenchConfig
+    store: TieredStore
+    workload: Workload
+    payload: RandomPayload
+    bytes_per_token: int
+    req: Any  # driver.RequestStats
+    _qos_key: dict
+    _deadline_ns: int
+    _done: asyncio.Event
+
+    async def _io(self, priority: tuple, phase: str, fn, *args): ...
+
+    async def _rate_limit(self) -> None: ...
+
+    def _record_request(self, session: Session, t_submit: int, t_start: int, **counts) -> None: ...
+
+
 class ChainedRounds:
     """Drives the sessions of one run in rounds on the driver's store, pool and accounting; `rows` is the per-round
     table once `run()` returns (rounds cut by the end of the window are not in it)."""
 
-    def __init__(self, driver: SyntheticDriver) -> None:
+    def __init__(self, driver: RoundsDriver) -> None:
         self.d = driver
         self.block = driver.cfg.block_size
         self.block_bytes = self.block * driver.bytes_per_token

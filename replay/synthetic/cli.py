@@ -1,25 +1,24 @@
-"""`kvtier bench`: the synthetic benchmark of the tiered KV store (no vLLM, no GPU needed)."""
+"""`kvtier bench`: the synthetic benchmark of the tiered KV store (no vLLM, no GPU needed). This module parses the
+command line and picks the way to run (one process, trials, --num-clients, an MPI rank); the steps of a run are in
+lifecycle.py."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 
-from kvconnector.errors import ConfigError, KvtierError
+from kvconnector.errors import ConfigError
 from kvconnector.models import CATALOG
 
-from ..cli_common import Interrupted, OneLineParser, stop_signals_raise
-from ..outputs.paths import check_outputs, default_results_path
+from ..cli_common import OneLineParser
 from ..settings import documented
-from .bench import Bench
+from .check import main as check_main
 from .config import BenchConfig, GenerationConfig, load_config
-from .finish import PROG, _fail, finish
+from .finish import PROG, bench_fail
+from .lifecycle import Invocation, check_modes, check_output_paths, run_single
 from .mpi_run import run_rank, world_size
 from .multiclient import run_clients
-from .op_logs import attach_op_logs, detach_op_logs
-from .view import STATUS_ENV, LiveView, SetupProgress
+from .trials import run_trials
 
 EXAMPLES = """\
 examples:
@@ -277,129 +276,26 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return load_config(getattr(args, "config", None), cli_values(args), SECTION_FLAGS)
 
 
-def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
-    """Check every output path before anything runs; return (results path, whether it is the default name)."""
-    output = cfg.output or default_results_path()
-    files = {
-        "--output": output,
-        "--xlsx-output": cfg.xlsx_output,
-        "--csv-output": cfg.csv_output,
-        "--io-trace-log": cfg.io_trace_log,
-        "--io-op-log": cfg.io_op_log,
-    }
-    seen: dict[str, str] = {}
-    for flag, path in files.items():
-        if path:
-            real = os.path.realpath(path)
-            if real in seen:  # two writers on one file would interleave and clobber each other
-                raise ConfigError(f"{flag} {path}: also given to {seen[real]}; give each output its own file")
-            seen[real] = flag
-    check_outputs(
-        files,
-        {"--plots": cfg.plots, "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None},
-    )
-    return output, cfg.output is None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="kvtier: %(levelname)s %(message)s")
+    inv = Invocation(
+        getattr(args, "trials", None), getattr(args, "vary_seed", False), getattr(args, "submission_check", False)
+    )
     if world_size() > 1:  # started by mpirun: this process is one rank of the job
-        if getattr(args, "trials", None) or getattr(args, "submission_check", False):
-            # Never ignored silently: a trial is one whole mpirun job.
-            return _fail(
-                "--trials and --submission-check do not run under mpirun: start mpirun once per trial, "
-                "then `kvtier check` the results files"
-            )
-        return run_rank(args)
+        return run_rank(lambda: config_from_args(args), inv)
     try:
         cfg = config_from_args(args)
+        check_modes(cfg, inv)
         output, is_default = check_output_paths(cfg)
-        if cfg.enable_latency_tracing:  # before the set-up, so a user without root hears it at once
-            from tracing.session import TracingUnavailable, check_available
-
-            try:
-                check_available()
-            except TracingUnavailable as exc:
-                raise ConfigError(f"--enable-latency-tracing: {exc}") from exc
     except ConfigError as exc:
-        return _fail(str(exc))
-    trials = getattr(args, "trials", None)
-    if trials is not None and trials < 1:
-        return _fail(f"--trials {trials}: give 1 or more")
-    if trials:
-        from .trials import run_trials
-
-        code = run_trials(cfg, output, is_default, trials, getattr(args, "vary_seed", False))
+        return bench_fail(str(exc))
+    if inv.trials:
+        code = run_trials(cfg, output, is_default, inv.trials, inv.vary_seed)
     elif cfg.num_clients > 1:
         code = run_clients(cfg, output, is_default)
     else:
         code = run_single(cfg, output, is_default)
-    if getattr(args, "submission_check", False) and code == 0:
-        from .check import main as check_main
-
+    if inv.submission_check and code == 0:
         code = check_main([output])
     return code
-
-
-def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
-    status_file = os.environ.get(STATUS_ENV)  # set when this process is one client of --num-clients
-    bench = Bench(cfg)
-    tracer = None
-    op_logs: list = []
-    try:
-        # Outside the run's event loop (set-up, clean-up) SIGINT and SIGTERM raise Interrupted, so every path out
-        # of here goes through the `finally` below and removes the run's files.
-        with stop_signals_raise():
-            try:
-                bench.prepare()
-                for note in bench.notes:
-                    print(f"kvtier bench: {note}", file=sys.stderr)
-                with SetupProgress(enabled=cfg.progress) as setup_view:
-                    bench.set_up(on_progress=setup_view.update)
-                op_logs, phase_hook = attach_op_logs(bench.store, cfg.io_trace_log, cfg.io_op_log)
-                tracer = start_tracer(cfg, bench, output)
-                with LiveView(cfg.duration, enabled=cfg.progress, status_file=status_file) as view:
-                    doc = bench.run(on_sample=view.update, phase_hook=phase_hook)
-                if tracer is not None:
-                    doc["latency_tracing"] = stop_tracer(tracer)
-                    tracer = None
-            finally:
-                if tracer is not None:  # the run broke off: never leave bpftrace attached
-                    stop_tracer(tracer)
-                detach_op_logs(bench.store, op_logs)
-                bench.cleanup()
-    except ConfigError as exc:
-        return _fail(str(exc))
-    except KvtierError as exc:
-        return _fail(str(exc), 1)
-    except Interrupted as exc:  # during set-up: nothing measured yet
-        return _fail(f"interrupted during set-up ({exc}); no results", exc.exit_code)
-    return finish(doc, cfg, output, is_default)
-
-
-def trace_dir(output: str) -> str:
-    return os.path.splitext(output)[0] + "-trace"
-
-
-def start_tracer(cfg: BenchConfig, bench: Bench, output: str):
-    """bpftrace around the run, filtered to this process and the cache dir's device (--enable-latency-tracing)."""
-    if not cfg.enable_latency_tracing:
-        return None
-    from tracing.session import TraceSession, TraceSessionError
-
-    session = TraceSession(pid=os.getpid(), path=bench.run_dir, out_dir=trace_dir(output), job_name="kvtier-bench")
-    try:
-        session.start()
-    except TraceSessionError as exc:
-        raise ConfigError(f"--enable-latency-tracing: {exc}") from exc
-    return session
-
-
-def stop_tracer(session) -> dict:
-    from tracing.session import TraceSessionError
-
-    try:
-        return session.stop()
-    except TraceSessionError as exc:  # the run's own results still stand
-        return {"error": str(exc)}

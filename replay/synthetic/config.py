@@ -413,7 +413,7 @@ class BenchConfig(_Section):
     def _reference(cls, data):
         # The reference's config.yaml forms that are not plain aliases (see mlperf_config.from_reference), and a
         # flag that sets a section key (--rag-top-k) winning over the reference's name for it in the file.
-        data = from_reference(data)
+        data = from_reference(data, GenerationConfig().ms_per_token)
         if isinstance(data, dict) and data.get("prefix_model") == "chained" and "request_model" not in data:
             # The chained prefix model is kvtier's own model of requests (block chains, lockstep rounds): unless the
             # user asks for another, it runs with kvtier's request model, not the default reference one.

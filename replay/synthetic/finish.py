@@ -15,7 +15,7 @@ from .view import print_summary
 PROG = "kvtier bench"
 
 
-def _fail(msg: str, code: int = 2) -> int:
+def bench_fail(msg: str, code: int = 2) -> int:
     return fail(PROG, msg, code)
 
 
@@ -34,7 +34,7 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -
         output, moved = write_results(output, doc, is_default=is_default)
     except OSError as exc:
         print_summary(doc, None)
-        return _fail(f"{exc}; the results could not be saved (the summary above is all there is)", 1)
+        return bench_fail(f"{exc}; the results could not be saved (the summary above is all there is)", 1)
     if moved:
         print(f"kvtier bench: {moved}; results written to {output} instead", file=sys.stderr)
     extra = []
@@ -53,7 +53,7 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -
     if doc["status"] == "failed":
         err = doc["error"] or "unknown error"
         hint = " (filesystem full)" if "space" in err else ""
-        return _fail(f"run failed{hint}: {err}; partial results in {output}", 1)
+        return bench_fail(f"run failed{hint}: {err}; partial results in {output}", 1)
     if doc["status"] == "interrupted":
         name = doc.get("stop_signal") or "SIGINT"
         print(f"kvtier bench: interrupted ({name}); partial results in {output}", file=sys.stderr)

@@ -35,9 +35,10 @@ DTYPES = {
 QOS_THRESHOLD_KEYS = ("interactive_probability", "responsive_threshold")
 
 
-def from_reference(data):
-    """The reference's forms of `generation_timing`, `qos_distribution` and a model's `dtype`, in kvtier's schema.
-    Anything else is left for validation (an unknown key stays an error)."""
+def from_reference(data, default_ms_per_token: dict[str, float]):
+    """The reference's forms of `generation_timing`, `qos_distribution` and a model's `dtype`, in kvtier's schema
+    (modes that `generation_timing` leaves out keep `default_ms_per_token`, kvtier's defaults). Anything else is left
+    for validation (an unknown key stays an error)."""
     if not isinstance(data, dict):
         return data
     data = dict(data)
@@ -53,12 +54,9 @@ def from_reference(data):
             if not isinstance(seconds, Real) or isinstance(seconds, bool) or seconds < 0:
                 raise ValueError(f"generation_timing.{mode}: expected seconds per token >= 0, got {seconds!r}")
             ms[mode] = seconds * 1000.0
-        # Modes the file leaves out keep kvtier's defaults (filled in by the section's default factory).
-        from .config import GenerationConfig
-
         data["generation"] = {
             **(gen if isinstance(gen, dict) else {}),
-            "ms_per_token": {**GenerationConfig().ms_per_token, **ms},
+            "ms_per_token": {**default_ms_per_token, **ms},
         }
     dist = data.get("qos_distribution")
     if isinstance(dist, dict) and any(k in dist for k in QOS_THRESHOLD_KEYS):

@@ -29,19 +29,20 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
+from collections.abc import Callable
 
 from kvconnector.errors import ConfigError, KvtierError
 
 from ..cli_common import STOP_SIGNALS, Interrupted, stop_signals_raise
 from .bench import Bench
-from .finish import PROG, _fail, finish
+from .config import BenchConfig
+from .finish import bench_fail, finish
+from .lifecycle import Invocation, check_invocation, check_modes, check_output_paths, clean_up, set_up
 from .merge import merge_results, print_sources
 from .multiclient import share_config, sum_snapshots
-from .op_logs import attach_op_logs, detach_op_logs
-from .view import LiveView, SetupProgress
+from .view import LiveView
 
 # mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
 SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -126,22 +127,25 @@ def rank_config(cfg, rank: int, size: int, local_size: int) -> dict:
     return data
 
 
-def run_rank(args) -> int:
-    """This process as one rank of `mpirun -n N kvtier bench ...` (see the module's docstring)."""
+def run_rank(load_config: Callable[[], BenchConfig], inv: Invocation) -> int:
+    """This process as one rank of `mpirun -n N kvtier bench ...` (see the module's docstring); `load_config` reads the
+    command line's configuration (each rank reads its own, so a mistake is found by all and told once)."""
+    rank_env = _env_int(RANK_ENV, 0)
+    try:
+        check_invocation(inv, world_size())
+    except ConfigError as exc:  # before MPI starts: every rank refuses, rank 0 says why
+        return bench_fail(str(exc)) if rank_env == 0 else 2
     try:
         from mpi4py import MPI
     except ImportError:
-        if _env_int(RANK_ENV, 0) == 0:
-            _fail(
+        if rank_env == 0:
+            bench_fail(
                 f"started by mpirun ({world_size()} processes) but mpi4py is not installed: pip install 'kvtier[mpi]'"
             )
         return 2
-    from .cli import check_output_paths, config_from_args
 
     comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
     local_size = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    peers_comm = comm.Dup()
     received: list[int] = []  # a signal between the steps: the rank stops at the start of its window
 
     def record(signum, _frame):
@@ -149,7 +153,7 @@ def run_rank(args) -> int:
 
     old = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
     try:
-        return _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_output_paths, config_from_args)
+        return _run(MPI, comm, local_size, load_config, inv, received)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
@@ -165,20 +169,15 @@ def _first_error(errors: list) -> tuple[int, str] | None:
     return code, msg if same_everywhere else f"rank {r}: {msg}"
 
 
-def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_output_paths, config_from_args) -> int:
+def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: list[int]) -> int:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    peers_comm = comm.Dup()
     # 1. the command line, checked by every rank; output paths by rank 0, which alone writes.
     err = cfg = None
     output, is_default = None, False
     try:
-        cfg = config_from_args(args)
-        if cfg.num_clients > 1:
-            raise ConfigError("--num-clients runs processes on one host; under mpirun each rank is one client (-n)")
-        if getattr(args, "trials", None) or getattr(args, "submission_check", False):
-            raise ConfigError("--trials and --submission-check are not for mpirun: run it once per trial, then check")
-        if cfg.enable_latency_tracing:
-            raise ConfigError("--enable-latency-tracing traces one process: not under mpirun")
-        if cfg.num_users < size:
-            raise ConfigError(f"{size} ranks need at least as many users (--num-users {cfg.num_users})")
+        cfg = load_config()
+        check_modes(cfg, inv, size)
         if rank == 0:
             output, is_default = check_output_paths(cfg)
     except ConfigError as exc:
@@ -187,20 +186,19 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
     seed = comm.bcast(seed, root=0)
     failed = _first_error(comm.allgather(err))
     if failed:
-        return _fail(failed[1], failed[0]) if rank == 0 else failed[0]
+        return bench_fail(failed[1], failed[0]) if rank == 0 else failed[0]
     cfg = cfg.model_copy(update={"seed": seed})
     rank_cfg = type(cfg).model_validate(rank_config(cfg, rank, size, local_size))
 
-    # 2. set-up of this rank's share, then the barrier (an allgather of set-up errors).
+    # 2. set-up of this rank's share (op logs at <path>.rank-<r>, on the rank's own host), then the barrier (an
+    # allgather of set-up errors).
     bench = Bench(rank_cfg)
     made_dir = bool(rank_cfg.cache_dir) and not os.path.lexists(rank_cfg.cache_dir)
-
     op_logs: list = []
     phase_hook = None
 
-    def clean_up() -> None:
-        detach_op_logs(bench.store, op_logs)
-        bench.cleanup()
+    def clean_up_rank() -> None:
+        clean_up(bench, op_logs)
         if made_dir:  # the rank's subdirectory, if this rank made it and nothing is left in it (--keep-cache)
             try:
                 os.rmdir(rank_cfg.cache_dir)
@@ -209,14 +207,7 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
 
     try:
         with stop_signals_raise():
-            bench.prepare()
-            if rank == 0:
-                for note in bench.notes:
-                    print(f"{PROG}: {note}", file=sys.stderr)
-            with SetupProgress(enabled=cfg.progress and rank == 0) as setup_view:
-                bench.set_up(on_progress=setup_view.update)
-            # <path>.rank-<r>, on the rank's own host
-            op_logs, phase_hook = attach_op_logs(bench.store, rank_cfg.io_trace_log, rank_cfg.io_op_log)
+            op_logs, phase_hook = set_up(bench, rank_cfg, notes=rank == 0, progress=cfg.progress and rank == 0)
     except ConfigError as exc:
         err = (2, str(exc))
     except KvtierError as exc:
@@ -225,8 +216,8 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
         err = (exc.exit_code, f"interrupted during set-up ({exc})")
     failed = _first_error(comm.allgather(err))
     if failed:
-        clean_up()
-        return _fail(f"{failed[1]}; no rank ran", failed[0]) if rank == 0 else failed[0]
+        clean_up_rank()
+        return bench_fail(f"{failed[1]}; no rank ran", failed[0]) if rank == 0 else failed[0]
 
     # 3. the window, all ranks together; a rank that ends other than completed stops the others.
     peers = _Peers(peers_comm, MPI)
@@ -256,7 +247,7 @@ def _run(MPI, comm, peers_comm, rank, size, local_size, args, received, check_ou
     finally:
         status = doc["status"] if doc else "failed"
         peers.send_done(status, doc.get("error") if doc else run_error)
-        clean_up()
+        clean_up_rank()
     if doc is not None and stopped_for:
         doc["notes"] = [*doc["notes"], f"rank {rank} stopped early: {stopped_for[0]}"]
 
@@ -271,7 +262,7 @@ def _write_merged(cfg, parts: list[dict], output: str, is_default: bool) -> int:
     ranks = [r for r, p in enumerate(parts) if p["doc"] is not None]
     lost = [f"rank {r}: {p['error']}" for r, p in enumerate(parts) if p["doc"] is None]
     if not ranks:
-        return _fail(f"no rank produced results ({'; '.join(lost)})", 1)
+        return bench_fail(f"no rank produced results ({'; '.join(lost)})", 1)
     doc = merge_results(
         [parts[r]["doc"] for r in ranks], [f"rank-{r}" for r in ranks], cfg, extra=[{"rank": r} for r in ranks]
     )

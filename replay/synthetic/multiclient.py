@@ -24,7 +24,7 @@ import yaml
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
 from ..outputs.paths import os_reason
 from .config import BenchConfig
-from .finish import _fail, finish
+from .finish import bench_fail, finish
 from .merge import merge_results, print_sources
 from .view import STATUS_ENV, LiveView
 
@@ -68,8 +68,6 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
 
 
 def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
-    if cfg.num_users < cfg.num_clients:
-        return _fail(f"--num-clients {cfg.num_clients} needs at least as many users (--num-users {cfg.num_users})")
     if cfg.seed is None:
         cfg = cfg.model_copy(update={"seed": int(time.time()) % 2**31})
     workdir = tempfile.mkdtemp(prefix="kvtier-clients-")
@@ -80,7 +78,7 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
         os.makedirs(cache_base, exist_ok=True)
     except OSError as exc:
         shutil.rmtree(workdir, ignore_errors=True)
-        return _fail(f"--cache-dir {cfg.cache_dir}: cannot create it ({os_reason(exc)})")
+        return bench_fail(f"--cache-dir {cfg.cache_dir}: cannot create it ({os_reason(exc)})")
     procs: list[subprocess.Popen] = []
     stop = {"signal": None}
     try:
@@ -113,7 +111,7 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
             except (OSError, json.JSONDecodeError):
                 pass
     except Interrupted as exc:
-        return _fail(f"interrupted while starting the clients ({exc}); no results", exc.exit_code)
+        return bench_fail(f"interrupted while starting the clients ({exc}); no results", exc.exit_code)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -124,7 +122,7 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
             shutil.rmtree(cache_base, ignore_errors=True)
     if not docs:
         msg = next((e.splitlines()[-1] for e in errors if e), "no client produced results")
-        return _fail(f"clients failed: {msg}", max(codes) or 1)
+        return bench_fail(f"clients failed: {msg}", max(codes) or 1)
     doc = merge_results(docs, [f"client-{i}" for i in clients], cfg, extra=[{"client": i} for i in clients])
     stopped = (0, exit_code(signal.SIGINT), exit_code(signal.SIGTERM))
     failed = [

@@ -32,7 +32,9 @@ from rich.table import Table
 from ..cli_common import Interrupted, stop_signals_raise
 from ..outputs.paths import check_outputs, write_results
 from .config import BenchConfig
-from .finish import PROG, _fail
+from .finish import PROG, bench_fail
+from .lifecycle import run_single
+from .multiclient import run_clients
 
 # Figures shown in the closing table (the spec's metrics first); every numeric figure is in `aggregate`.
 TABLE_KEYS = (
@@ -192,9 +194,6 @@ def write_trials_plot(doc: dict, directory: str) -> str | None:
 
 def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, vary_seed: bool = False) -> int:
     """Run `trials` trials of `cfg`, write each trial's results and the trials document; return the exit code."""
-    from .cli import run_single  # the CLI module imports this one
-    from .multiclient import run_clients
-
     if cfg.seed is None:  # one seed for every trial, chosen now and recorded
         cfg = cfg.model_copy(update={"seed": int.from_bytes(os.urandom(4), "little") % 2**31})
     plans = []
@@ -245,12 +244,12 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
     except Interrupted as exc:
         code, status = exc.exit_code, "interrupted"
     if not docs:
-        return _fail(f"no trial finished; nothing to aggregate (exit {code})", code or 1)
+        return bench_fail(f"no trial finished; nothing to aggregate (exit {code})", code or 1)
     doc = trials_document(cfg, per_trial, docs, trials, status)
     try:
         written, moved = write_results(output, doc, is_default=is_default)
     except OSError as exc:
-        return _fail(f"{exc}; the trials document could not be saved (each trial's file is kept)", 1)
+        return bench_fail(f"{exc}; the trials document could not be saved (each trial's file is kept)", 1)
     if moved:
         print(f"{PROG}: {moved}; trials document written to {written} instead", file=sys.stderr)
     Console().print(trials_table(doc))

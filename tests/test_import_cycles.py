@@ -1,0 +1,116 @@
+"""No import cycle anywhere in kvtier's packages, counting the imports hidden inside functions (the usual way a cycle is
+papered over: it runs, until someone moves the import to the top). Read from the source with ast, so it needs nothing
+imported and names the cycle it finds."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kvconnector", "replay", "tracing", "deploy", "benchmarks")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if any(p.startswith(".") or p == "__pycache__" for p in parts):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _target(name: str, modules: dict[str, Path]) -> str | None:
+    """The deepest kvtier module a dotted name denotes (`replay.x.func` -> `replay.x`)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from pkg import mod` imports the submodule; `from mod import func` imports mod.
+                names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+            else:
+                continue
+            for imported in names:
+                target = _target(imported, modules)
+                if target is not None and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a list of modules (first == last), or None. Iterative DFS, three colours."""
+    state: dict[str, int] = {}
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child) :] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph[child]))))
+    return None
+
+
+def _package_edges_removed(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """A package's __init__ importing its own submodules is not a cycle with them (a submodule importing a sibling
+    through the package is): drop only the edges from a module to the packages that contain it."""
+    return {m: {t for t in targets if not m.startswith(t + ".")} for m, targets in graph.items()}
+
+
+def test_no_import_cycle():
+    graph = _package_edges_removed(import_graph(_modules()))
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize(
+    "sources, expect_cycle",
+    [
+        ({"a": "from . import b\n", "b": "def f():\n    from .a import g\n"}, True),
+        ({"a": "import pkg.b\n", "b": "import pkg.c\n", "c": "from pkg.a import x\n"}, True),
+        ({"a": "from .b import f\n", "b": "from .c import g\n", "c": "import os\n"}, False),
+    ],
+    ids=["hidden-in-function", "three-long", "chain"],
+)
+def test_the_checker_sees_cycles(tmp_path, sources, expect_cycle):
+    """The checker itself: a cycle through an import inside a function is found; a chain is not a cycle."""
+    modules = {}
+    for stem, text in sources.items():
+        (tmp_path / f"{stem}.py").write_text(text)
+        modules[f"pkg.{stem}"] = tmp_path / f"{stem}.py"
+    (tmp_path / "__init__.py").write_text("")
+    modules["pkg"] = tmp_path / "__init__.py"
+    assert (find_cycle(_package_edges_removed(import_graph(modules))) is not None) is expect_cycle
