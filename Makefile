@@ -110,7 +110,7 @@ bench-mlperf: $(BASE_STAMP)
 	$(BIN)/python benchmarks/mlperf_reference_vs_kvtier.py --reference $(MLPERF_REF) --dir /var/tmp/kvtier-mlperf-vs
 
 # Needs root (FUSE, drop_caches). Two stacks one after the other (tiny model, then a 4x512 random-weight model built
-# offline by deploy/make-tiny-model.py); 4-6 minutes here.
+# offline by deploy/make_tiny_model.py); 4-6 minutes here.
 bench-reload: $(TEST_STAMP) system-deps
 	$(BIN)/python benchmarks/reload_vs_recompute.py --dir /var/tmp/kvtier-reload \
 	    --lat-ms 5,30,100 --repeats 4 \

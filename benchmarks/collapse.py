@@ -7,7 +7,7 @@ usage: benchmarks/collapse.py [--model DIR] [--out DIR] [--rounds 12] [--concurr
                               [--chunk-size 256] [--base-port 18700] [--configs l1only,tiered,dram]
 
 The experiment of LUISUAN Technology's published GP7000 long-session measurement (vLLM + Mooncake,
-2026; replay/plan/README.md) scaled to 2 cores and the tiny offline model (deploy/make-tiny-model.py, 512 B of KV per
+2026; replay/plan/README.md) scaled to 2 cores and the tiny offline model (deploy/make_tiny_model.py, 512 B of KV per
 token): C sessions advance one round at a time, each round's prompt is the whole history (the earlier prompts and
 the server's own answers) plus --input-len new tokens, sent to /v1/completions (the exact text, so the next prompt
 starts with the same tokens and the block chain holds; the chat template did not re-tokenize identically).
@@ -67,7 +67,7 @@ def parse(argv):
         description=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", default="/tmp/kvtier-tiny-model", help="model dir (made by deploy/make-tiny-model.py)")
+    p.add_argument("--model", default="/tmp/kvtier-tiny-model", help="model dir (made by deploy/make_tiny_model.py)")
     p.add_argument("--out", help="new results directory (default results/collapse-<UTC time>)")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--concurrency", type=int, default=4)
@@ -110,7 +110,7 @@ def template_overheads(model: str) -> tuple[int, int]:
     (the separator, 'User: ', '\\nAssistant:'), counted with the model's own tokenizer."""
     from transformers import AutoTokenizer
 
-    from replay.openai.driver import _render_completion_prompt
+    from replay.openai.driver import render_completion_prompt
 
     tok = AutoTokenizer.from_pretrained(model)
 
@@ -118,9 +118,9 @@ def template_overheads(model: str) -> tuple[int, int]:
         return len(tok(text, add_special_tokens=True)["input_ids"])
 
     u, a = "alpha beta gamma", "delta epsilon"
-    first = n(_render_completion_prompt(None, [], u)) - n(u) + 1  # +1: the special token n(u) counted once
-    second = n(_render_completion_prompt(None, [(u, a)], u))
-    per_round = second - n(_render_completion_prompt(None, [], u)) - (n(u) - 1) - (n(a) - 1)
+    first = n(render_completion_prompt(None, [], u)) - n(u) + 1  # +1: the special token n(u) counted once
+    second = n(render_completion_prompt(None, [(u, a)], u))
+    per_round = second - n(render_completion_prompt(None, [], u)) - (n(u) - 1) - (n(a) - 1)
     return max(0, first - 1), max(0, per_round)
 
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(a.model)
     if not (model / "config.json").exists():
         say(f"making the tiny model in {model}")
-        run([PY, "deploy/make-tiny-model.py", str(model)])
+        run([PY, "deploy/make_tiny_model.py", str(model)])
     l1_gb = f"{a.l1_mb / 1e3:g}"
     l1_bytes = int(float(l1_gb) * 2**30)  # LMCache's --l1-size-gb is GiB (distributed/config.py)
     first_over, round_over = template_overheads(str(model))

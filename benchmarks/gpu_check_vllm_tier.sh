@@ -23,7 +23,7 @@ mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONHASHSEED=0 VLLM_SERVER_DEV_MODE=1
 rm -rf "$out/kvtier"
-python3 deploy/make-tiny-model.py "$out/tiny" >"$out/model.txt" 2>&1 || { cat "$out/model.txt"; exit 1; }
+python3 deploy/make_tiny_model.py "$out/tiny" >"$out/model.txt" 2>&1 || { cat "$out/model.txt"; exit 1; }
 # Small CPU tier (64 MiB); kvtier's disk tier behind it, with its own Prometheus exporter.
 cfg=$(python3 - "$out" <<'EOF'
 import json, sys

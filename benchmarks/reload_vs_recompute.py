@@ -29,7 +29,7 @@ say how many operations a reload cost (open + read ops per hit): the line's slop
 equals it if they run one after another, less where they overlap. Hits are checked with vLLM's external prefix-cache
 counter; a reload that was not a hit is reported and left out.
 
-Models: `tiny` is deploy/make-tiny-model.py's (2 layers, hidden 128, 512 B of KV per token): it recomputes fast.
+Models: `tiny` is deploy/make_tiny_model.py's (2 layers, hidden 128, 512 B of KV per token): it recomputes fast.
 `big` is built by the same script with its size options, offline, random weights: by default 4 layers of 512, 8 heads
 and 4 KV heads of 64, MLP 1408 (16M parameters, 4 KiB of KV per token), so prefill costs more (a 4k prompt takes
 hundreds of ms on this CPU). vLLM runs with --max-model-len 4096 for both. Needs root (drop_caches, FUSE).
@@ -44,7 +44,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -54,16 +53,11 @@ import sys
 import time
 from pathlib import Path
 
+from deploy import make_tiny_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 MAX_MODEL_LEN = 4096
-
-
-def _make_tiny():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "deploy" / "make-tiny-model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def fresh_prompts(model_dir: str, n_tokens: int, n: int, salt: int) -> list[str]:
@@ -321,11 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         if work.exists() and (not work.is_dir() or set(os.listdir(work)) - {"backing", "mnt", "state"}):
             print(f"{prog}: {work} holds something this benchmark did not make; choose another --dir", file=sys.stderr)
             return 2
-    mk = _make_tiny()
     big_shape = {"layers": a.big_layers, "hidden": a.big_hidden, "heads": a.big_heads, "kv_heads": a.big_kv_heads,
                  "intermediate": a.big_intermediate, "max_len": MAX_MODEL_LEN}  # fmt: skip
     try:
-        mk.check_shape(big_shape)
+        make_tiny_model.check_shape(big_shape)
     except ValueError as exc:
         print(f"{prog}: {str(exc).replace('--', '--big-')}", file=sys.stderr)
         return 2
@@ -334,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tiny = Path(a.dir) / "models" / "tiny"
     dirs = {"tiny": str(tiny)}
-    info = {"tiny": mk.ensure(str(tiny))}
+    info = {"tiny": make_tiny_model.ensure(str(tiny))}
     if "big" in models:
         big = Path(a.dir) / "models" / "big-{layers}x{hidden}-h{heads}-kv{kv_heads}-i{intermediate}".format(**big_shape)
         print(f"{prog}: big model {big.name} (built once, offline)", file=sys.stderr, flush=True)
-        info["big"] = mk.ensure(str(big), **big_shape)
+        info["big"] = make_tiny_model.ensure(str(big), **big_shape)
         dirs["big"] = str(big)
     for name in models:
         i = info[name]

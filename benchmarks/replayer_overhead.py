@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tokenizer",
         default=os.environ.get("KVTIER_TINY_MODEL_DIR", "/tmp/kvtier-tiny-model"),
-        help="tokenizer dir for vllm bench (built with deploy/make-tiny-model.py if missing)",
+        help="tokenizer dir for vllm bench (built with deploy/make_tiny_model.py if missing)",
     )
     ap.add_argument("--out", default="results/replayer_overhead.json")
     args = ap.parse_args(argv)
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as exc:
             print(f"replayer_overhead: vllm bench unavailable ({exc}); kvtier only", file=sys.stderr)
     if "vllm" in tools and not os.path.exists(os.path.join(args.tokenizer, "tokenizer.json")):
-        subprocess.run([sys.executable, str(ROOT / "deploy" / "make-tiny-model.py"), args.tokenizer], check=True)
+        subprocess.run([sys.executable, str(ROOT / "deploy" / "make_tiny_model.py"), args.tokenizer], check=True)
 
     rows = []
     cfg = FakeServerConfig(default_max_tokens=4)

@@ -36,18 +36,15 @@ import sys
 import time
 from pathlib import Path
 
+from deploy import make_tiny_model
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROG = "shared_vs_private"
 
 
 def _make_tiny_model(out: Path) -> str:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "deploy" / "make-tiny-model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.ensure(str(out))
+    make_tiny_model.ensure(str(out))
     return str(out)
 
 

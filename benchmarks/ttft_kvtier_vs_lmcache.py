@@ -410,7 +410,7 @@ def main() -> int:
     ap.add_argument(
         "--model",
         default="/var/tmp/kvtier-tiny-model",
-        help="model dir; built with deploy/make-tiny-model.py when missing",
+        help="model dir; built with deploy/make_tiny_model.py when missing",
     )
     ap.add_argument("--dir", default="/var/tmp/ttft-kvtier-vs-lmcache", help="work dir (kv dirs, state; wiped)")
     ap.add_argument("--repeats", type=int, default=10, help="measurements per stack start")
@@ -457,7 +457,7 @@ def main() -> int:
         if not Path(a.model, "config.json").exists():
             log(f"building the tiny model in {a.model}")
             subprocess.run(
-                [sys.executable, str(ROOT / "deploy" / "make-tiny-model.py"), a.model], check=True, capture_output=True
+                [sys.executable, str(ROOT / "deploy" / "make_tiny_model.py"), a.model], check=True, capture_output=True
             )
         fixed, fresh = prompts(a.model, a.prompt_tokens, a.repeats + 2)
         if a.timeline:

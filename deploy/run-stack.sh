@@ -50,7 +50,7 @@
 #   shared tier is judged against), private+shared (--shared-dir too), shared (--shared-dir and --disk-gb 0).
 #
 # example:
-#   $ deploy/make-tiny-model.py /tmp/tiny && deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 \
+#   $ deploy/make_tiny_model.py /tmp/tiny && deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 \
 #       --lmcache-port 5555 --lmcache-http-port 8090 --kv-dir /tmp/kvtier-cache
 #   vllm     http://127.0.0.1:8000/v1
 #   lmcache  http://127.0.0.1:8090  (MP server 127.0.0.1:5555)
@@ -211,7 +211,7 @@ cmd_up() {
         esac
     done
     [[ $device == cpu || $device == cuda ]] || die "--device cpu|cuda is required"
-    [[ -n $model && -d $model ]] || die "--model DIR is required and must exist (deploy/make-tiny-model.py DIR)"
+    [[ -n $model && -d $model ]] || die "--model DIR is required and must exist (deploy/make_tiny_model.py DIR)"
     [[ -n $vport && -n $lport && -n $hport ]] || die "--vllm-port, --lmcache-port and --lmcache-http-port are required"
     [[ -n $kvdir ]] || die "--kv-dir DIR is required"
     [[ $mode == mp || $mode == inprocess ]] || die "--mode is mp or inprocess"

@@ -1,9 +1,8 @@
-"""deploy/make-tiny-model.py's size options: a model built with them loads with the shape asked for, a stamp of
+"""deploy/make_tiny_model.py's size options: a model built with them loads with the shape asked for, a stamp of
 another shape is not reused, and an impossible shape is one line and exit 2. No server."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,15 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from deploy import make_tiny_model
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "deploy" / "make-tiny-model.py"
+SCRIPT = ROOT / "deploy" / "make_tiny_model.py"
 
 
 def _mod():
-    spec = importlib.util.spec_from_file_location("make_tiny_model", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return make_tiny_model
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import reload_vs_recompute
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "reload_vs_recompute.py"
 
 
 @pytest.fixture(scope="module")
 def rvr():
-    spec = importlib.util.spec_from_file_location("reload_vs_recompute", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return reload_vs_recompute
 
 
 def test_interpolated_break_even_is_the_first_crossing(rvr):

@@ -1,6 +1,6 @@
 """Real servers for end-to-end tests: a tiny random-weight model built offline and a vLLM server on CPU.
 
-`tiny_model_dir` (session scope) builds the model once per test session with deploy/make-tiny-model.py (cached under
+`tiny_model_dir` (session scope) builds the model once per test session with deploy/make_tiny_model.py (cached under
 $KVTIER_TINY_MODEL_DIR or the pytest cache dir). `vllm_server` (session scope) starts one vLLM OpenAI server with the
 prefix cache on; a test needing other server flags calls `start_vllm(...)` itself (a context manager), e.g. with an
 LMCache `--kv-transfer-config`. Each server runs in its own process group and is stopped with SIGTERM, then SIGKILL.
@@ -15,13 +15,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, wait_for
+
+from deploy import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,10 +56,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     if reason:
         pytest.skip(reason)
     out = os.environ.get("KVTIER_TINY_MODEL_DIR") or str(tmp_path_factory.getbasetemp().parent / "kvtier-tiny-model")
-    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "deploy" / "make-tiny-model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    mod.ensure(out)
+    make_tiny_model.ensure(out)
     return out
 
 
@@ -111,20 +109,18 @@ def start_vllm(
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout_s
-        while True:
+
+        def healthy() -> bool:
             if proc.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-2000:]
                 pytest.fail(f"vLLM exited with {proc.returncode} during start-up:\n{tail}")
             try:
                 with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+                    return r.status == 200
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not healthy after {startup_timeout_s:.0f} s; log: {log_path}")
-            time.sleep(0.5)
+                return False
+
+        wait_for(healthy, startup_timeout_s, 0.5, what=f"vLLM's /health (log: {log_path})")
         yield VllmServer(base, served_name, model_dir, log_path, proc.pid)
     finally:
         _stop(proc)

@@ -5,23 +5,14 @@ buffered, a real child process killed for real); these tests run it and assert i
 figures would show a rescan that adopted a torn entry, or a tier whose files and accounting disagree.
 """
 
-import importlib.util
 import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks import crash_loop
 from kvconnector.entry_format import ENTRY_NAME
 from kvconnector.timed_io import probe_direct
-
-ROOT = Path(__file__).resolve().parents[2]
-# benchmarks/ is to become benchmarks/: find the script in either.
-SCRIPT = next(p for p in (ROOT / "benchmarks" / "crash_loop.py", ROOT / "bench" / "crash_loop.py") if p.exists())
-_spec = importlib.util.spec_from_file_location("crash_loop", SCRIPT)
-crash_loop = sys.modules["crash_loop"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
-_spec.loader.exec_module(crash_loop)
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""make-tiny-model.py	build a tiny random-weight Llama and its tokenizer, offline, for tests against a real vLLM.
+"""make_tiny_model.py	build a tiny random-weight Llama and its tokenizer, offline, for tests against a real vLLM.
 
-usage: make-tiny-model.py OUT_DIR [--vocab-size 4096] [--seed 0] [--force]
+usage: make_tiny_model.py OUT_DIR [--vocab-size 4096] [--seed 0] [--force]
                           [--layers 2] [--hidden 128] [--heads 4] [--kv-heads 2] [--intermediate 256] [--max-len 4096]
 
 The model: a Llama of 2 layers, hidden 128, 4 attention heads, 2 KV heads (head_dim = hidden / heads = 32), MLP width
@@ -13,9 +13,9 @@ with a chat template. Nothing is downloaded. The model's output is gibberish, bu
 cache and timing tests need.
 
 example:
-  $ deploy/make-tiny-model.py /tmp/tiny-llama
+  $ deploy/make_tiny_model.py /tmp/tiny-llama
   tiny model in /tmp/tiny-llama: vocab 4096, 2 layers x 128, 1.3M parameters, 512 B KV/token, 5.4 MB, 7.9 s
-  $ deploy/make-tiny-model.py /tmp/big-llama --layers 4 --hidden 512 --heads 8 --kv-heads 4 --intermediate 1408
+  $ deploy/make_tiny_model.py /tmp/big-llama --layers 4 --hidden 512 --heads 8 --kv-heads 4 --intermediate 1408
 Re-running with the same OUT_DIR and arguments reuses the directory (a stamp file records the arguments).
 """
 
