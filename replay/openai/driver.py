@@ -77,7 +77,7 @@ class RunState:
     progress_target_rate: float | None = None
 
 
-def _render_completion_prompt(system: str | None, history: list[tuple[str, str]], user: str) -> str:
+def render_completion_prompt(system: str | None, history: list[tuple[str, str]], user: str) -> str:
     parts = [system] if system else []
     for u, a in history:
         parts.append(f"User: {u}\nAssistant: {a}")
@@ -134,7 +134,7 @@ class Driver:
             msgs.append({"role": "user", "content": turn.user_text})
             p: dict[str, Any] = {"model": o.model, "messages": msgs}
         else:
-            p = {"model": o.model, "prompt": _render_completion_prompt(plan.system_prompt, history, turn.user_text)}
+            p = {"model": o.model, "prompt": render_completion_prompt(plan.system_prompt, history, turn.user_text)}
         p["max_tokens"] = turn.max_tokens
         p["stream"] = True
         p["stream_options"] = (

@@ -279,6 +279,8 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
 
 
 def free_port() -> int:
+    """A port nothing listens on right now on 127.0.0.1 (the kernel's pick); a server started on it soon after gets
+    it. The one such helper: the tests take it from here too."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

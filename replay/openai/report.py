@@ -14,7 +14,7 @@ from typing import Any
 from kvconnector.histogram import LatencyHistogram
 from replay.openai.client import RequestRecord
 from replay.openai.driver import RunState
-from replay.openai.server_metrics import _delta, _delta_by, derive
+from replay.openai.server_metrics import delta, delta_by, derive
 
 __all__ = ["build_summary", "media_identity", "parse_slo", "request_rows", "run_failure"]
 
@@ -316,25 +316,25 @@ def media_identity(state: RunState, rounds: list[dict[str, Any]] | None = None) 
     if a is None or b is None:
         return None
     tiers: dict[str, dict[str, float]] = {}
-    for (tier, op), v in _delta_by(a, b, "kvtier_bytes_total", "tier", "op").items():
+    for (tier, op), v in delta_by(a, b, "kvtier_bytes_total", "tier", "op").items():
         tiers.setdefault(tier, {})[f"bytes_{op}"] = v
-    for (tier, op), v in _delta_by(a, b, "kvtier_ops_total", "tier", "op").items():
+    for (tier, op), v in delta_by(a, b, "kvtier_ops_total", "tier", "op").items():
         tiers.setdefault(tier, {})[f"ops_{op}"] = v
-    events = {ev: v for (ev,), v in _delta_by(a, b, "kvtier_backend_events_total", "event").items()}
+    events = {ev: v for (ev,), v in delta_by(a, b, "kvtier_backend_events_total", "event").items()}
     out: dict[str, Any] = {
         "tiers": tiers or None,
         "bytes_written": sum(t.get("bytes_write", 0.0) for t in tiers.values()) if tiers else None,
         "bytes_read": sum(t.get("bytes_read", 0.0) for t in tiers.values()) if tiers else None,
         "stores": events.get("store_ok"),
         "loads": events.get("load_hits"),
-        "lmcache_stored_tokens": _delta(a, b, "lmcache:num_stored_tokens"),
-        "lmcache_hit_tokens": _delta(a, b, "lmcache:num_hit_tokens"),
+        "lmcache_stored_tokens": delta(a, b, "lmcache:num_stored_tokens"),
+        "lmcache_hit_tokens": delta(a, b, "lmcache:num_hit_tokens"),
         # LMCache's MP server (0.5.6): every store goes through its memory (L1), so its chunk counters are the
         # stores and loads of a configuration without kvtier too
-        "lmcache_l1_chunks_written": _delta(a, b, "lmcache_mp_l1_write_chunks_total"),
-        "lmcache_l1_chunks_read": _delta(a, b, "lmcache_mp_l1_read_chunks_total"),
-        "lmcache_l1_chunks_evicted": _delta(a, b, "lmcache_mp_l1_evicted_chunks_total"),
-        "lmcache_lookup_hit_tokens": _delta(a, b, "lmcache_mp_lookup_hit_tokens_total"),
+        "lmcache_l1_chunks_written": delta(a, b, "lmcache_mp_l1_write_chunks_total"),
+        "lmcache_l1_chunks_read": delta(a, b, "lmcache_mp_l1_read_chunks_total"),
+        "lmcache_l1_chunks_evicted": delta(a, b, "lmcache_mp_l1_evicted_chunks_total"),
+        "lmcache_lookup_hit_tokens": delta(a, b, "lmcache_mp_lookup_hit_tokens_total"),
     }
     if rounds and tiers:
         summed: dict[str, float] = {}

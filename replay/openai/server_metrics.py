@@ -154,12 +154,12 @@ def _series_delta(a: Snapshot, b: Snapshot, found: dict[Series, float]) -> float
     return total
 
 
-def _delta(a: Snapshot, b: Snapshot, *names: str, **match: str) -> float | None:
+def delta(a: Snapshot, b: Snapshot, *names: str, **match: str) -> float | None:
     found = b.series(*names, **match)
     return _series_delta(a, b, found) if found else None
 
 
-def _delta_by(a: Snapshot, b: Snapshot, name: str, *labels: str) -> dict[tuple[str, ...], float]:
+def delta_by(a: Snapshot, b: Snapshot, name: str, *labels: str) -> dict[tuple[str, ...], float]:
     """Deltas of the series of `name` grouped by the values of `labels` (a series lacking one is left out)."""
     groups: dict[tuple[str, ...], dict[Series, float]] = {}
     for key, v in b.series(name).items():
@@ -185,7 +185,7 @@ def _selector_text(name: str, labels: Mapping[str, str]) -> str:
 def kv_bytes_by_tier(a: Snapshot, b: Snapshot) -> dict[str, dict[str, float]] | None:
     """{tier: {op: bytes}} over the interval from kvtier's `kvtier_bytes_total{tier,op}`; None when not exported."""
     out: dict[str, dict[str, float]] = {}
-    for (tier, op), v in _delta_by(a, b, _KVTIER_BYTES, "tier", "op").items():
+    for (tier, op), v in delta_by(a, b, _KVTIER_BYTES, "tier", "op").items():
         out.setdefault(tier, {})[op] = v
     return out or None
 
@@ -197,7 +197,7 @@ def derive(
     an exact-match selector (`name{label="value"}`); by default KV_WRITTEN_BYTES_METRICS, first one found."""
 
     def d(*names: str, **match: str) -> float | None:
-        return _delta(a, b, *names, **match)
+        return delta(a, b, *names, **match)
 
     hits, queries = d("vllm:prefix_cache_hits"), d("vllm:prefix_cache_queries")
     ext_hits, ext_queries = d("vllm:external_prefix_cache_hits"), d("vllm:external_prefix_cache_queries")

@@ -91,7 +91,7 @@ def write_plots(doc: dict, directory: str | os.PathLike, figures: tuple[str, ...
         ("rounds.png", _rounds),  # kvtier bench --prefix-model chained
     )
     chosen = [(name, draw) for name, draw in draws if figures is None or name in figures]
-    return _save_figures(directory, _run_title(doc), chosen, doc)
+    return save_figures(directory, _run_title(doc), chosen, doc)
 
 
 def write_replay_plots(
@@ -107,10 +107,10 @@ def write_replay_plots(
         ("rounds.png", _rounds),
         ("round_bytes.png", _round_bytes),
     )
-    return _save_figures(directory, title, draws, summary)
+    return save_figures(directory, title, draws, summary)
 
 
-def _save_figures(
+def save_figures(
     directory: str | os.PathLike, title: str, draws: Iterable[tuple[str, Callable[[Any, Any], Any]]], data: Any
 ) -> list[str]:
     """Draw each figure (`draw(plt, data)`: a figure, or why it is skipped), label it with `title`, save as PNG."""

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from kvconnector.units import human_bytes
 
-from ..outputs.plots import _save_figures
+from ..outputs.plots import save_figures
 from ..outputs.tables import rows_table
 
 __all__ = ["PLAN_FIGURE", "plan_table", "summary_lines", "write_plan_plot"]
@@ -125,4 +125,4 @@ def _draw(plt, doc: dict):
 
 def write_plan_plot(doc: dict, directory: str | os.PathLike) -> list[str]:
     """Write DIR/plan.png: hit rate per round per configuration with the ideal, and bytes written accumulated."""
-    return _save_figures(directory, f"kvtier plan, {doc.get('created_at', '')}", [(PLAN_FIGURE, _draw)], doc)
+    return save_figures(directory, f"kvtier plan, {doc.get('created_at', '')}", [(PLAN_FIGURE, _draw)], doc)

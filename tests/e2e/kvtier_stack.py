@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -60,13 +59,14 @@ def start_tracer(out: Path, *args: str) -> subprocess.Popen:
 
 
 def wait_attached(tracer: subprocess.Popen, out: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
     trace = out / "trace.txt"
-    while "Tracing storage I/O by layer" not in (trace.read_text() if trace.exists() else ""):
+
+    def attached() -> bool:
         if tracer.poll() is not None:
             raise AssertionError("tracer exited: " + tracer.stderr.read())
-        assert time.monotonic() < deadline, "the tracer did not attach"
-        time.sleep(0.2)
+        return trace.exists() and "Tracing storage I/O by layer" in trace.read_text()
+
+    assert wait_for(attached, timeout_s, 0.2), "the tracer did not attach"
 
 
 def stop_tracer(tracer: subprocess.Popen) -> str:

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from helpers import wait_for
 
+from deploy.stack import metric, metrics
 from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.fake_server import FakeServer, FakeServerConfig, free_port
@@ -590,13 +591,8 @@ def test_results_go_to_the_fallback_when_the_output_dir_vanishes(tmp_path, monke
 
 
 def srv_requests(base_url: str) -> int:
-    import urllib.request
-
-    with urllib.request.urlopen(base_url + "/metrics", timeout=2) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("vllm:request_success_total"):  # the fake counts requests received
-                return int(float(line.split()[-1]))
-    return 0
+    """Requests the fake server received (its vllm:request_success_total, every series summed)."""
+    return int(metric(metrics(base_url + "/metrics"), "vllm:request_success_total"))
 
 
 @pytest.mark.slow
