@@ -16,8 +16,9 @@ block; with the prefix rule its block k hits when the largest depth among blocks
 the tier its own depth falls in. So the trace is reduced once to, per block, that prefix-maximum depth, its own depth
 and its tokens; any capacity, sweep or tier split is then a sum.
 
-Tokens: a hit block brings its tokens (the last block of a prompt is partial), and the last prompt token is always
-computed, as a server does. The hit rate is hit tokens over prompt tokens, over the whole trace.
+Tokens: as vLLM counts them, a hit brings whole blocks only, and never the block that holds the prompt's last token
+(the server computes that token anyway, so a prompt of exactly k blocks hits at most k - 1). The hit rate is hit
+tokens over prompt tokens, over the whole trace.
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ def reuse_profile(trace: BlockTrace, progress: Callable[[int, int], None] | None
     for n, req in enumerate(trace.requests):
         prompt_tokens += req.input_tokens
         running = -1
-        computed_last = req.input_tokens - 1  # the last prompt token is computed even on a full hit
         # Depths as the lookup sees them, before this request moves any of its blocks up (the tier a hit comes from).
         depths = [NEVER if (t := last.get(h)) is None else _count_after(tree, t, now) for h in req.hash_ids]
         for k, (h, d) in enumerate(zip(req.hash_ids, depths, strict=True)):
@@ -95,7 +95,7 @@ def reuse_profile(trace: BlockTrace, progress: Callable[[int, int], None] | None
             last[h] = now
             running = max(running, d)
             prefix[now], own[now] = running, d
-            tokens[now] = max(0, min(b, computed_last - k * b))
+            tokens[now] = b if (k + 1) * b < req.input_tokens else 0  # whole, and not the last token's block
             now += 1
         if progress is not None and n % 1000 == 999:
             progress(n + 1, len(trace.requests))

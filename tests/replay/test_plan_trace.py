@@ -32,7 +32,7 @@ def simulate_waterfall(trace: BlockTrace, tier_blocks: list[int]) -> list[int]:
             where = next((i for i, t in enumerate(tiers) if h in t), None)
             if where is None:
                 break
-            hits[where] += max(0, min(b, req.input_tokens - 1 - k * b))
+            hits[where] += b if (k + 1) * b < req.input_tokens else 0
         for h in req.hash_ids:
             for t in tiers:
                 t.pop(h, None)
@@ -81,9 +81,9 @@ def test_a_hit_stops_at_the_first_missing_block():
     profile = reuse_profile(trace)
     assert simulate_waterfall(trace, [6]) == [8]
     assert profile.hit_tokens(6 * 4) == 8
-    # with room for all, the fourth hits two whole blocks and 3 tokens of the third (its last token is computed)
-    assert profile.hit_tokens(100 * 4) == 8 + (4 + 4 + 3)
-    assert profile.max_hit_rate == pytest.approx(19 / (12 + 16 + 12 + 12))
+    # with room for all, the fourth hits two whole blocks, not the third: it holds the prompt's last token
+    assert profile.hit_tokens(100 * 4) == 8 + (4 + 4)
+    assert profile.max_hit_rate == pytest.approx(16 / (12 + 16 + 12 + 12))
 
 
 def test_capacity_curve_rises_to_the_maximum():
@@ -103,7 +103,7 @@ def test_merged_traces_keep_their_ids_apart_and_interleave_by_time():
     assert merged.requests[0].hash_ids != merged.requests[1].hash_ids  # id 0 of a is not id 0 of b
     profile = reuse_profile(merged)
     assert profile.unique_blocks == 4
-    assert profile.hit_tokens(1e9) == 7 + 7  # each trace's second request hits its own first
+    assert profile.hit_tokens(1e9) == 4 + 4  # each trace's second request hits its own first block, not its last
 
 
 def test_rescaled_blocks_keep_every_request_s_block_count():
