@@ -36,6 +36,12 @@ EXAMPLES = """examples:
   kvtier plan --trace conversation_trace.jsonl --model llama3.1-70b --tier dram=64GiB --tier nvme=2TB
   # the trace's 512-token blocks as 16-token blocks (every length scaled with them), the first 2,000 requests
   kvtier plan --trace conversation_trace.jsonl --trace-block-tokens 16 --max-requests 2000 --tier l1=1e5
+  # Alibaba's Qwen-Bailian trace (16-token blocks); an Azure trace has no block hashes: every request misses
+  kvtier plan --trace qwen_traceA_blksz_16.jsonl --format bailian --tier gpu=2e5 --tier cpu=2e6
+
+--format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), bailian
+(alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), azure (Azure/AzurePublicDataset
+AzureLLMInferenceTrace_*.csv: times and lengths only). replay/sources/block_traces.py says what is read and checked.
 
 --tier NAME=SIZE, fastest first: SIZE in tokens (3e6, 3000000), or in bytes with a unit (64GiB, 2TB) when
 --model or --kv-bytes-per-token gives the KV size of a token. The tiers are one exclusive LRU waterfall; a request's

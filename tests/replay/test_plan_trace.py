@@ -248,3 +248,68 @@ def test_a_bad_trace_row_is_one_line_and_nothing_is_written(tmp_path):
     assert p.stderr == f"kvtier plan --trace: {bad}:2: missing input_length, output_length, hash_ids " \
         "(a Mooncake row has timestamp, input_length, output_length, hash_ids)\n"  # fmt: skip
     assert not (tmp_path / "p.json").exists()
+
+
+# ---- the other formats -----------------------------------------------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+AZURE = DATA / "azure" / "AzureLLMInferenceTrace_conv_head300.csv"
+BAILIAN = DATA / "bailian" / "bailian_format_example.jsonl"
+
+
+def test_azure_rows_are_timed_requests_without_prefix_reuse():
+    trace = load_block_trace(AZURE, "azure")
+    assert (
+        len(trace.requests) == 300 and trace.block_tokens == 16 and trace.name == "AzureLLMInferenceTrace_conv_head300"
+    )
+    first, second = trace.requests[:2]
+    assert (first.input_tokens, first.output_tokens, first.hash_ids) == (374, 44, ())
+    assert first.arrival_s == 0 and second.arrival_s == pytest.approx(4.314578)  # 18:15:50.9951690 - 18:15:46.6805900
+    profile = reuse_profile(trace)
+    assert profile.max_hit_rate == 0 and profile.unique_blocks == 0
+
+
+def test_bailian_sessions_share_their_history_s_blocks():
+    trace = load_block_trace(BAILIAN, "bailian")
+    assert trace.block_tokens == 16 and [r.arrival_s for r in trace.requests] == [0.5, 1.25, 3.0, 4.5, 6.0, 6.0]
+    profile = reuse_profile(trace)
+    # request 2 hits the 4 system-prompt blocks; request 3 those and its first turn's 2 whole blocks (6 blocks,
+    # its history's partial block is new); request 4 (turn 2 of the second session) 4 + 1; request 5 4 + 4; request 6 4
+    assert profile.hit_tokens(1e9) == 16 * (4 + 6 + 5 + 8 + 4)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content", "says"),
+    [
+        ("azure", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", ":1: not an Azure LLM inference trace"),
+        ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", ":2: TIMESTAMP 'yesterday' is not"),
+        ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3\n", ":2: expected 3 fields"),
+        ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,-3,4\n", ":2: ContextTokens '-3'"),
+        (
+            "azure",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:45,3,4\n",
+            ":3: timestamp -1 s is earlier",
+        ),
+        ("bailian", '{"chat_id": 1, "timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": []}\n',
+         ":1: missing parent_chat_id"),
+        ("bailian", '{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 20, "output_length": 1, '
+         '"hash_ids": [1, 2, 3]}\n', ":1: 3 hash_ids for input_length 20: at 16 tokens a block it has 2 blocks"),
+    ],
+)  # fmt: skip
+def test_bad_rows_of_the_other_formats(tmp_path, fmt, content, says):
+    from replay.sources.base import WorkloadError
+
+    path = tmp_path / "t"
+    path.write_text(content)
+    with pytest.raises(WorkloadError) as exc:
+        load_block_trace(path, fmt)
+    assert says in str(exc.value) and str(exc.value).startswith(str(path)), str(exc.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fmt", "path"), [("azure", AZURE), ("bailian", BAILIAN)])
+def test_plan_trace_reads_every_format(tmp_path, fmt, path):
+    p = kvtier("plan", "--trace", str(path), "--format", fmt, "--tier", "l1=1e4", "--output", str(tmp_path / "p.json"))
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["format"] == fmt and doc["traces"][0]["requests"] == len(load_block_trace(path, fmt).requests)
+    assert (doc["traces"][0]["max_hit_rate"] > 0) == (fmt == "bailian"), p.stdout

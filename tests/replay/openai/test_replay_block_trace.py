@@ -93,3 +93,24 @@ def test_block_trace_flags_are_checked(capsys):
         rc = main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--output", os.devnull, *argv])
         err = capsys.readouterr().err
         assert rc == 2 and says in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["bailian", "azure"])
+def test_every_format_replays_and_hits_what_the_plan_says(tmp_path, fmt):
+    data = Path(__file__).resolve().parents[1] / "data"
+    path = {"bailian": data / "bailian" / "bailian_format_example.jsonl",
+            "azure": data / "azure" / "AzureLLMInferenceTrace_conv_head300.csv"}[fmt]  # fmt: skip
+    trace = load_block_trace(path, fmt, max_requests=60)
+    with FakeServer(FakeServerConfig(block_size=trace.block_tokens)) as srv:
+        rc = main([
+            "--base-url", srv.base_url, "--model", "fake", "--endpoint", "completions", "--quiet",
+            "--source", fmt, "--trace-path", str(path), "--num-requests", "60", "--trace-speedup", "1000",
+            "--max-concurrency", "1", "--max-tokens", "1", "--output", str(tmp_path / "r.json"),
+        ])  # fmt: skip
+        queries, hits = _prefix_cache(srv.base_url)
+        bodies = srv.recent_bodies
+    assert rc == 0 and len(bodies) == len(trace.requests)
+    assert [len(b["prompt"].split()) - 2 for b in bodies] == [r.input_tokens for r in trace.requests]
+    assert hits / queries == pytest.approx(reuse_profile(trace).max_hit_rate, abs=0.01)
+    assert (hits > 0) == (fmt == "bailian")
