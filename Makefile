@@ -9,7 +9,7 @@ HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
+.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -101,6 +101,18 @@ bench-tracer: $(BASE_STAMP) system-deps
 # Long sessions on the real stack: L1 only vs L1 over the kvtier disk tier, with kvtier plan's prediction (root).
 bench-collapse: $(TEST_STAMP)
 	$(BIN)/python benchmarks/collapse.py
+
+# The Mooncake FAST'25 paper's Figure 9 (prefix hit rate against cache capacity) from its public traces, with its
+# 3M-token local cache: `git clone https://github.com/kvcache-ai/Mooncake` beside this folder, or set MOONCAKE_TRACES
+# to its FAST25-release/traces. The traces found there are used (the paper has conversation, toolagent, synthetic).
+MOONCAKE_TRACES ?= ../Mooncake/FAST25-release/traces
+MOONCAKE_FILES  := $(wildcard $(addprefix $(MOONCAKE_TRACES)/,conversation_trace.jsonl toolagent_trace.jsonl \
+                   synthetic_trace.jsonl))
+bench-mooncake: $(BASE_STAMP)
+	@test -n "$(MOONCAKE_FILES)" || { echo "bench-mooncake: no Mooncake trace in $(MOONCAKE_TRACES)" \
+	    "(git clone https://github.com/kvcache-ai/Mooncake, or set MOONCAKE_TRACES)" >&2; exit 2; }
+	$(BIN)/kvtier plan $(addprefix --trace ,$(MOONCAKE_FILES)) --tier local=3e6 --capacity-sweep 1e4..1e9 \
+	    --output results/mooncake-capacity.json --plots results/mooncake-capacity
 
 MLPERF_REF ?= /var/tmp/mlperf-ref
 

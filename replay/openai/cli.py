@@ -18,8 +18,15 @@ from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.report import build_summary, request_rows
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
-from replay.openai.workload import TextMaker, long_session_plans, plans_from_conversations, synthetic_plans
+from replay.openai.workload import (
+    TextMaker,
+    long_session_plans,
+    plans_from_block_trace,
+    plans_from_conversations,
+    synthetic_plans,
+)
 from replay.sources.base import WorkloadError
+from replay.sources.block_traces import FORMATS
 
 from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
@@ -35,6 +42,9 @@ EXAMPLES = """examples:
   # BurstGPT trace at 10x speed, prompts sized with the server's /tokenize
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source burstgpt \\
       --trace-path 'BurstGPT_*.csv' --trace-speedup 10 --duration 300 --output bg.json --detail bg.jsonl
+  # a Mooncake trace (block hashes): prompts that share the trace's prefixes, its 512-token blocks as 16 tokens
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --endpoint completions --source mooncake \\
+      --trace-path conversation_trace.jsonl --trace-block-tokens 16 --trace-speedup 10 --output mc.json
   # long sessions: 16 sessions x 20 rounds, 128 output tokens each, per-round hit-rate table
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --rounds 20 --concurrency 16 \\
       --output-len 128 --metrics-url http://127.0.0.1:8000/metrics --output long.json
@@ -105,10 +115,11 @@ class ReplayConfig(BaseModel):
     model: str
     endpoint: Literal["chat", "completions"] = "chat"
     api_key_env: str = "OPENAI_API_KEY"
-    source: Literal["sharegpt", "burstgpt", "synthetic"] = "synthetic"
+    source: Literal[("sharegpt", "burstgpt", "synthetic", *FORMATS)] = "synthetic"  # type: ignore[valid-type]
     dataset_path: str | None = None
     trace_path: str | None = None
     trace_speedup: float = Field(1.0, gt=0)
+    trace_block_tokens: Count | None = None
     num_requests: Count | None = None
     duration: float | None = Field(None, gt=0)
     request_rate: float = Field(math.inf, ge=0, allow_inf_nan=True)
@@ -164,11 +175,17 @@ class ReplayConfig(BaseModel):
             raise ValueError("--source sharegpt needs --dataset-path FILE")
         if self.source == "burstgpt" and not self.trace_path:
             raise ValueError("--source burstgpt needs --trace-path FILE|DIR|GLOB")
+        if self.source in FORMATS and not self.trace_path:
+            raise ValueError(f"--source {self.source} needs --trace-path FILE (a {self.source} JSONL trace)")
+        if self.trace_block_tokens is not None and self.source not in FORMATS:
+            raise ValueError(
+                f"--trace-block-tokens rescales a block-hash trace ({', '.join(FORMATS)}), not {self.source}"
+            )
         if self.rounds is not None:
             if not self.concurrency:
                 raise ValueError("--rounds needs --concurrency C (the number of sessions)")
-            if self.source == "burstgpt":
-                raise ValueError("--rounds works with --source synthetic or sharegpt, not burstgpt")
+            if self.source not in ("synthetic", "sharegpt"):
+                raise ValueError(f"--rounds works with --source synthetic or sharegpt, not {self.source}")
         return self
 
 
@@ -196,9 +213,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not ask for per-chunk usage (for servers that reject stream_options.continuous_usage_stats)",
     )
     g = group("workload")
-    g("--source", choices=["sharegpt", "burstgpt", "synthetic"], help="where the requests come from")
+    g(
+        "--source",
+        choices=["sharegpt", "burstgpt", "synthetic", *FORMATS],
+        help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
+    )
     g("--dataset-path", help="ShareGPT JSON file")
-    g("--trace-path", help="BurstGPT CSV file, directory or glob")
+    g("--trace-path", help="BurstGPT CSV file, directory or glob; a block-hash trace's JSONL file")
+    g(
+        "--trace-block-tokens",
+        type=int,
+        help="block-hash traces: their block as N tokens, every length scaled with it (fit a small model)",
+    )
     g("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
     g("--num-requests", type=int, help="stop after this many requests (turns)")
     g(
@@ -269,7 +295,7 @@ def _config(argv: list[str]) -> ReplayConfig:
 async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: RunState):
     """Load the source, size the texts, compute the schedule. Returns (pacing, plans, offsets, traced, meta)."""
     maker = TextMaker(cfg.seed)
-    needs_text = cfg.source in ("burstgpt", "synthetic")
+    needs_text = cfg.source in ("burstgpt", "synthetic", *FORMATS)
     if needs_text:
         # Set-up must not outlast what the user allowed a request, nor the run window itself.
         budget_s = min(30.0, cfg.request_timeout, cfg.duration or math.inf)
@@ -339,7 +365,20 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         trace_offsets = trace_offsets_ns(stamps, cfg.trace_speedup, cfg.duration)
         traced = True
         meta["trace_speedup"] = cfg.trace_speedup
-    if convs is not None:
+    if cfg.source in FORMATS:
+        from replay.sources.block_traces import load_block_trace
+
+        trace = load_block_trace(
+            cfg.trace_path, cfg.source, block_tokens=cfg.trace_block_tokens, max_requests=cfg.num_requests
+        )
+        meta["load_report"] = {"requests": len(trace.requests), "block_tokens": trace.block_tokens}
+        meta["trace_speedup"] = cfg.trace_speedup
+        offsets = trace_offsets_ns([r.arrival_s for r in trace.requests], cfg.trace_speedup, cfg.duration)
+        plans = await plans_from_block_trace(
+            trace, maker, fixed_max_tokens=fixed, max_tokens_cap=cfg.max_tokens_cap, trace_offsets_ns=offsets
+        )
+        traced = True
+    elif convs is not None:
         plans = await plans_from_conversations(
             convs,
             maker,

@@ -15,8 +15,17 @@ from dataclasses import dataclass
 import aiohttp
 
 from replay.sources.base import Conversation
+from replay.sources.block_traces import BlockTrace
 
-__all__ = ["SessionPlan", "TextMaker", "TurnPlan", "long_session_plans", "plans_from_conversations", "synthetic_plans"]
+__all__ = [
+    "SessionPlan",
+    "TextMaker",
+    "TurnPlan",
+    "long_session_plans",
+    "plans_from_block_trace",
+    "plans_from_conversations",
+    "synthetic_plans",
+]
 
 _WORDS = (
     "time person year way day thing man world life hand part child eye woman place work week case point number "
@@ -94,6 +103,19 @@ class TextMaker:
     async def make(self, n_tokens: int, rng: random.Random) -> str:
         return self.text(n_tokens, rng)
 
+    def block_prompt(self, hash_ids: tuple[int, ...], input_tokens: int, block_tokens: int, unique: str) -> str:
+        """A prompt of `input_tokens` whose k-th block of `block_tokens` is the same text wherever the trace has the
+        same k-th id (and the same ids before it), so prompts sharing k leading ids share their first k blocks of
+        tokens and differ from the first different id on. Each block's text depends only on its id (seeded by it);
+        token counts add up across blocks because every word after the first carries its leading space, as the
+        calibration counted it. Blocks past the ids (a trace may hash fewer) are text no other prompt has."""
+        parts = []
+        for k in range(-(-input_tokens // block_tokens)):
+            n = min(block_tokens, input_tokens - k * block_tokens)
+            seed = f"{self._seed}:block:{hash_ids[k]}" if k < len(hash_ids) else f"{self._seed}:{unique}:{k}"
+            parts.append(self.text(n, random.Random(seed)))
+        return " ".join(parts)
+
     def text(self, n_tokens: int, rng: random.Random) -> str:
         n_tokens = max(1, n_tokens)
         ones = [w for w in self._words if self._cost[w] == 1] or self._words
@@ -153,6 +175,26 @@ async def plans_from_conversations(
             total += 1
         if turns:
             plans.append(SessionPlan(conv.conversation_id, tuple(turns), conv.system_prompt))
+    return plans
+
+
+async def plans_from_block_trace(
+    trace: BlockTrace,
+    maker: TextMaker,
+    *,
+    fixed_max_tokens: int | None,
+    max_tokens_cap: int | None,
+    trace_offsets_ns: list[int],
+) -> list[SessionPlan]:
+    """A block-hash trace (Mooncake) -> one single-turn plan per request, at its trace time (-1 = past the window),
+    its prompt made block by block from its hash ids (TextMaker.block_prompt)."""
+    plans = []
+    for i, (req, off) in enumerate(zip(trace.requests, trace_offsets_ns, strict=True)):
+        if off < 0:
+            continue
+        text = maker.block_prompt(req.hash_ids, req.input_tokens, trace.block_tokens, unique=f"request:{i}")
+        max_tokens = _max_tokens(req.output_tokens, fixed_max_tokens, max_tokens_cap)
+        plans.append(SessionPlan(f"{trace.name}-{i}", (TurnPlan(text, max_tokens, req.input_tokens, off),)))
     return plans
 
 

@@ -47,6 +47,9 @@ EXAMPLES = """examples:
       --config fixed="--tier dram=400GiB" --config shuffled="--tier dram=400GiB --order shuffled"
   # the configurations (and any other key) from a YAML file; flags win over it
   kvtier plan --config plan.yaml --rounds 40
+  # a production trace with block hashes (Mooncake) instead of sessions: tiers and a capacity sweep
+  # (all its options: kvtier plan --trace - --help)
+  kvtier plan --trace conversation_trace.jsonl --tier local=3e6 --capacity-sweep 1e4..1e9 --plots plots/
 
 --answer-kv: whether a round's answer is reusable in the next round. `recomputed` (the default): the cache below the
 engine holds prefill KV only (LMCache's default), so the answer is prefilled again inside the next prompt; `reused`: the
@@ -422,6 +425,10 @@ def _write(cfg: PlanConfig, doc: dict) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--trace" or a.startswith("--trace=") for a in argv):  # a production trace instead of sessions
+        from .trace_cli import main as trace_main
+
+        return trace_main(argv)
     try:
         cfg = load_config(argv)
         check_outputs({"--output": cfg.output}, {"--plots": cfg.plots})

@@ -15,9 +15,18 @@ from kvconnector.units import human_bytes
 from ..outputs.plots import save_figures
 from ..outputs.tables import rows_table
 
-__all__ = ["PLAN_FIGURE", "plan_table", "summary_lines", "write_plan_plot"]
+__all__ = [
+    "PLAN_FIGURE",
+    "TRACE_FIGURE",
+    "plan_table",
+    "summary_lines",
+    "trace_tables",
+    "write_plan_plot",
+    "write_trace_plot",
+]
 
 PLAN_FIGURE = "plan.png"
+TRACE_FIGURE = "plan-trace.png"
 
 
 def _gb(n: float) -> str:
@@ -126,3 +135,96 @@ def _draw(plt, doc: dict):
 def write_plan_plot(doc: dict, directory: str | os.PathLike) -> list[str]:
     """Write DIR/plan.png: hit rate per round per configuration with the ideal, and bytes written accumulated."""
     return save_figures(directory, f"kvtier plan, {doc.get('created_at', '')}", [(PLAN_FIGURE, _draw)], doc)
+
+
+# ---- kvtier plan --trace -------------------------------------------------------------------------------------------
+
+
+def _tokens(n: float) -> str:
+    """Tokens in the paper's terms: 3M, 50M, 1.2G."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def trace_tables(doc: dict) -> list[Table]:
+    """Per trace its tiers' hit rates and the maximum; then the capacity sweep, one column per trace."""
+    traces = doc["traces"]
+    tier_names = [t["name"] for t in traces[0]["tiers"]] if traces else []
+    cols = [("name", "trace"), ("requests", "requests"), ("prompt", "prompt tok"), ("unique", "distinct tok")]
+    cols += [(f"t:{n}", f"{n} hit") for n in tier_names]
+    if tier_names:
+        cols += [("all", "tiers hit"), ("share", "of max")]
+    cols += [("max", "max hit")]
+    rows = []
+    for t in traces:
+        row = {
+            "name": t["name"],
+            "requests": f"{t['requests']:,}",
+            "prompt": _tokens(t["prompt_tokens"]),
+            "unique": _tokens(t["unique_tokens"]),
+            "max": _rate(t["max_hit_rate"]),
+        }
+        for tier in t["tiers"]:
+            row[f"t:{tier['name']}"] = _rate(tier["hit_rate"])
+        if tier_names:
+            row["all"] = _rate(t["tiers_hit_rate"])
+            row["share"] = "-" if t["share_of_max"] is None else f"{t['share_of_max']:.0%}"
+        rows.append(row)
+    block = traces[0]["block_tokens"] if traces else "?"
+    sizes = ", ".join(f"{t['name']} {_tokens(t['capacity_tokens'])} tok" for t in traces[0]["tiers"]) if traces else ""
+    first = rows_table(f"kvtier plan --trace: prefix hit rate, block {block} tokens; {sizes or 'no tiers'}", rows, cols)
+    if doc.get("status") == "interrupted":
+        first.caption = "INTERRUPTED: traces not simulated are missing"
+    sweep_cols = [("cap", "capacity tok")] + [(t["name"], t["name"]) for t in traces]
+    sweep_rows = []
+    for i, cap in enumerate(doc["capacities_tokens"]):
+        r = {"cap": _tokens(cap)}
+        for t in traces:
+            r[t["name"]] = _rate(t["curve"][i]["hit_rate"])
+        sweep_rows.append(r)
+    return [first, rows_table("hit rate against cache capacity (LRU, prefix rule)", sweep_rows, sweep_cols)]
+
+
+def _draw_trace(plt, doc: dict):
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    markers = "os^vDx"
+    traces = doc["traces"]
+    for i, t in enumerate(traces):
+        xs = [p["capacity_tokens"] for p in t["curve"]]
+        label = t["name"] + (f": {t['share_of_max']:.0%} of its max in the tiers" if t["tiers"] else "")
+        (line,) = ax.plot(xs, [p["hit_rate"] for p in t["curve"]], markers[i % 6] + "-", ms=3.5, lw=2, label=label)
+        ax.axhline(t["max_hit_rate"], color=line.get_color(), ls=":", lw=0.8)
+        if t["tiers"]:  # where the tiers' capacity meets the curve
+            cap = sum(x["capacity_tokens"] for x in t["tiers"])
+            ax.plot([cap], [t["tiers_hit_rate"]], "o", ms=8, mfc="none", mec=line.get_color(), mew=1.5)
+    bound = 0.0
+    for tier in traces[0]["tiers"] if traces else []:
+        bound += tier["capacity_tokens"]
+        ax.axvline(bound, color="0.3", ls="--", lw=1)
+        ax.text(
+            bound,
+            1.0,
+            f" {tier['name']} {_tokens(bound)}",
+            transform=ax.get_xaxis_transform(),
+            fontsize=8,
+            va="top",
+            color="0.3",
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("cache capacity (tokens)")
+    ax.set_ylabel("prefix hit rate (hit tokens / prompt tokens)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title("Hit rate against capacity (dotted: each trace's maximum; dashed: the tiers)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_trace_plot(doc: dict, directory: str | os.PathLike) -> list[str]:
+    """Write DIR/plan-trace.png: each trace's hit rate against capacity, its maximum, the tiers' capacities."""
+    return save_figures(
+        directory, f"kvtier plan --trace, {doc.get('created_at', '')}", [(TRACE_FIGURE, _draw_trace)], doc
+    )

@@ -180,6 +180,25 @@ def p_trace_path(c: Ctx):
     assert rc == 0 and [b["max_tokens"] for b in bodies] == [3, 5, 7]  # the trace's response lengths
 
 
+@probe("--trace-block-tokens")
+def p_trace_block_tokens(c: Ctx):
+    trace = c.tmp / "mc.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [7, 8]}\n'
+        '{"timestamp": 5, "input_length": 700, "output_length": 4, "hash_ids": [7, 9]}\n'
+    )
+
+    def words(block: str) -> list[int]:
+        with FakeServer() as srv:
+            rc, _ = replay(srv, c, "--source", "mooncake", "--trace-path", str(trace), "--trace-block-tokens", block)
+            bodies = srv.recent_bodies
+        assert rc == 0
+        return [len(prompt(b).split()) for b in bodies]
+
+    # the trace's 512-token blocks as 16 or 8 tokens: lengths scaled with them, block counts kept
+    assert words("16") == [32, 22] and words("8") == [16, 11]
+
+
 @probe("--trace-speedup")
 def p_trace_speedup(c: Ctx):
     def offsets_ms(speedup):

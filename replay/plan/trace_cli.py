@@ -1,0 +1,278 @@
+"""`kvtier plan --trace`: the prefix hit rate a production block-hash trace gets from tiers of given sizes, and over a
+sweep of cache capacities, from the trace alone (no server, no GPU; replay/plan/trace.py says what it models)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import re
+import sys
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from kvconnector.errors import ConfigError
+from kvconnector.models import DTYPE_BYTES, resolve_model
+from kvconnector.units import parse_size
+
+from ..cli_common import Interrupted, OneLineParser, fail
+from ..outputs.paths import check_outputs, write_results
+from ..outputs.provenance import provenance
+from ..settings import documented, load_settings
+from ..sources.base import WorkloadError
+from ..sources.block_traces import FORMATS, load_block_trace, merge_traces
+from .trace import ReuseProfile, reuse_profile, sweep_capacities
+
+PROG = "kvtier plan --trace"
+ENV_PREFIX = "KVTIER_PLAN_"
+
+EXAMPLES = """examples:
+  # the Mooncake FAST'25 traces (git clone https://github.com/kvcache-ai/Mooncake; FAST25-release/traces/): hit rate
+  # against cache capacity from 1e4 to 1e9 tokens, each trace and their union, with the paper's 3M-token local cache
+  kvtier plan --trace conversation_trace.jsonl --trace synthetic_trace.jsonl --tier local=3e6 \\
+      --capacity-sweep 1e4..1e9 --output mooncake.json --plots plots/
+  # tiers in bytes: the KV size of a token from a model of the catalog; 64 GiB of DRAM over 2 TB of NVMe
+  kvtier plan --trace conversation_trace.jsonl --model llama3.1-70b --tier dram=64GiB --tier nvme=2TB
+  # the trace's 512-token blocks as 16-token blocks (every length scaled with them), the first 2,000 requests
+  kvtier plan --trace conversation_trace.jsonl --trace-block-tokens 16 --max-requests 2000 --tier l1=1e5
+  # Alibaba's Qwen-Bailian trace (16-token blocks); an Azure trace has no block hashes: every request misses
+  kvtier plan --trace qwen_traceA_blksz_16.jsonl --format bailian --tier gpu=2e5 --tier cpu=2e6
+
+--format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), bailian
+(alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), azure (Azure/AzurePublicDataset
+AzureLLMInferenceTrace_*.csv: times and lengths only). replay/sources/block_traces.py says what is read and checked.
+
+--tier NAME=SIZE, fastest first: SIZE in tokens (3e6, 3000000), or in bytes with a unit (64GiB, 2TB) when
+--model or --kv-bytes-per-token gives the KV size of a token. The tiers are one exclusive LRU waterfall; a request's
+hit stops at its first block missing from all of them. Each trace's hash ids are its own: with several --trace the
+union ("all") interleaves them by arrival and keeps their ids apart.
+
+What it prints: per trace the requests, prompt tokens, distinct blocks, the hit rate of each tier and of all of them,
+the theoretical maximum (an infinite cache) and the share of it reached; then the hit rate at each capacity of the
+sweep. --output writes all of it as JSON, --plots DIR/plan-trace.png (hit rate against capacity, log scale, a dashed
+line at each tier's capacity).
+exit status: 0 done; 2 a usage error or a bad trace row (one line naming file:line, nothing written); 130/143 stopped.
+"""
+
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_SWEEP = re.compile(r"^\s*([0-9.eE+]+)\s*\.\.\s*([0-9.eE+]+)\s*$")
+
+
+def _tier(v: Any) -> Any:
+    if isinstance(v, str):
+        name, sep, size = v.partition("=")
+        if not sep or not _NAME.match(name.strip()):
+            raise ValueError(f"expected NAME=SIZE like local=3e6 (tokens) or dram=64GiB, got {v!r}")
+        return {"name": name.strip(), "size": size.strip()}
+    return v
+
+
+class TraceTier(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    size: str
+
+    @property
+    def in_bytes(self) -> bool:
+        return self.size.rstrip().upper().endswith("B")
+
+
+class TracePlanConfig(BaseModel):
+    """Every option of `kvtier plan --trace`, validated once (defaults < YAML < KVTIER_PLAN_<KEY> < flags)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    trace: Annotated[list[str], Field(min_length=1)]
+    format: Literal[tuple(FORMATS)] = "mooncake"  # type: ignore[valid-type]
+    trace_block_tokens: int | None = Field(None, ge=1)
+    max_requests: int | None = Field(None, ge=1)
+    tiers: list[Annotated[TraceTier, BeforeValidator(_tier)]] = []
+    capacity_sweep: str = "1e4..1e9"
+    points_per_decade: int = Field(4, ge=1, le=50)
+    model: str | None = None
+    kv_dtype: Literal[tuple(DTYPE_BYTES)] = "bf16"  # type: ignore[valid-type]
+    kv_bytes_per_token: Annotated[float, BeforeValidator(parse_size)] | None = None
+    output: str | None = None
+    plots: str | None = None
+    quiet: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> TracePlanConfig:
+        if self.model is not None and self.kv_bytes_per_token is not None:
+            raise ValueError("give the KV size as --model M or as --kv-bytes-per-token SIZE, not both")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a tier name is given twice ({', '.join(names)})")
+        self.sweep_bounds()
+        return self
+
+    def sweep_bounds(self) -> tuple[float, float]:
+        m = _SWEEP.match(self.capacity_sweep)
+        try:
+            lo, hi = (float(m.group(1)), float(m.group(2))) if m else (math.nan, math.nan)
+        except ValueError:
+            lo = hi = math.nan
+        if not (0 < lo < hi < math.inf):
+            raise ValueError(
+                f"--capacity-sweep {self.capacity_sweep!r}: expected LO..HI tokens, 0 < LO < HI (1e4..1e9)"
+            )
+        return lo, hi
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(
+        prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter, description=__doc__, epilog=EXAMPLES
+    )
+    g = documented(ap.add_argument, TracePlanConfig)
+    g("--trace", action="append", metavar="FILE", help="a block-hash trace (repeat for several and their union)")
+    g("--format", choices=list(FORMATS), help="the trace's format")
+    g("--trace-block-tokens", type=int, metavar="N", help="rescale the trace's block to N tokens (lengths follow)")
+    g("--max-requests", type=int, metavar="N", help="the first N requests of each trace")
+    g("--tier", action="append", metavar="NAME=SIZE", dest="tiers", help="a tier, fastest first; repeat for more")
+    g("--capacity-sweep", metavar="LO..HI", help="cache capacities to sweep, in tokens")
+    g("--points-per-decade", type=int, metavar="N", help="sweep points per factor of 10")
+    g("--model", metavar="M", help="KV bytes per token from a model (catalog name or config.json), for byte sizes")
+    g("--kv-dtype", choices=list(DTYPE_BYTES), help="KV element type, with --model")
+    g("--kv-bytes-per-token", metavar="SIZE", help="KV bytes per token, e.g. 320KiB (instead of --model)")
+    g("--config", dest="config", metavar="FILE.yaml", help="options from a YAML file; flags win over it")
+    g("--output", metavar="FILE", help="JSON: per trace its tiers, maximum and capacity curve")
+    g("--plots", metavar="DIR", help="write DIR/plan-trace.png")
+    g("--quiet", action="store_true", default=None, help="no tables")
+    return ap
+
+
+def load_config(argv: list[str]) -> TracePlanConfig:
+    ns = build_parser().parse_args(argv)
+    flags = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
+    return load_settings(
+        TracePlanConfig,
+        config_path=ns.config,
+        env_prefix=ENV_PREFIX,
+        flags=flags,
+        missing_hint=f" (see '{PROG} --help')",
+    )
+
+
+def _bytes_per_token(cfg: TracePlanConfig) -> float | None:
+    if cfg.kv_bytes_per_token is not None:
+        return cfg.kv_bytes_per_token
+    if cfg.model is not None:
+        return float(resolve_model(cfg.model).bytes_per_token(cfg.kv_dtype))
+    return None
+
+
+def tier_tokens(cfg: TracePlanConfig, bpt: float | None) -> list[tuple[str, float]]:
+    out = []
+    for t in cfg.tiers:
+        if t.in_bytes:
+            if bpt is None:
+                raise ConfigError(f"--tier {t.name}={t.size}: a size in bytes needs --model or --kv-bytes-per-token")
+            tokens = parse_size(t.size) / bpt
+        else:
+            try:
+                tokens = float(t.size)
+            except ValueError:
+                raise ConfigError(
+                    f"--tier {t.name}={t.size}: expected tokens (3e6) or bytes with a unit (64GiB)"
+                ) from None
+        if not (1 <= tokens < math.inf):
+            raise ConfigError(f"--tier {t.name}={t.size}: holds {tokens:g} tokens, not a cache")
+        out.append((t.name, tokens))
+    return out
+
+
+def trace_entry(profile: ReuseProfile, files: list[str], tiers: list[tuple[str, float]], caps: list[float]) -> dict:
+    rates = profile.tier_hit_rates([tok for _, tok in tiers]) if tiers else []
+    total = sum(rates)
+    top = profile.max_hit_rate
+    return {
+        "name": profile.name,
+        "files": files,
+        "requests": profile.requests,
+        "prompt_tokens": profile.prompt_tokens,
+        "block_tokens": profile.block_tokens,
+        "unique_blocks": profile.unique_blocks,
+        "unique_tokens": profile.unique_blocks * profile.block_tokens,
+        "max_hit_rate": top,
+        "tiers": [{"name": n, "capacity_tokens": tok, "hit_rate": r} for (n, tok), r in zip(tiers, rates, strict=True)],
+        "tiers_hit_rate": total if tiers else None,
+        "share_of_max": (total / top if top else None) if tiers else None,
+        "curve": [{"capacity_tokens": c, "hit_rate": profile.hit_rate(c)} for c in caps],
+    }
+
+
+def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
+    bpt = _bytes_per_token(cfg)
+    tiers = tier_tokens(cfg, bpt)
+    caps = sweep_capacities(*cfg.sweep_bounds(), cfg.points_per_decade)
+    traces = [
+        load_block_trace(p, cfg.format, block_tokens=cfg.trace_block_tokens, max_requests=cfg.max_requests)
+        for p in cfg.trace
+    ]
+    doc = {
+        "kind": "kvtier plan --trace",
+        "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "command": ["kvtier", "plan", *argv],
+        "provenance": provenance(),
+        "format": cfg.format,
+        "kv_bytes_per_token": bpt,
+        "capacities_tokens": caps,
+        "traces": [],
+        "status": "interrupted",
+    }
+    try:
+        for t, path in zip(traces, cfg.trace, strict=True):
+            doc["traces"].append(trace_entry(reuse_profile(t), [path], tiers, caps))
+        if len(traces) > 1:
+            doc["traces"].append(trace_entry(reuse_profile(merge_traces(traces)), list(cfg.trace), tiers, caps))
+    except Interrupted as exc:
+        exc.partial = doc  # type: ignore[attr-defined]
+        raise
+    doc["status"] = "done"
+    return doc
+
+
+def _write(cfg: TracePlanConfig, doc: dict) -> int:
+    rc = 0
+    if cfg.output:
+        try:
+            path, err = write_results(cfg.output, doc)
+            if err:
+                print(f"{PROG}: {err}; wrote {path} instead", file=sys.stderr)
+        except OSError as exc:
+            rc = fail(PROG, str(exc), 1)
+    if cfg.plots and doc["traces"]:
+        from .report import write_trace_plot
+
+        try:
+            write_trace_plot(doc, cfg.plots)
+        except OSError as exc:
+            rc = fail(PROG, f"cannot write {cfg.plots}: {exc.strerror or exc}", 1)
+    return rc
+
+
+def main(argv: list[str]) -> int:
+    try:
+        cfg = load_config(argv)
+        check_outputs({"--output": cfg.output}, {"--plots": cfg.plots})
+        _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
+        doc = run(cfg, argv)
+    except (ConfigError, WorkloadError) as exc:
+        return fail(PROG, str(exc))
+    except Interrupted as exc:
+        _write(cfg, exc.partial)  # type: ignore[attr-defined]
+        print(f"{PROG}: interrupted ({exc}); wrote the traces done so far", file=sys.stderr)
+        return exc.exit_code
+    if not cfg.quiet:
+        from rich.console import Console
+
+        from .report import trace_tables
+
+        console = Console(width=max(100, Console().width))
+        for table in trace_tables(doc):
+            console.print(table)
+    return _write(cfg, doc)
+
+
+__all__ = ["TracePlanConfig", "build_parser", "load_config", "main", "run"]

@@ -1,0 +1,227 @@
+"""Production KV traces that carry block hashes: each request lists the ids of its prompt's blocks, so the prefix
+reuse of the real service is in the trace (equal leading ids = a prefix the cache could serve).
+
+Formats read here (each as its publisher documents it):
+- ``mooncake``: the Mooncake traces (kvcache-ai/Mooncake, FAST25-release/traces/*.jsonl and the older
+  arxiv-trace/mooncake_trace.jsonl; Apache-2.0). One JSON object a line: ``timestamp`` (ms from the trace start),
+  ``input_length``, ``output_length`` (tokens), ``hash_ids`` (remapped prefix block hashes, 512 tokens a block, the
+  last block partial; the release's README and the FAST'25 paper's appendix A say so).
+- ``bailian``: Alibaba's Qwen-Bailian traces (alibaba-edu/qwen-bailian-usagetraces-anon, qwen_*_blksz_16.jsonl;
+  Apache-2.0). One JSON object a line: ``chat_id``, ``parent_chat_id`` (-1 for a session's first request),
+  ``timestamp`` (seconds), ``input_length``, ``output_length``, ``type`` (text/search/image/file), ``turn``,
+  ``hash_ids`` (salted SipHash ids of 16-token blocks). Sessions are metadata here: each request is sent as the trace
+  has it, its prompt made from its own ids (which already cover the history it carries).
+- ``azure``: the Azure LLM inference traces 2023 and 2024 (Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv;
+  CC-BY). CSV ``TIMESTAMP`` (a date and time), ``ContextTokens``, ``GeneratedTokens``; no prefix information, so no
+  request shares a block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
+
+Every row is checked; a bad one stops the load with one line naming file:line, as the BurstGPT source does: a missing
+or non-numeric field, a count that is not a whole number >= 0, a timestamp earlier than the previous row's, hash ids
+that are not integers, or more hash ids than ``input_length`` has blocks. Fewer ids than blocks is allowed (the
+blocks without an id are never reusable).
+
+``block_tokens`` rescales the trace's block: a 512-token block becomes N tokens and every length is scaled with it,
+so a long-context trace fits a small model and the block structure is kept exactly (a prompt of k whole blocks and a
+partial one still has k + 1 blocks).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines
+
+__all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]
+
+# Each format's block size in tokens, as its publisher documents it (azure has none: vLLM's default block).
+FORMATS: dict[str, int] = {"mooncake": 512, "bailian": 16, "azure": 16}
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a block-hash trace: when it arrives, its lengths, and the ids of its prompt's blocks."""
+
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    hash_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockTrace:
+    """A loaded trace: its requests in arrival order, the block size they are counted in, and what the load kept."""
+
+    name: str
+    requests: tuple[TraceRequest, ...]
+    block_tokens: int
+    report: LoadReport
+
+
+def load_block_trace(
+    path: str | os.PathLike,
+    fmt: str = "mooncake",
+    *,
+    block_tokens: int | None = None,
+    max_requests: int | None = None,
+) -> BlockTrace:
+    """Read a block-hash trace. `block_tokens` rescales the block (None: the format's own); `max_requests` keeps the
+    first N rows. WorkloadError (one line, file:line) for a file or row that cannot be used."""
+    if fmt not in FORMATS:
+        raise WorkloadError(f"--format {fmt}: not a block-hash trace format (known: {', '.join(FORMATS)})")
+    native = FORMATS[fmt]
+    block = native if block_tokens is None else block_tokens
+    if block < 1:
+        raise WorkloadError(f"--trace-block-tokens {block}: must be at least 1")
+    report = LoadReport(source=fmt, tokenizer="trace token counts")
+    requests = []
+    for req in _READERS[fmt](path, native):
+        if max_requests is not None and len(requests) >= max_requests:
+            break
+        requests.append(_rescale(req, native, block) if block != native else req)
+    if not requests:
+        raise WorkloadError(f"{path}: no request in this {fmt} trace")
+    report.conversations = report.turns = len(requests)
+    name = os.path.basename(os.fspath(path)).rsplit(".", 1)[0].replace("_trace", "")  # Mooncake: conversation
+    return BlockTrace(name, tuple(requests), block, report)
+
+
+def _rescale(req: TraceRequest, native: int, block: int) -> TraceRequest:
+    # ceil keeps the block count: k whole blocks and a partial one stay k whole blocks and a partial one.
+    return TraceRequest(
+        req.arrival_s,
+        math.ceil(req.input_tokens * block / native),
+        math.ceil(req.output_tokens * block / native),
+        req.hash_ids,
+    )
+
+
+def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """The rows of a JSON-lines trace as (file:line, object), each checked to be an object with `fields`."""
+    for number, line in enumerate(read_lines(path, f"{fmt} trace (JSONL)"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
+        if not isinstance(row, dict):
+            raise WorkloadError(f"{where}: expected a JSON object, found {type(row).__name__}")
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise WorkloadError(f"{where}: missing {', '.join(missing)} (a {fmt} row has {', '.join(fields)})")
+        yield where, row
+
+
+class _Clock:
+    """Arrival times must not go back: a trace's rows are in arrival order."""
+
+    def __init__(self, unit: str) -> None:
+        self.unit, self.last = unit, 0.0
+
+    def __call__(self, value: float, where: str) -> float:
+        if value < self.last:
+            raise WorkloadError(
+                f"{where}: timestamp {value:g} {self.unit} is earlier than the previous row's {self.last:g} {self.unit}"
+            )
+        self.last = value
+        return value
+
+
+def _request(where: str, ts_s: float, row: dict, inp: str, out: str, block: int) -> TraceRequest:
+    input_tokens = parse_count(_text(row[inp]), where, inp)
+    output_tokens = parse_count(_text(row[out]), where, out)
+    ids = _hash_ids(row.get("hash_ids", []), where)
+    if len(ids) > math.ceil(input_tokens / block):
+        raise WorkloadError(
+            f"{where}: {len(ids)} hash_ids for {inp} {input_tokens}: at {block} tokens a block it has "
+            f"{math.ceil(input_tokens / block)} blocks"
+        )
+    return TraceRequest(ts_s, input_tokens, output_tokens, ids)
+
+
+def _read_mooncake(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+    clock = _Clock("ms")
+    for where, row in _jsonl_rows(path, "Mooncake", ("timestamp", "input_length", "output_length", "hash_ids")):
+        ms = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
+        yield _request(where, ms / 1000.0, row, "input_length", "output_length", block)
+
+
+def _read_bailian(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+    clock = _Clock("s")
+    fields = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
+    for where, row in _jsonl_rows(path, "Bailian", fields):
+        s = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
+        yield _request(where, s, row, "input_length", "output_length", block)
+
+
+_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def _read_azure(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+    lines = read_lines(path, "Azure LLM inference trace (CSV)")
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
+        found = ",".join(header or []) or "nothing"
+        raise WorkloadError(
+            f"{path}:1: not an Azure LLM inference trace (expected {','.join(_AZURE_COLUMNS)}, found {found})"
+        )
+    clock = _Clock("s")
+    start = None
+    for row in reader:
+        where = f"{path}:{reader.line_num}"
+        if not row or all(not f.strip() for f in row):
+            continue
+        if len(row) != 3:
+            raise WorkloadError(f"{where}: expected 3 fields, found {len(row)}")
+        try:
+            when = datetime.fromisoformat(row[0].strip())
+        except ValueError:
+            raise WorkloadError(f"{where}: TIMESTAMP {row[0].strip()!r} is not a date and time") from None
+        start = when if start is None else start
+        s = clock((when - start).total_seconds(), where)
+        yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
+
+
+_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "azure": _read_azure}
+
+
+def _text(value) -> str:
+    """A JSON value as the text the shared number checks read (a bool is not a number, whatever Python says)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return repr(value)
+    return str(value)
+
+
+def _hash_ids(value, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise WorkloadError(f"{where}: hash_ids must be a list of integers, found {type(value).__name__}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise WorkloadError(f"{where}: hash_ids holds {v!r}, not an integer")
+    return tuple(value)
+
+
+def merge_traces(traces: Sequence[BlockTrace], name: str = "all") -> BlockTrace:
+    """Several traces as one service would see them: requests interleaved by arrival, each trace's hash ids kept
+    apart (ids are remapped per file, so id 7 of one trace is not id 7 of another). Same block size required."""
+    sizes = {t.block_tokens for t in traces}
+    if len(sizes) != 1:
+        raise WorkloadError(f"traces with different block sizes ({sorted(sizes)} tokens) cannot be merged")
+    dense: dict[tuple[int, int], int] = {}  # (trace, id) -> a new id unique across the traces
+    tagged = []
+    for i, t in enumerate(traces):
+        for r in t.requests:
+            ids = tuple(dense.setdefault((i, h), len(dense)) for h in r.hash_ids)
+            tagged.append((r.arrival_s, i, TraceRequest(r.arrival_s, r.input_tokens, r.output_tokens, ids)))
+    tagged.sort(key=lambda x: (x[0], x[1]))  # stable: each trace keeps its own order at equal times
+    report = LoadReport(source="+".join(t.report.source for t in traces), tokenizer="trace token counts")
+    report.conversations = report.turns = len(tagged)
+    return BlockTrace(name, tuple(r for _, _, r in tagged), sizes.pop(), report)
