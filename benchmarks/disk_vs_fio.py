@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -47,15 +46,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from deploy.host import cpu_s
 from kvconnector.tiers import DiskTier
 from replay.synthetic.payload import RandomPayload
 
 GIB = 1 << 30
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def run_fio(directory: str, rw: str, obj: int, workers: int, per_job: int, job_files: bool = False) -> dict:

@@ -39,6 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from deploy.host import drop_caches
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLI = ROOT / ".venv-lmcache057" / "bin" / "lmcache"
 REFERENCE = "lmcache-fs (use_odirect)"
@@ -59,11 +61,6 @@ def adapter_json(side: str, directory: Path, capacity_gb: float) -> str:
 
 
 SIDES = ["kvtier (direct)", REFERENCE, "lmcache-fs (buffered)"]
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
-    Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 def run_tool(cli: Path, spec: str, args: argparse.Namespace, only: str | None) -> dict:

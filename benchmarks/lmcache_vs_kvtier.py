@@ -30,30 +30,15 @@ import argparse
 import json
 import logging
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from deploy.host import cpu_s, drop_caches
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def drop_caches() -> bool:
-    subprocess.run(["sync"], check=False)
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def make_objs(n: int, nbytes: int, fill: bool):
@@ -114,9 +99,9 @@ def run_window(adapter, kind: str, keys, objs, concurrency: int) -> int:
 
 def timed(fn) -> tuple[object, float, float]:
     """fn()'s result, wall seconds and CPU seconds."""
-    c0, t0 = _cpu_s(), time.perf_counter()
+    c0, t0 = cpu_s(), time.perf_counter()
     out = fn()
-    return out, time.perf_counter() - t0, _cpu_s() - c0
+    return out, time.perf_counter() - t0, cpu_s() - c0
 
 
 def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurrency: int, drop: bool) -> dict:

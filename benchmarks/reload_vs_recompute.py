@@ -111,9 +111,10 @@ def fit_break_even(points: list[tuple[float, float]], uncached: float) -> tuple[
 
 
 def run_model(a, name: str, model_dir: str, log) -> dict:
-    from ttft_kvtier_vs_lmcache import clear_l1, drop_caches, stream_ttft
+    from ttft_kvtier_vs_lmcache import stream_ttft
 
-    from deploy.stack import down, up, vllm_external_hits
+    from deploy.host import drop_caches
+    from deploy.stack import clear_l1_at, down, up, vllm_external_hits
     from deploy.throttle import Mount
 
     work = Path(a.dir) / name
@@ -160,7 +161,7 @@ def run_model(a, name: str, model_dir: str, log) -> dict:
                     order = [0.0, *a.lat_ms] if k % 2 == 0 else [*reversed(a.lat_ms), 0.0]
                     for lat in order:
                         m.client.set(lat_ms=lat)
-                        clear_l1(lm)
+                        clear_l1_at(lm)
                         drop_caches()
                         before = m.client.stats()
                         timed("disk" if lat == 0 else f"disk+{lat:g}")

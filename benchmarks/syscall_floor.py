@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
+from deploy.host import drop_caches
+
 WRITES = (
     "new",
     "new+durable",
@@ -160,14 +162,6 @@ def _fallocate_new(path: str, nbytes: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def drop_caches() -> None:
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError:
-        pass  # not root: O_DIRECT reads bypass the page cache anyway
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,6 +62,8 @@ import sys
 import time
 from pathlib import Path
 
+from deploy.host import drop_caches
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHUNK_TOKENS = 256  # run-stack.sh's default LMCache chunk size
@@ -86,12 +88,6 @@ def mark(event: str) -> None:
     if _timeline:
         _timeline[0].write(f"{time.time_ns()} client {event}\n")
         _timeline[0].flush()
-
-
-def drop_caches() -> None:
-    subprocess.run(["sync"], check=False)
-    with open("/proc/sys/vm/drop_caches", "w") as fh:
-        fh.write("1\n")
 
 
 def read_bytes(pid: int) -> int:

@@ -42,15 +42,15 @@ import json
 import logging
 import os
 import random
-import resource
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+from deploy.host import cpu_s, drop_caches
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,21 +59,6 @@ KILL_BATCHES = 8  # a killed writer stores at most this many batches
 # From the code: kvtier's DiskTier fdatasyncs before its rename; vLLM 0.32's fs tier writes and renames (io.py, and
 # its C extension vllm/fs_io_C imports open, write and rename, no fsync or fdatasync).
 DURABLE = {"kvtier": "yes (fdatasync, rename)", "fs": "no (write, rename)", "baseline": "-"}
-
-
-def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def drop_caches() -> bool:
-    subprocess.run(["sync"], check=False)
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as fh:
-            fh.write("1\n")
-        return True
-    except OSError:
-        return False
 
 
 def payload(i: int, nbytes: int, salt: int = 0) -> bytes:
