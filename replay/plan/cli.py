@@ -19,7 +19,7 @@ from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
 
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
-from ..outputs.paths import check_outputs, write_results
+from ..outputs.paths import check_outputs
 from ..settings import documented, load_settings
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
 
@@ -403,24 +403,10 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
     return plan_document(cfg, bpt, model_name, plans, argv), plans
 
 
-def _write(cfg: PlanConfig, doc: dict) -> int:
-    """Write --output and --plots; 1 when one of them could not be written at all (said on stderr)."""
-    rc = 0
-    if cfg.output:
-        try:
-            path, err = write_results(cfg.output, doc)
-            if err:
-                print(f"{PROG}: {err}; wrote {path} instead", file=sys.stderr)
-        except OSError as exc:
-            rc = fail(PROG, str(exc), 1)
-    if cfg.plots and doc["configurations"]:
-        from .report import write_plan_plot
+def _write(cfg, doc: dict) -> int:
+    from .report import write_outputs, write_plan_plot  # matplotlib only when writing
 
-        try:
-            write_plan_plot(doc, cfg.plots)
-        except OSError as exc:
-            rc = fail(PROG, f"cannot write {cfg.plots}/plan.png: {exc.strerror or exc}", 1)
-    return rc
+    return write_outputs(PROG, doc, cfg.output, cfg.plots, write_plan_plot if doc["configurations"] else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,12 +6,16 @@ Both read the plan document (replay/plan/cli.py's `plan_document`), so a saved p
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from rich.table import Table
 
 from kvconnector.units import human_bytes
 
+from ..cli_common import fail
+from ..outputs.paths import write_results
 from ..outputs.plots import save_figures
 from ..outputs.tables import rows_table
 
@@ -21,6 +25,7 @@ __all__ = [
     "plan_table",
     "summary_lines",
     "trace_tables",
+    "write_outputs",
     "write_plan_plot",
     "write_trace_plot",
 ]
@@ -228,3 +233,24 @@ def write_trace_plot(doc: dict, directory: str | os.PathLike) -> list[str]:
     return save_figures(
         directory, f"kvtier plan --trace, {doc.get('created_at', '')}", [(TRACE_FIGURE, _draw_trace)], doc
     )
+
+
+def write_outputs(
+    prog: str, doc: dict, output: str | None, plots: str | None, plot: Callable[[dict, str], Any] | None
+) -> int:
+    """Write --output (the JSON; to the default place if its path fails now) and the figures under --plots (`plot`,
+    None when there is nothing to draw); 1 when one of them could not be written at all (said on stderr)."""
+    rc = 0
+    if output:
+        try:
+            path, err = write_results(output, doc)
+            if err:
+                print(f"{prog}: {err}; wrote {path} instead", file=sys.stderr)
+        except OSError as exc:
+            rc = fail(prog, str(exc), 1)
+    if plots and plot is not None:
+        try:
+            plot(doc, plots)
+        except OSError as exc:
+            rc = fail(prog, f"--plots {plots}: not written ({exc.strerror or exc})", 1)
+    return rc

@@ -17,7 +17,7 @@ from kvconnector.models import DTYPE_BYTES, resolve_model
 from kvconnector.units import parse_size
 
 from ..cli_common import Interrupted, OneLineParser, fail
-from ..outputs.paths import check_outputs, write_results
+from ..outputs.paths import check_outputs
 from ..outputs.provenance import provenance
 from ..settings import documented, load_settings
 from ..sources.base import WorkloadError
@@ -233,23 +233,10 @@ def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
     return doc
 
 
-def _write(cfg: TracePlanConfig, doc: dict) -> int:
-    rc = 0
-    if cfg.output:
-        try:
-            path, err = write_results(cfg.output, doc)
-            if err:
-                print(f"{PROG}: {err}; wrote {path} instead", file=sys.stderr)
-        except OSError as exc:
-            rc = fail(PROG, str(exc), 1)
-    if cfg.plots and doc["traces"]:
-        from .report import write_trace_plot
+def _write(cfg, doc: dict) -> int:
+    from .report import write_outputs, write_trace_plot  # matplotlib only when writing
 
-        try:
-            write_trace_plot(doc, cfg.plots)
-        except OSError as exc:
-            rc = fail(PROG, f"cannot write {cfg.plots}: {exc.strerror or exc}", 1)
-    return rc
+    return write_outputs(PROG, doc, cfg.output, cfg.plots, write_trace_plot if doc["traces"] else None)
 
 
 def main(argv: list[str]) -> int:
