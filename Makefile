@@ -164,9 +164,11 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# --durations: the 20 slowest tests at the end of every run, where the suite's time goes (its budget: 25 minutes).
+# The fast tier on both cores (pytest-xdist), then the slow and stack tests one at a time (each starts servers that
+# want the machine); --durations: the 20 slowest at the end, where the suite's time goes (its budget: 25 minutes).
 test: lint $(TEST_STAMP) $(LMC057_STAMP) $(VLLM_NEWEST_STAMP) system-deps
-	KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest --durations=20
+	KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest -m "not slow and not e2e" -n 2 -q
+	KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest -m "slow or e2e" --durations=20
 	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS)
 
 # kvtier vs vLLM's own fs secondary tier behind vLLM's real tiered offloading manager (no GPU: the worker's copies are
