@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kvconnector.errors import ConfigError
-from kvconnector.models import DTYPE_BYTES, resolve_model
 from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
+from replay.models import DTYPE_BYTES, resolve_model
 
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
 from ..outputs.paths import check_outputs

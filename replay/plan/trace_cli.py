@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from kvconnector.errors import ConfigError
-from kvconnector.models import DTYPE_BYTES, resolve_model
 from kvconnector.units import parse_size
+from replay.models import DTYPE_BYTES, resolve_model
 
 from ..cli_common import Interrupted, OneLineParser, fail
 from ..outputs.paths import check_outputs

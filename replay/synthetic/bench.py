@@ -12,10 +12,10 @@ import tempfile
 import time
 
 from kvconnector.errors import ConfigError
-from kvconnector.models import ModelSpec, resolve_model
 from kvconnector.store import TieredStore
 from kvconnector.tiers import CPUTier, DiskTier, GPUTier, cuda_torch
 from kvconnector.units import GB, human_bytes
+from replay.models import ModelSpec, resolve_model
 
 from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError

@@ -8,7 +8,7 @@ import argparse
 import logging
 
 from kvconnector.errors import ConfigError
-from kvconnector.models import CATALOG
+from replay.models import CATALOG
 
 from ..cli_common import OneLineParser
 from ..settings import documented

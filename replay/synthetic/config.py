@@ -17,8 +17,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
-from kvconnector.models import CATALOG
 from kvconnector.units import GB
+from replay.models import CATALOG
 
 from ..settings import load_settings
 from .mlperf_config import check_validation_limits, from_reference
@@ -296,7 +296,7 @@ class ModelConfig(_Section):
         return self
 
     def spec_fields(self, key: str) -> dict:
-        """The kvconnector.models.ModelSpec fields of this model (the shape keys resolved); a model of the catalog
+        """The replay.models.ModelSpec fields of this model (the shape keys resolved); a model of the catalog
         redefined under its own name (the reference's config.yaml does that) keeps the catalog's context length."""
         known = CATALOG.get(key)
         return {

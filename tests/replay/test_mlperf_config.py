@@ -72,7 +72,7 @@ def test_the_reference_config_loads_and_every_key_lands_where_its_meaning_is():
     assert cfg.kv_dtype == "fp16"  # tiny-1b's dtype: float16
     assert cfg.qos_profiles["batch"].targets() == {95.0: 1000, 99.0: 5000, 99.9: 7500, 99.99: 10000}
     # the reference's shape keys give the same bytes per token as kvtier's catalog (qwen3-32b: head_dim 128 given)
-    from kvconnector.models import CATALOG, ModelSpec
+    from replay.models import CATALOG, ModelSpec
 
     for name in ("tiny-1b", "llama3.1-8b", "llama3.1-70b-instruct", "deepseek-v3"):
         spec = ModelSpec(name, **cfg.model_configs[name].spec_fields(name))

@@ -18,8 +18,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ConfigError
-from .validation import describe_validation_error, error_path
+from kvconnector.errors import ConfigError
+from kvconnector.validation import describe_validation_error, error_path
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 

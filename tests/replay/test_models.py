@@ -3,7 +3,7 @@ import json
 import pytest
 
 from kvconnector.errors import ConfigError
-from kvconnector.models import CATALOG, resolve_model
+from replay.models import CATALOG, resolve_model
 
 
 @pytest.mark.parametrize(
