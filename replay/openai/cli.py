@@ -176,7 +176,7 @@ class ReplayConfig(BaseModel):
         if self.source == "burstgpt" and not self.trace_path:
             raise ValueError("--source burstgpt needs --trace-path FILE|DIR|GLOB")
         if self.source in FORMATS and not self.trace_path:
-            raise ValueError(f"--source {self.source} needs --trace-path FILE (a {self.source} JSONL trace)")
+            raise ValueError(f"--source {self.source} needs --trace-path FILE (a {self.source} trace)")
         if self.trace_block_tokens is not None and self.source not in FORMATS:
             raise ValueError(
                 f"--trace-block-tokens rescales a block-hash trace ({', '.join(FORMATS)}), not {self.source}"
@@ -219,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
     )
     g("--dataset-path", help="ShareGPT JSON file")
-    g("--trace-path", help="BurstGPT CSV file, directory or glob; a block-hash trace's JSONL file")
+    g(
+        "--trace-path",
+        help="BurstGPT CSV file, directory or glob; a block-hash trace's file (weka: a file or a directory)",
+    )
     g(
         "--trace-block-tokens",
         type=int,

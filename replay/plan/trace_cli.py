@@ -38,9 +38,12 @@ EXAMPLES = """examples:
   kvtier plan --trace conversation_trace.jsonl --trace-block-tokens 16 --max-requests 2000 --tier l1=1e5
   # Alibaba's Qwen-Bailian trace (16-token blocks); an Azure trace has no block hashes: every request misses
   kvtier plan --trace qwen_traceA_blksz_16.jsonl --format bailian --tier gpu=2e5 --tier cpu=2e6
+  # a directory of Weka agentic-coding sessions (one JSON a session, sub-agents included)
+  kvtier plan --trace cc-traces-weka/ --format weka --tier gpu=2e5 --capacity-sweep 1e3..1e8
 
 --format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), bailian
-(alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), azure (Azure/AzurePublicDataset
+(alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), weka (semianalysisai/cc-traces-weka-*, a JSON file per
+session or a directory of them, 64-token blocks), azure (Azure/AzurePublicDataset
 AzureLLMInferenceTrace_*.csv: times and lengths only). replay/sources/block_traces.py says what is read and checked.
 
 --tier NAME=SIZE, fastest first: SIZE in tokens (3e6, 3000000), or in bytes with a unit (64GiB, 2TB) when

@@ -11,6 +11,15 @@ Formats read here (each as its publisher documents it):
   ``timestamp`` (seconds), ``input_length``, ``output_length``, ``type`` (text/search/image/file), ``turn``,
   ``hash_ids`` (salted SipHash ids of 16-token blocks). Sessions are metadata here: each request is sent as the trace
   has it, its prompt made from its own ids (which already cover the history it carries).
+- ``weka``: the Weka / SemiAnalysis agentic-coding traces (Hugging Face semianalysisai/cc-traces-weka-*; AIPerf reads
+  them, ai-dynamo/aiperf aiperf/dataset/loader/weka_trace_models.py documents the schema). ONE JSON document per
+  file, one conversation: ``id``, ``block_size`` (64), ``hash_id_scope`` (``local``: ids are a namespace of their
+  file, so the same id in two files is different text; ``global``: one namespace for every file), ``requests``: API
+  calls (``type`` ``n`` or ``s``: ``t`` seconds from the conversation's start, ``in``, ``out``, ``hash_ids``) and
+  sub-agents (``type`` ``subagent`` with their own ``requests``, nested as deep as they go; their calls share the
+  file's namespace). A path is one such file or a directory of them (``*.json``, sorted by name). Every call of
+  every sub-agent is a request at its own ``t``; the conversations of several files all start at time 0, as users
+  who arrive together.
 - ``azure``: the Azure LLM inference traces 2023 and 2024 (Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv;
   CC-BY). CSV ``TIMESTAMP`` (a date and time), ``ContextTokens``, ``GeneratedTokens``; no prefix information, so no
   request shares a block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
@@ -35,12 +44,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines
+from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines, read_text
 
 __all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]
 
 # Each format's block size in tokens, as its publisher documents it (azure has none: vLLM's default block).
-FORMATS: dict[str, int] = {"mooncake": 512, "bailian": 16, "azure": 16}
+FORMATS: dict[str, int] = {"mooncake": 512, "bailian": 16, "weka": 64, "azure": 16}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,61 @@ def _read_bailian(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]
         yield _request(where, s, row, "input_length", "output_length", block)
 
 
+def _read_weka(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".json"))
+        if not files:
+            raise WorkloadError(f"{path}: no *.json Weka trace in this directory")
+    else:
+        files = [os.fspath(path)]
+    dense: dict[tuple[int, int], int] = {}  # (namespace, id) -> an id unique across the files
+    calls: list[tuple[float, int, TraceRequest]] = []
+    for n, file in enumerate(files):
+        doc = _weka_document(file, block)
+        scope = -1 if doc["hash_id_scope"] == "global" else n
+        for where, call in _weka_calls(doc["requests"], f"{file}: requests"):
+            if call["type"] not in ("n", "s"):
+                raise WorkloadError(f"{where}: type {call['type']!r} is not n, s or subagent")
+            t = parse_number(_text(call.get("t")), where, "t")
+            req = _request(where, t, call, "in", "out", block)
+            ids = tuple(dense.setdefault((scope, h), len(dense)) for h in req.hash_ids)
+            calls.append((t, len(calls), TraceRequest(t, req.input_tokens, req.output_tokens, ids)))
+    calls.sort(key=lambda c: (c[0], c[1]))  # by time; equal times keep the files' order
+    for _, _, req in calls:
+        yield req
+
+
+def _weka_document(file: str, block: int) -> dict:
+    try:
+        doc = json.loads(read_text(file, "Weka trace (JSON)"))
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
+        raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
+    if doc.get("block_size") != block:
+        raise WorkloadError(f"{file}: block_size {doc.get('block_size')!r}; a Weka trace's blocks are {block} tokens")
+    if doc.get("hash_id_scope") not in ("local", "global"):
+        raise WorkloadError(f"{file}: hash_id_scope {doc.get('hash_id_scope')!r} is not local or global")
+    return doc
+
+
+def _weka_calls(requests: list, where: str) -> Iterator[tuple[str, dict]]:
+    """Every API call of a request list, sub-agents' calls included (depth first), as (where, call)."""
+    for i, entry in enumerate(requests):
+        here = f"{where}[{i}]"
+        if not isinstance(entry, dict) or "type" not in entry:
+            raise WorkloadError(f"{here}: expected an object with a type")
+        if entry["type"] == "subagent":
+            if not isinstance(entry.get("requests"), list):
+                raise WorkloadError(f"{here}: a subagent without a requests list")
+            yield from _weka_calls(entry["requests"], f"{here}.requests")
+            continue
+        missing = [k for k in ("t", "in", "out") if k not in entry]
+        if missing:
+            raise WorkloadError(f"{here}: missing {', '.join(missing)} (a Weka call has t, in, out, hash_ids)")
+        yield here, entry
+
+
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
@@ -190,7 +254,7 @@ def _read_azure(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
         yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
 
 
-_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "azure": _read_azure}
+_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": _read_weka, "azure": _read_azure}
 
 
 def _text(value) -> str:

@@ -255,6 +255,7 @@ def test_a_bad_trace_row_is_one_line_and_nothing_is_written(tmp_path):
 DATA = Path(__file__).parent / "data"
 AZURE = DATA / "azure" / "AzureLLMInferenceTrace_conv_head300.csv"
 BAILIAN = DATA / "bailian" / "bailian_format_example.jsonl"
+WEKA = DATA / "weka"
 
 
 def test_azure_rows_are_timed_requests_without_prefix_reuse():
@@ -276,6 +277,61 @@ def test_bailian_sessions_share_their_history_s_blocks():
     # request 2 hits the 4 system-prompt blocks; request 3 those and its first turn's 2 whole blocks (6 blocks,
     # its history's partial block is new); request 4 (turn 2 of the second session) 4 + 1; request 5 4 + 4; request 6 4
     assert profile.hit_tokens(1e9) == 16 * (4 + 6 + 5 + 8 + 4)
+
+
+def test_weka_calls_and_sub_agents_in_time_order_with_ids_kept_per_file():
+    trace = load_block_trace(WEKA, "weka")
+    assert trace.block_tokens == 64 and trace.name == "weka"
+    assert [r.arrival_s for r in trace.requests] == [0.0, 1.0, 4.0, 5.0, 6.5, 8.0, 12.0]  # two files, a sub-agent
+    assert [r.input_tokens for r in trace.requests] == [192, 128, 320, 150, 192, 250, 420]
+    profile = reuse_profile(trace)
+    # session_a: its second call hits 3 blocks, the sub-agent's calls 2 and 3 (the parent's first two blocks, then
+    # its own), the last call 5; session_b's second call 2 of its own. session_b's ids 1, 2 are other text (local
+    # scope): its first call hits nothing, though session_a used ids 1, 2 a second before.
+    assert profile.hit_tokens(1e9) == 64 * (3 + 2 + 2 + 3 + 5)
+    assert len(load_block_trace(WEKA / "session_a.json", "weka").requests) == 5  # one file alone
+
+
+def test_weka_global_scope_shares_ids_across_files(tmp_path):
+    for f in WEKA.glob("*.json"):
+        doc = json.loads(f.read_text())
+        doc["hash_id_scope"] = "global"
+        (tmp_path / f.name).write_text(json.dumps(doc))
+    # now session_b's first call hits session_a's block 1 (its block 2 holds its last token): one more block
+    assert reuse_profile(load_block_trace(tmp_path, "weka")).hit_tokens(1e9) == 64 * (3 + 2 + 2 + 3 + 5 + 1)
+
+
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        ({"block_size": 16}, "block_size 16; a Weka trace's blocks are 64 tokens"),
+        ({"hash_id_scope": "per-user"}, "hash_id_scope 'per-user' is not local or global"),
+        ({"requests": {"t": 0}}, "expected an object with a requests list"),
+        ({"requests": [{"t": 0, "type": "subagent"}]}, "requests[0]: a subagent without a requests list"),
+        ({"requests": [{"t": 0, "type": "subagent", "requests": [{"type": "n", "t": 1, "in": 5}]}]},
+         "requests[0].requests[0]: missing out"),
+        ({"requests": [{"t": 0, "type": "x", "in": 5, "out": 1}]}, "requests[0]: type 'x' is not n, s or subagent"),
+        ({"requests": [{"t": -1, "type": "n", "in": 5, "out": 1}]}, "requests[0]: t '-1' must be"),
+        ({"requests": [{"t": 0, "type": "n", "in": 64, "out": 1, "hash_ids": [1, 2]}]},
+         "requests[0]: 2 hash_ids for in 64: at 64 tokens a block it has 1 blocks"),
+    ],
+)  # fmt: skip
+def test_bad_weka_files_are_one_line_naming_the_call(tmp_path, doc, says):
+    from replay.sources.base import WorkloadError
+
+    path = tmp_path / "t.json"
+    base = {"id": "t", "models": [], "block_size": 64, "hash_id_scope": "local", "requests": []}
+    path.write_text(json.dumps({**base, **doc}))
+    with pytest.raises(WorkloadError) as exc:
+        load_block_trace(path, "weka")
+    assert says in str(exc.value) and str(exc.value).startswith(str(path)) and "\n" not in str(exc.value)
+
+
+def test_a_directory_without_weka_files(tmp_path):
+    from replay.sources.base import WorkloadError
+
+    with pytest.raises(WorkloadError, match=r"no \*\.json Weka trace"):
+        load_block_trace(tmp_path, "weka")
 
 
 @pytest.mark.parametrize(
@@ -307,9 +363,9 @@ def test_bad_rows_of_the_other_formats(tmp_path, fmt, content, says):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("fmt", "path"), [("azure", AZURE), ("bailian", BAILIAN)])
+@pytest.mark.parametrize(("fmt", "path"), [("azure", AZURE), ("bailian", BAILIAN), ("weka", WEKA)])
 def test_plan_trace_reads_every_format(tmp_path, fmt, path):
     p = kvtier("plan", "--trace", str(path), "--format", fmt, "--tier", "l1=1e4", "--output", str(tmp_path / "p.json"))
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["format"] == fmt and doc["traces"][0]["requests"] == len(load_block_trace(path, fmt).requests)
-    assert (doc["traces"][0]["max_hit_rate"] > 0) == (fmt == "bailian"), p.stdout
+    assert (doc["traces"][0]["max_hit_rate"] > 0) == (fmt != "azure"), p.stdout
