@@ -369,6 +369,8 @@ class Bench:
             "timeline": outcome.timeline,
             # --prefix-model chained: replay's per-round rows (replay/synthetic/chained.py)
             **({"block_size": cfg.block_size, "rounds": outcome.rounds} if outcome.rounds else {}),
+            # --source: measured against predicted per-tier hit rates (replay/synthetic/trace_blocks.py)
+            **({"trace": outcome.trace} if outcome.trace else {}),
             **extra,
         }
 

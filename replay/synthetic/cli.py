@@ -9,6 +9,7 @@ import logging
 
 from kvconnector.errors import ConfigError
 from replay.models import CATALOG
+from replay.sources.block_traces import FORMATS
 
 from ..cli_common import OneLineParser
 from ..settings import documented
@@ -125,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     w("--block-size", type=int, help="chained: tokens per KV block")
     w("--rounds", type=int, help="chained: turns per session (0 = each conversation's own length)")
     w(
+        "--source",
+        help="a block-hash trace at --dataset-path (" + ", ".join(FORMATS) + "): each request looks its blocks up in "
+        "the store up to the first one missing, writes the rest, and the measured per-tier hit rates are printed "
+        "beside kvtier plan's prediction for the same tiers",
+    )
+    w("--trace-block-tokens", type=int, help="--source: the trace's block in tokens (default: its format's)")
+    w(
         "--performance-profile",
         choices=["latency", "throughput"],
         help="latency: users think between requests; throughput: back-to-back requests",
@@ -151,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="I/O queue between QoS classes: fair = weighted shares (no class starves), strict = priority",
     )
     s = group("workload sources")
-    s("--dataset-path", help="ShareGPT JSON: replay real conversations (multi-turn)")
+    s("--dataset-path", help="ShareGPT JSON: replay real conversations (multi-turn); with --source, the trace file")
     s("--max-conversations", type=int, help="ShareGPT conversations to load")
     s("--use-burst-trace", action="store_true", help="replay a BurstGPT trace (needs --burst-trace-path)")
     s("--burst-trace-path", help="BurstGPT CSV file, directory or glob")

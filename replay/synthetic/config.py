@@ -338,6 +338,11 @@ class BenchConfig(_Section):
     use_burst_trace: bool = False
     burst_trace_path: str | None = None
     trace_speedup: float = Field(1.0, ge=0)
+    # A block-hash trace at dataset_path (a format of replay.sources.block_traces.FORMATS) replayed block by block on
+    # the store, with the plan's per-tier prediction beside the measured hit rates (replay/synthetic/trace_blocks.py).
+    source: str | None = None
+    # The trace's block in tokens (lengths scaled with it); None = its format's own.
+    trace_block_tokens: int | None = Field(None, ge=1)
     replay_cycles: int = Field(0, ge=0)
     # ---- tiers (sizes in size_unit: GiB as the reference reads them, or GB)
     size_unit: Literal["GiB", "GB"] = "GiB"
@@ -444,6 +449,13 @@ class BenchConfig(_Section):
             raise ValueError("--prefill-only and --decode-only exclude each other")
         if self.use_burst_trace and self.dataset_path:
             raise ValueError("--use-burst-trace and --dataset-path exclude each other: pick one workload source")
+        if self.source is not None:
+            from replay.sources.block_traces import FORMATS
+
+            if self.source not in FORMATS:
+                raise ValueError(f"--source {self.source}: not a block-hash trace format (known: {', '.join(FORMATS)})")
+            if not self.dataset_path:
+                raise ValueError(f"--source {self.source} reads a trace file: give it with --dataset-path")
         unknown = set(self.qos_distribution) - set(self.qos_profiles)
         if unknown:
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")

@@ -48,6 +48,7 @@ from .chained import ChainedRounds
 from .config import BenchConfig
 from .executor import PriorityExecutor
 from .payload import RandomPayload
+from .trace_blocks import TraceBlocks
 from .workload import Session, User, Workload
 
 # Users started per event-loop turn: small enough that a timer (the end of the window, a signal) waits at most a few
@@ -114,6 +115,8 @@ class RunOutcome:
     window: dict = field(default_factory=dict)
     # --prefix-model chained: one row per completed round (replay's per-round columns); empty otherwise.
     rounds: list[dict] = field(default_factory=list)
+    # --source: measured and predicted per-tier hit rates of the block-hash trace; empty otherwise.
+    trace: dict = field(default_factory=dict)
 
     @property
     def elapsed_s(self) -> float:
@@ -166,6 +169,7 @@ class SyntheticDriver:
         self._class_window: dict[str, LatencyHistogram] | None = None
         # Made here so that a block no tier can take is a usage error before the run starts.
         self.chained = ChainedRounds(self) if cfg.prefix_model == "chained" else None
+        self.trace = TraceBlocks(self) if cfg.source else None
 
     # ---- public ----------------------------------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -175,6 +179,7 @@ class SyntheticDriver:
         """Cumulative figures for progress views and the timeline."""
         return {
             **(self.chained.progress() if self.chained is not None else {}),
+            **(self.trace.progress() if self.trace is not None else {}),
             "requests": self.req.completed,
             "read_bytes": sum(s.read.nbytes for s in self.store.stats),
             "written_bytes": sum(s.write.nbytes for s in self.store.stats),
@@ -208,6 +213,8 @@ class SyntheticDriver:
         background = [asyncio.create_task(self._sample())]
         if self.chained is not None:
             background.append(asyncio.create_task(self._chained_rounds()))
+        elif self.trace is not None:
+            background.append(asyncio.create_task(self._trace_blocks()))
         elif self.workload.timed:
             background.append(asyncio.create_task(self._dispatch_timed()))
         else:
@@ -246,6 +253,7 @@ class SyntheticDriver:
             round(busy, 4),
             window,
             self.chained.rows if self.chained is not None else [],
+            self.trace.report() if self.trace is not None else {},
         )
 
     def _window_report(self, timed_out: bool, stop_ns: int, cancelled_ns: int, end_ns: int, tasks: int) -> dict:
@@ -363,10 +371,17 @@ class SyntheticDriver:
             self._fail(exc)
 
     async def _chained_rounds(self) -> None:
+        await self._drive(self.chained.run)
+
+    async def _trace_blocks(self) -> None:
+        await self._drive(self.trace.run)
+
+    async def _drive(self, run) -> None:
+        """Runs a mode that drives its own requests (chained rounds, a block-hash trace) as the run's one task."""
         self._users_started_ns = time.perf_counter_ns()
         self._next_user_id = self.cfg.num_users
         try:
-            await self.chained.run()
+            await run()
         except asyncio.CancelledError:
             raise
         except (KvtierError, OSError) as exc:

@@ -55,6 +55,22 @@ def check_modes(cfg: BenchConfig, inv: Invocation, ranks: int = 1) -> None:
     check_invocation(inv, ranks)
     if cfg.num_clients > 1 and cfg.num_users < cfg.num_clients:
         raise ConfigError(f"--num-clients {cfg.num_clients} needs at least as many users (--num-users {cfg.num_users})")
+    if cfg.source:
+        # A trace of block hashes is its own workload: one stream of requests at the trace's times, on one store.
+        clash = [
+            flag
+            for flag, on in (
+                ("--use-burst-trace", cfg.use_burst_trace),
+                ("--prefix-model chained", cfg.prefix_model == "chained"),
+                ("--decode-only", cfg.decode_only),
+                ("--enable-rag", cfg.enable_rag),
+                ("--enable-autoscaling", cfg.enable_autoscaling),
+                ("--num-clients > 1", cfg.num_clients > 1 or ranks > 1),
+            )
+            if on
+        ]
+        if clash:
+            raise ConfigError(f"--source {cfg.source} replays the trace's own requests: not with {clash[0]}")
     if ranks > 1:
         if cfg.num_clients > 1:
             raise ConfigError("--num-clients runs processes on one host; under mpirun each rank is one client (-n)")

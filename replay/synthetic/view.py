@@ -253,7 +253,25 @@ def summary_tables(doc: dict) -> list[Table]:
         tables.append(a)
     if doc.get("rounds"):  # --prefix-model chained: the same per-round table as kvtier replay's
         tables.append(rows_table("per round (chained prefix)", doc["rounds"], ROUND_COLUMNS))
+    if doc.get("trace"):
+        tables.append(trace_table(doc["trace"]))
     return tables
+
+
+def trace_table(trace: dict) -> Table:
+    """--source: each tier's share of the prompt tokens found in it, measured and as kvtier plan --trace predicts."""
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    blocks = f"{trace['requests']} requests, {trace['block_tokens']}-token blocks"
+    t = Table(title=f"{trace['source']} trace: hit rate per tier ({blocks})")
+    for col in ("tier", "capacity tokens", "measured", "predicted"):
+        t.add_column(col, justify="left" if col == "tier" else "right")
+    for row in trace["tiers"]:
+        t.add_row(row["tier"], f"{row['capacity_tokens']:,}", pct(row["hit_rate"]), pct(row["predicted_hit_rate"]))
+    t.add_row("all", "", pct(trace["hit_rate"]), pct(trace["predicted_hit_rate"]))
+    return t
 
 
 def print_summary(doc: dict, output_path: str | None, extra: list[str] = ()) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..sources.base import Conversation, LoadReport, Turn, WorkloadError
+from ..sources.block_traces import BlockTrace, load_block_trace
 from ..sources.burstgpt import load_burstgpt
 from ..sources.sharegpt import default_token_counter, load_sharegpt
 from ..sources.synthetic_users import SyntheticUser
@@ -106,7 +107,20 @@ class Workload:
         # Bound on one entry's tokens and the limit that sets it; see set_entry_limit.
         self._entry_limit, self._entry_reason = max_context_tokens, "over_max_context_tokens"
         self.truncated_requests: dict[str, int] = {}
-        if cfg.dataset_path:
+        self.block_trace: BlockTrace | None = None
+        if cfg.source:
+            self.kind = "block_trace"
+            try:
+                self.block_trace = load_block_trace(
+                    cfg.dataset_path,
+                    cfg.source,
+                    block_tokens=cfg.trace_block_tokens,
+                    max_requests=cfg.max_requests or None,
+                )
+            except WorkloadError as exc:
+                raise WorkloadError(f"--dataset-path {exc}") from exc
+            self.report = self.block_trace.report
+        elif cfg.dataset_path:
             self.kind = "sharegpt"
             count, name = sharegpt_counter(cfg.sharegpt.chars_per_token_estimate)
             self.conversations, self.report = load_sharegpt(

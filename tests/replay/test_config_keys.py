@@ -505,6 +505,30 @@ def p_rounds(tmp):
     assert len(short_chained(tmp, rounds=2)["rounds"]) == 2
 
 
+# ---- a block-hash trace (replay/synthetic/trace_blocks.py): the committed Mooncake sample, 20 requests --------------
+MOONCAKE = os.path.join(os.path.dirname(__file__), "data", "mooncake", "conversation_trace_head300.jsonl")
+
+
+def mooncake(tmp, **kw) -> dict:
+    kw = {"dataset_path": MOONCAKE, "trace_block_tokens": 16, "trace_speedup": 0, "max_requests": 20, **kw}
+    return run(tmp, **{"source": "mooncake", "duration": 60, **kw})
+
+
+@probe("source")
+def p_source(tmp):
+    t = mooncake(tmp)["trace"]
+    assert t["source"] == "mooncake" and t["requests"] == 20 and t["hit_rate"] == t["predicted_hit_rate"] > 0
+    assert "trace" not in run(tmp, duration=0.5)
+
+
+@probe("trace_block_tokens")
+def p_trace_block_tokens(tmp):
+    # a 512-token Mooncake block scaled to N tokens: blocks of N x 2,048 B, prompts scaled with them
+    a, b = mooncake(tmp)["trace"], mooncake(tmp, trace_block_tokens=32)["trace"]
+    assert (a["block_bytes"], b["block_bytes"]) == (16 * 2048, 32 * 2048)
+    assert b["prompt_tokens"] == pytest.approx(2 * a["prompt_tokens"], rel=0.01)
+
+
 @probe("generation.prefill_ms_per_token")
 def p_generation_prefill_ms_per_token(tmp):
     def ttft(ms: float) -> float:

@@ -1,0 +1,174 @@
+"""`kvtier bench --source mooncake|bailian|azure|weka --dataset-path FILE`: a production trace of block hashes replayed
+block by block on the real tiered store, its measured per-tier hit rates beside what `kvtier plan --trace` predicts.
+
+The model is the plan's (replay/plan/trace.py), here with real entries, tiers and I/O:
+- Each request starts at its arrival time (divided by --trace-speedup; 0 = no delay). Block id h is the entry
+  `trace/<h>` of block_tokens x the model's KV bytes per token: equal ids are equal prefixes, as in the trace.
+- Look-up, compute and writes are one request at a time in arrival order (one GPU, as chained.py says why), so the
+  store sees the block uses in the plan's order. A request looks its blocks up in order and stops at the first one
+  missing from every tier (later blocks are of no use without it, as vLLM and LMCache stop there too); never the
+  block of the prompt's last token, which a server always computes. Hits are read from their tier.
+- The rest is computed (simulated GPU time, generation.prefill_ms_per_token of the generation mode) and its blocks
+  written (one already stored is left as it is); decode is simulated time, no store I/O.
+The prediction is the plan's exclusive LRU waterfall over the same requests and each tier's blocks at its target
+usage ratio. The store keeps a hit in its tier (no promotion) and does not refresh blocks past the first miss, where
+the plan moves both to the top: with tiers that hold the trace both are exact, with small ones they differ by a few
+points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+
+from kvconnector.errors import ConfigError
+
+from ..plan.trace import reuse_profile
+from ..sources.base import Conversation, Turn
+from .chained import RoundsDriver
+from .workload import Session
+
+__all__ = ["TraceBlocks", "trace_key"]
+
+
+def trace_key(hash_id: int) -> str:
+    return f"trace/{hash_id}"
+
+
+class TraceBlocks:
+    """Drives the trace's requests on the driver's store, pool and accounting; `report()` is the results' `trace`
+    section once `run()` returns (requests cut by the end of the window are not in it)."""
+
+    def __init__(self, driver: RoundsDriver) -> None:
+        self.d = driver
+        self.trace = driver.workload.block_trace
+        self.block = self.trace.block_tokens
+        self.block_bytes = self.block * driver.bytes_per_token
+        ratio = driver.cfg.eviction.large_entry_limit_ratio
+        largest = max(t.capacity_bytes for t in driver.store.tiers)
+        if self.block_bytes > ratio * largest:  # every block would be refused: a run of misses that measures nothing
+            raise ConfigError(
+                f"--source {driver.cfg.source}: one {self.block}-token block ({self.block_bytes:,} B) fits no tier "
+                f"(the largest takes {int(ratio * largest):,} B): give --trace-block-tokens smaller or more room"
+            )
+        self.done = 0  # requests completed, in arrival order (the lock keeps them in it)
+        self.prompt_tokens = 0
+        self.hit_tokens: dict[str, int] = {}
+        self._gpu = asyncio.Lock()  # FIFO: waiters get it in the order they asked
+        self._rng = random.Random(driver.workload.seed ^ 0x7B)  # payload offsets
+        self._qos = sorted(driver.cfg.qos_distribution)[0]  # the trace has no classes: all requests in one
+
+    def progress(self) -> dict:
+        return {"trace_requests": self.done}
+
+    def tier_tokens(self) -> list[int]:
+        """What each tier holds for the plan, in tokens: its whole blocks at its target usage (none if it cannot take
+        one block), as chained.py's predictor counts them."""
+        cfg = self.d.cfg
+        ratio, big = cfg.eviction.target_usage_ratio, cfg.eviction.large_entry_limit_ratio
+        return [
+            (int(ratio * t.capacity_bytes) // self.block_bytes) * self.block
+            if self.block_bytes <= big * t.capacity_bytes
+            else 0
+            for t in self.d.store.tiers
+        ]
+
+    async def run(self) -> None:
+        d, speed = self.d, self.d.cfg.trace_speedup
+        start = time.perf_counter()
+        tasks = []
+        for i, req in enumerate(self.trace.requests):
+            if time.perf_counter_ns() >= d._deadline_ns:
+                break
+            if speed:
+                delay = req.arrival_s / speed - (time.perf_counter() - start)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self._request(i, req)))
+        await asyncio.gather(*tasks)
+        d._done.set()
+
+    async def _request(self, i: int, req) -> None:
+        d, cfg, bs = self.d, self.d.cfg, self.block
+        conv = Conversation(f"trace-{i}", [Turn(req.input_tokens, req.output_tokens, req.arrival_s)])
+        session = Session(conv.conversation_id, conv, "trace", self._qos, None)
+        t_submit = time.perf_counter_ns()
+        prio = (d._qos_key[session.qos], t_submit)
+        storage_ns = gen_ns = written = hits = 0
+        by_tier: dict[str, int] = {}
+        ms = cfg.generation.prefill_ms_per_token.get(cfg.generation_mode, 0.0)
+        async with self._gpu:
+            t_start = time.perf_counter_ns()
+            ids = req.hash_ids
+            usable = sum(1 for k in range(len(ids)) if (k + 1) * bs < req.input_tokens)
+            for k in range(usable):  # the prefix up to its first missing block, never the last token's block
+                g = await d._io(prio, "multi_turn", d.store.get, trace_key(ids[k]))
+                storage_ns += g.timing.total_ns
+                if not g.hit:
+                    break
+                hits += 1
+                by_tier[g.tier] = by_tier.get(g.tier, 0) + bs
+            computed = req.input_tokens - hits * bs
+            if ms and computed:
+                g0 = time.perf_counter_ns()
+                await asyncio.sleep(computed * ms / 1000)
+                gen_ns += time.perf_counter_ns() - g0
+            for k in range(hits, len(ids)):  # the recompute: every block from the first miss on
+                w = await d._io(
+                    prio, "prefill", d.store.put, trace_key(ids[k]), d.payload.chunks(self.block_bytes, self._rng)
+                )
+                storage_ns += w.timing.total_ns
+                written += self.block_bytes if w.stored else 0
+        out = req.output_tokens
+        if cfg.ms_per_token and out > 0 and not cfg.prefill_only:
+            g0 = time.perf_counter_ns()
+            await asyncio.sleep(out * cfg.ms_per_token / 1000)
+            gen_ns += time.perf_counter_ns() - g0
+        d._record_request(
+            session,
+            t_submit,
+            t_start,
+            prompt_tokens=req.input_tokens,
+            generated_tokens=out,
+            storage_ns=storage_ns,
+            gen_ns=gen_ns,
+            prefill_bytes=written,
+            multi_turn=(int(hits > 0), int(hits == 0 and usable > 0)),
+        )
+        self.done = max(self.done, i + 1)
+        self.prompt_tokens += req.input_tokens
+        for tier, n in by_tier.items():
+            self.hit_tokens[tier] = self.hit_tokens.get(tier, 0) + n
+
+    def report(self) -> dict:
+        """Measured and predicted hit rate per tier over the requests that completed (a prefix of the trace)."""
+        done = dataclasses.replace(self.trace, requests=self.trace.requests[: self.done])
+        capacities = self.tier_tokens()
+        predicted = reuse_profile(done).tier_hit_rates(capacities) if self.done else [0.0] * len(capacities)
+        total = self.prompt_tokens
+
+        def rate(n: int) -> float | None:
+            return round(n / total, 6) if total else None
+
+        tiers = [
+            {
+                "tier": t.name,
+                "capacity_tokens": cap,
+                "hit_rate": rate(self.hit_tokens.get(t.name, 0)),
+                "predicted_hit_rate": round(p, 6),
+            }
+            for t, cap, p in zip(self.d.store.tiers, capacities, predicted, strict=True)
+        ]
+        return {
+            "source": self.d.cfg.source,
+            "path": self.d.cfg.dataset_path,
+            "block_tokens": self.block,
+            "block_bytes": self.block_bytes,
+            "requests": self.done,
+            "prompt_tokens": total,
+            "hit_rate": rate(sum(self.hit_tokens.values())),
+            "predicted_hit_rate": round(sum(predicted), 6),
+            "tiers": tiers,
+        }
