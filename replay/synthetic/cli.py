@@ -29,6 +29,7 @@ examples:
   kvtier bench --generation-mode realistic --num-users 1000 --duration 120
   kvtier bench --dataset-path ShareGPT_V3.json --max-conversations 200 --replay-cycles 2
   kvtier bench --use-burst-trace --burst-trace-path 'BurstGPT/*.csv' --trace-speedup 10
+  kvtier bench --source mooncake --dataset-path conversation_trace.jsonl --trace-speedup 0   # measured vs plan
   kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
   kvtier bench --prefix-model chained --block-size 256 --rounds 20 --num-users 16 --cpu-mem-gb 2   # hit-rate cliff
