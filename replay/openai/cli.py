@@ -44,7 +44,7 @@ EXAMPLES = """examples:
       --trace-path 'BurstGPT_*.csv' --trace-speedup 10 --duration 300 --output bg.json --detail bg.jsonl
   # a Mooncake trace (block hashes): prompts that share the trace's prefixes, its 512-token blocks as 16 tokens
   kvtier replay --base-url http://127.0.0.1:8000 --model M --endpoint completions --source mooncake \\
-      --trace-path conversation_trace.jsonl --trace-block-tokens 16 --trace-speedup 10 --output mc.json
+      --dataset-path conversation_trace.jsonl --trace-block-tokens 16 --trace-speedup 10 --output mc.json
   # long sessions: 16 sessions x 20 rounds, 128 output tokens each, per-round hit-rate table
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --rounds 20 --concurrency 16 \\
       --output-len 128 --metrics-url http://127.0.0.1:8000/metrics --output long.json
@@ -175,8 +175,8 @@ class ReplayConfig(BaseModel):
             raise ValueError("--source sharegpt needs --dataset-path FILE")
         if self.source == "burstgpt" and not self.trace_path:
             raise ValueError("--source burstgpt needs --trace-path FILE|DIR|GLOB")
-        if self.source in FORMATS and not self.trace_path:
-            raise ValueError(f"--source {self.source} needs --trace-path FILE (a {self.source} trace)")
+        if self.source in FORMATS and not self.dataset_path:
+            raise ValueError(f"--source {self.source} needs --dataset-path FILE (a {self.source} trace)")
         if self.trace_block_tokens is not None and self.source not in FORMATS:
             raise ValueError(
                 f"--trace-block-tokens rescales a block-hash trace ({', '.join(FORMATS)}), not {self.source}"
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["sharegpt", "burstgpt", "synthetic", *FORMATS],
         help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
     )
-    g("--dataset-path", help="ShareGPT JSON file")
+    g("--dataset-path", help="ShareGPT JSON file; a block-hash trace's file (weka: also a directory)")
     g(
         "--trace-path",
         help="BurstGPT CSV file, directory or glob; a block-hash trace's file (weka: a file or a directory)",
@@ -372,7 +372,7 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         from replay.sources.block_traces import load_block_trace
 
         trace = load_block_trace(
-            cfg.trace_path, cfg.source, block_tokens=cfg.trace_block_tokens, max_requests=cfg.num_requests
+            cfg.dataset_path, cfg.source, block_tokens=cfg.trace_block_tokens, max_requests=cfg.num_requests
         )
         meta["load_report"] = {"requests": len(trace.requests), "block_tokens": trace.block_tokens}
         meta["trace_speedup"] = cfg.trace_speedup

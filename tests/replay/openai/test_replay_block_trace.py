@@ -45,7 +45,7 @@ def test_prompts_share_the_trace_s_prefixes_and_the_server_hits_what_the_plan_sa
         out = tmp_path / "r.json"
         rc = main([
             "--base-url", srv.base_url, "--model", "fake", "--endpoint", "completions", "--quiet",
-            "--source", "mooncake", "--trace-path", str(SAMPLE), "--trace-block-tokens", str(BLOCK),
+            "--source", "mooncake", "--dataset-path", str(SAMPLE), "--trace-block-tokens", str(BLOCK),
             "--num-requests", str(n), "--trace-speedup", "1000", "--max-concurrency", "1", "--max-tokens", "1",
             "--output", str(out),
         ])  # fmt: skip
@@ -86,9 +86,9 @@ def test_prompts_share_the_trace_s_prefixes_and_the_server_hits_what_the_plan_sa
 
 def test_block_trace_flags_are_checked(capsys):
     for argv, says in [
-        (["--source", "mooncake"], "--source mooncake needs --trace-path FILE"),
+        (["--source", "mooncake"], "--source mooncake needs --dataset-path FILE"),
         (["--source", "synthetic", "--trace-block-tokens", "16"], "--trace-block-tokens rescales a block-hash trace"),
-        (["--source", "mooncake", "--trace-path", "x", "--rounds", "2", "--concurrency", "2"], "not mooncake"),
+        (["--source", "mooncake", "--dataset-path", "x", "--rounds", "2", "--concurrency", "2"], "not mooncake"),
     ]:
         rc = main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--output", os.devnull, *argv])
         err = capsys.readouterr().err
@@ -105,7 +105,7 @@ def test_every_format_replays_and_hits_what_the_plan_says(tmp_path, fmt):
     with FakeServer(FakeServerConfig(block_size=trace.block_tokens)) as srv:
         rc = main([
             "--base-url", srv.base_url, "--model", "fake", "--endpoint", "completions", "--quiet",
-            "--source", fmt, "--trace-path", str(path), "--num-requests", "60", "--trace-speedup", "1000",
+            "--source", fmt, "--dataset-path", str(path), "--num-requests", "60", "--trace-speedup", "1000",
             "--max-concurrency", "1", "--max-tokens", "1", "--output", str(tmp_path / "r.json"),
         ])  # fmt: skip
         queries, hits = _prefix_cache(srv.base_url)

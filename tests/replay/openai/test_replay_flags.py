@@ -190,7 +190,7 @@ def p_trace_block_tokens(c: Ctx):
 
     def words(block: str) -> list[int]:
         with FakeServer() as srv:
-            rc, _ = replay(srv, c, "--source", "mooncake", "--trace-path", str(trace), "--trace-block-tokens", block)
+            rc, _ = replay(srv, c, "--source", "mooncake", "--dataset-path", str(trace), "--trace-block-tokens", block)
             bodies = srv.recent_bodies
         assert rc == 0
         return [len(prompt(b).split()) for b in bodies]
