@@ -219,10 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
     )
     g("--dataset-path", help="ShareGPT JSON file; a block-hash trace's file (weka: also a directory)")
-    g(
-        "--trace-path",
-        help="BurstGPT CSV file, directory or glob; a block-hash trace's file (weka: a file or a directory)",
-    )
+    g("--trace-path", help="BurstGPT CSV file, directory or glob (block-hash traces: --dataset-path)")
     g(
         "--trace-block-tokens",
         type=int,
