@@ -94,6 +94,23 @@ class RoundsDriver(Protocol):
     def _record_request(self, session: Session, t_submit: int, t_start: int, **counts) -> None: ...
 
 
+def check_block_fits(driver: RoundsDriver, block_bytes: int, what: str, remedy: str) -> None:
+    """A block no tier takes makes every block a refused store: a run of misses that measures nothing."""
+    limit = int(driver.cfg.eviction.large_entry_limit_ratio * max(t.capacity_bytes for t in driver.store.tiers))
+    if block_bytes > limit:
+        raise ConfigError(f"{what} ({block_bytes:,} B) fits no tier (the largest takes {limit:,} B): {remedy}")
+
+
+def tier_blocks(driver: RoundsDriver, block_bytes: int) -> list[int]:
+    """kvtier plan's view of the store: the whole blocks each tier keeps at its target usage (a tier that cannot take
+    one block holds none)."""
+    ratio, big = driver.cfg.eviction.target_usage_ratio, driver.cfg.eviction.large_entry_limit_ratio
+    return [
+        int(ratio * t.capacity_bytes) // block_bytes if block_bytes <= big * t.capacity_bytes else 0
+        for t in driver.store.tiers
+    ]
+
+
 class ChainedRounds:
     """Drives the sessions of one run in rounds on the driver's store, pool and accounting; `rows` is the per-round
     table once `run()` returns (rounds cut by the end of the window are not in it)."""
@@ -102,13 +119,9 @@ class ChainedRounds:
         self.d = driver
         self.block = driver.cfg.block_size
         self.block_bytes = self.block * driver.bytes_per_token
-        ratio = driver.cfg.eviction.large_entry_limit_ratio
-        largest = max(t.capacity_bytes for t in driver.store.tiers)
-        if self.block_bytes > ratio * largest:  # every block would be refused: a run of misses that measures nothing
-            raise ConfigError(
-                f"--block-size {self.block}: one block ({self.block_bytes:,} B) fits no tier (the largest takes "
-                f"{int(ratio * largest):,} B): give a smaller block or more room"
-            )
+        check_block_fits(
+            driver, self.block_bytes, f"--block-size {self.block}: one block", "give a smaller block or more room"
+        )
         self.rows: list[dict] = []
         self.round = 0  # the round under way (1-based), for progress views
         self._gpu = asyncio.Lock()  # FIFO: waiters get it in the order they asked
@@ -150,14 +163,8 @@ class ChainedRounds:
         return out
 
     def _predictor(self, sessions: int, rounds: int) -> ChainLRU:
-        """kvtier plan's model of this store: the blocks each tier keeps (its target usage; a tier that cannot take
-        one block holds none)."""
-        d = self.d
-        ratio, big = d.cfg.eviction.target_usage_ratio, d.cfg.eviction.large_entry_limit_ratio
-        blocks = [
-            int(ratio * t.capacity_bytes) // self.block_bytes if self.block_bytes <= big * t.capacity_bytes else 0
-            for t in d.store.tiers
-        ]
+        """kvtier plan's model of this store (`tier_blocks`)."""
+        blocks = tier_blocks(self.d, self.block_bytes)
         return ChainLRU(blocks, sessions, sessions * rounds + 1)
 
     async def run(self) -> None:

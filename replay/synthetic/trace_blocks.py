@@ -23,11 +23,9 @@ import dataclasses
 import random
 import time
 
-from kvconnector.errors import ConfigError
-
 from ..plan.trace import reuse_profile
 from ..sources.base import Conversation, Turn
-from .chained import RoundsDriver
+from .chained import RoundsDriver, check_block_fits, tier_blocks
 from .workload import Session
 
 __all__ = ["TraceBlocks", "trace_key"]
@@ -46,13 +44,12 @@ class TraceBlocks:
         self.trace = driver.workload.block_trace
         self.block = self.trace.block_tokens
         self.block_bytes = self.block * driver.bytes_per_token
-        ratio = driver.cfg.eviction.large_entry_limit_ratio
-        largest = max(t.capacity_bytes for t in driver.store.tiers)
-        if self.block_bytes > ratio * largest:  # every block would be refused: a run of misses that measures nothing
-            raise ConfigError(
-                f"--source {driver.cfg.source}: one {self.block}-token block ({self.block_bytes:,} B) fits no tier "
-                f"(the largest takes {int(ratio * largest):,} B): give --trace-block-tokens smaller or more room"
-            )
+        check_block_fits(
+            driver,
+            self.block_bytes,
+            f"--source {driver.cfg.source}: one {self.block}-token block",
+            "give --trace-block-tokens smaller or more room",
+        )
         self.done = 0  # requests completed, in arrival order (the lock keeps them in it)
         self.prompt_tokens = 0
         self.hit_tokens: dict[str, int] = {}
@@ -64,16 +61,8 @@ class TraceBlocks:
         return {"trace_requests": self.done}
 
     def tier_tokens(self) -> list[int]:
-        """What each tier holds for the plan, in tokens: its whole blocks at its target usage (none if it cannot take
-        one block), as chained.py's predictor counts them."""
-        cfg = self.d.cfg
-        ratio, big = cfg.eviction.target_usage_ratio, cfg.eviction.large_entry_limit_ratio
-        return [
-            (int(ratio * t.capacity_bytes) // self.block_bytes) * self.block
-            if self.block_bytes <= big * t.capacity_bytes
-            else 0
-            for t in self.d.store.tiers
-        ]
+        """What each tier holds for the plan, in tokens (chained.tier_blocks, as the chained rounds' predictor)."""
+        return [n * self.block for n in tier_blocks(self.d, self.block_bytes)]
 
     async def run(self) -> None:
         d, speed = self.d, self.d.cfg.trace_speedup
