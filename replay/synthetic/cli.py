@@ -12,12 +12,13 @@ from replay.models import CATALOG
 from replay.sources.block_traces import FORMATS
 
 from ..cli_common import OneLineParser
+from ..mpi import world_size
 from ..settings import documented
 from .check import main as check_main
 from .config import BenchConfig, GenerationConfig, load_config
 from .finish import PROG, bench_fail
 from .lifecycle import Invocation, check_modes, check_output_paths, run_single
-from .mpi_run import run_rank, world_size
+from .mpi_run import run_rank
 from .multiclient import run_clients
 from .trials import run_trials
 

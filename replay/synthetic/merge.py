@@ -33,6 +33,7 @@ from kvconnector.units import GB
 from kvconnector.validation import describe_validation_error
 
 from ..cli_common import OneLineParser, fail
+from ..merging import union_s
 from ..outputs.paths import check_outputs, default_results_path, write_results
 from .compare import CompareError, load_result
 from .config import BenchConfig
@@ -188,19 +189,6 @@ def _intervals(docs: Sequence[dict]) -> tuple[list[tuple[float, float]], bool]:
     known = [s for s, _ in out if s is not None]
     first = min(known) if known else 0.0
     return [((s if s is not None else first), (s if s is not None else first) + e) for s, e in out], precise
-
-
-def union_s(intervals: Sequence[tuple[float, float]]) -> float:
-    """The length of the union of the intervals: overlapping time counted once."""
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
 
 
 def _merged_window(docs: Sequence[dict], runs: Sequence[dict], intervals: Sequence[tuple[float, float]]) -> dict:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 
 from kvconnector.errors import ConfigError, KvtierError
 
 from ..cli_common import STOP_SIGNALS, Interrupted, stop_signals_raise
+from ..mpi import RANK_ENV, Peers, env_int, first_error, world_size
 from .bench import Bench
 from .config import BenchConfig
 from .finish import bench_fail, finish
@@ -43,79 +43,6 @@ from .lifecycle import Invocation, check_invocation, check_modes, check_output_p
 from .merge import merge_results, print_sources
 from .multiclient import share_config, sum_snapshots
 from .view import LiveView
-
-# mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
-SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-RANK_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-TAG_STATUS, TAG_DONE = 11, 12
-STATUS_EVERY_S = 1.0  # live figures from each rank to rank 0
-
-
-def _env_int(names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return default
-
-
-def world_size() -> int:
-    """The number of MPI processes this one was started among (1 when not started by mpirun)."""
-    return _env_int(SIZE_ENV, 1)
-
-
-class _Peers:
-    """The other ranks' messages during the window, received by a thread: live figures (rank 0 keeps the latest of
-    each rank) and one DONE per rank when its window ends; a DONE other than `completed` asks this rank to stop."""
-
-    def __init__(self, comm, mpi) -> None:
-        self.comm, self.mpi = comm, mpi
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.snaps: dict[int, dict] = {}
-        self.stop_reason: str | None = None
-        self._done = 0
-        self._sends: list = []
-        self._last_status = 0.0
-        self._thread = threading.Thread(target=self._watch, name="kvtier-mpi-peers", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _watch(self) -> None:
-        st = self.mpi.Status()
-        while self._done < self.size - 1:
-            if not self.comm.Iprobe(source=self.mpi.ANY_SOURCE, tag=self.mpi.ANY_TAG, status=st):
-                time.sleep(0.02)
-                continue
-            src, tag = st.Get_source(), st.Get_tag()
-            msg = self.comm.recv(source=src, tag=tag)
-            if tag == TAG_STATUS:
-                self.snaps[src] = msg
-                continue
-            self._done += 1
-            if msg["status"] != "completed" and self.stop_reason is None:
-                why = f": {msg['error']}" if msg.get("error") else ""
-                self.stop_reason = f"rank {src} {msg['status']}{why}"
-
-    def send_status(self, snap: dict) -> None:
-        """Called on the event loop's thread at each sample; at most one message a second, to rank 0 only."""
-        now = time.monotonic()
-        if self.rank == 0 or now - self._last_status < STATUS_EVERY_S:
-            return
-        self._last_status = now
-        self._sends = [r for r in self._sends if not r.Test()]
-        self._sends.append(self.comm.isend(snap, dest=0, tag=TAG_STATUS))
-
-    def send_done(self, status: str, error: str | None) -> None:
-        msg = {"status": status, "error": error}
-        self._sends += [self.comm.isend(msg, dest=r, tag=TAG_DONE) for r in range(self.size) if r != self.rank]
-
-    def finish(self) -> None:
-        """Wait for every other rank's DONE and for this rank's messages to be delivered."""
-        self._thread.join()
-        self.mpi.Request.Waitall(self._sends)
-        self._sends = []
 
 
 def rank_config(cfg, rank: int, size: int, local_size: int) -> dict:
@@ -130,7 +57,7 @@ def rank_config(cfg, rank: int, size: int, local_size: int) -> dict:
 def run_rank(load_config: Callable[[], BenchConfig], inv: Invocation) -> int:
     """This process as one rank of `mpirun -n N kvtier bench ...` (see the module's docstring); `load_config` reads the
     command line's configuration (each rank reads its own, so a mistake is found by all and told once)."""
-    rank_env = _env_int(RANK_ENV, 0)
+    rank_env = env_int(RANK_ENV, 0)
     try:
         check_invocation(inv, world_size())
     except ConfigError as exc:  # before MPI starts: every rank refuses, rank 0 says why
@@ -159,16 +86,6 @@ def run_rank(load_config: Callable[[], BenchConfig], inv: Invocation) -> int:
             signal.signal(sig, handler)
 
 
-def _first_error(errors: list) -> tuple[int, str] | None:
-    """The first rank's error as (exit code, line); the rank is named unless every rank failed the same way."""
-    failed = [(r, err) for r, err in enumerate(errors) if err is not None]
-    if not failed:
-        return None
-    r, (code, msg) = failed[0]
-    same_everywhere = len(failed) == len(errors) and all(err[1] == msg for _, err in failed)
-    return code, msg if same_everywhere else f"rank {r}: {msg}"
-
-
 def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: list[int]) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     peers_comm = comm.Dup()
@@ -184,7 +101,7 @@ def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: lis
         err = (2, str(exc))
     seed = cfg.seed if cfg is not None and cfg.seed is not None else int(time.time()) % 2**31
     seed = comm.bcast(seed, root=0)
-    failed = _first_error(comm.allgather(err))
+    failed = first_error(comm.allgather(err))
     if failed:
         return bench_fail(failed[1], failed[0]) if rank == 0 else failed[0]
     cfg = cfg.model_copy(update={"seed": seed})
@@ -214,13 +131,13 @@ def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: lis
         err = (1, str(exc))
     except Interrupted as exc:
         err = (exc.exit_code, f"interrupted during set-up ({exc})")
-    failed = _first_error(comm.allgather(err))
+    failed = first_error(comm.allgather(err))
     if failed:
         clean_up_rank()
         return bench_fail(f"{failed[1]}; no rank ran", failed[0]) if rank == 0 else failed[0]
 
     # 3. the window, all ranks together; a rank that ends other than completed stops the others.
-    peers = _Peers(peers_comm, MPI)
+    peers = Peers(peers_comm, MPI)
     peers.start()
     doc, run_error = None, None
     stopped_for: list[str] = []

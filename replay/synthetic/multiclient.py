@@ -22,15 +22,12 @@ import time
 import yaml
 
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
+from ..mpi import split
 from ..outputs.paths import os_reason
 from .config import BenchConfig
 from .finish import bench_fail, finish
 from .merge import merge_results, print_sources
 from .view import STATUS_ENV, LiveView
-
-
-def split(total: int, n: int, i: int) -> int:
-    return total // n + (1 if i < total % n else 0)
 
 
 def share_config(cfg: BenchConfig, i: int, n: int, cache_dir: str | None, local_n: int | None = None) -> dict:

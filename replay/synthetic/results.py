@@ -22,6 +22,7 @@ from kvconnector.store import TieredStore
 from kvconnector.telemetry import OpStats, TierStats
 from kvconnector.units import GB
 
+from ..merging import merged_histogram
 from ..outputs.csv_out import figures_frame
 from ..sources.base import open_regular
 from .config import BenchConfig
@@ -223,14 +224,14 @@ def request_stats_of_docs(docs: list[dict]) -> RequestStats:
         req.rag_chunk_reads += rag.get("chunk_reads", 0)
         req.rag_chunk_misses += rag.get("chunk_misses", 0)
         for name in ("end_to_end", "storage_io", "generation", "queue_wait", "rag_burst"):
-            getattr(req, name).merge(LatencyHistogram.decode(h.get(name, "")))
+            getattr(req, name).merge(merged_histogram([h.get(name)]))
         for name, n in (s.get("requests_by_profile") or {}).items():
             req.by_profile[name] = req.by_profile.get(name, 0) + n
         for name, q in (s.get("qos_metrics") or {}).items():
             cs = req.by_class.setdefault(name, ClassStats())
             cs.requests += q["requests"]
-            cs.end_to_end.merge(LatencyHistogram.decode(q["histograms"]["end_to_end"]))
-            cs.service.merge(LatencyHistogram.decode(q["histograms"]["service"]))
+            cs.end_to_end.merge(merged_histogram([q["histograms"]["end_to_end"]]))
+            cs.service.merge(merged_histogram([q["histograms"]["service"]]))
     return req
 
 
