@@ -1,12 +1,13 @@
 """Prefix hit rates of a block-hash trace over LRU caches of any size, from one pass over the trace.
 
 What it models: a KV cache of whole blocks under LRU (vLLM's prefix cache, LMCache's chunks, kvtier's tiers). A
-request looks its blocks up in order and its hit stops at the first block missing from the cache (a block's KV
-depends on every token before it, so vLLM's and LMCache's lookups stop there too); then every block of the request is
-used, hits refreshed and misses computed and stored. Tiers, fastest first, form one exclusive waterfall (a block
-lives in one tier, new and hit blocks go to the top, a full tier's least recent block moves down, the bottom tier
-drops it), which for hits and misses is one LRU list as long as all tiers together; a hit's tier is where its recency
-puts it. This is the model of `replay/plan/model.py`, for requests whose blocks form a tree instead of chains.
+request looks its blocks up in order and its hit stops at the first block missing from the cache (a block's KV depends
+on every token before it, so vLLM's and LMCache's lookups stop there too); then every block of the request is used,
+hits refreshed and misses computed and stored (its whole blocks: a trailing partial block is not kept). Tiers, fastest
+first, form one exclusive waterfall (a block lives in one tier, new and hit blocks go to the top, a full tier's least
+recent block moves down, the bottom tier drops it), which for hits and misses is one LRU list as long as all tiers
+together; a hit's tier is where its recency puts it. This is the model of `replay/plan/model.py`, for requests whose
+blocks form a tree instead of chains.
 
 Why one pass serves every capacity: every block of every request is used whether it hits or not, so the sequence of
 block uses does not depend on the cache, and LRU is a stack algorithm (Mattson et al., "Evaluation techniques for
@@ -73,7 +74,7 @@ class ReuseProfile:
 def reuse_profile(trace: BlockTrace, progress: Callable[[int, int], None] | None = None) -> ReuseProfile:
     """One pass over the trace (O(uses x log uses)): depths by a Fenwick tree over use times holding a 1 at the time of
     each block's latest use; a block's depth is the number of 1s after its previous use."""
-    total = sum(len(r.hash_ids) for r in trace.requests)
+    total = sum(min(len(r.hash_ids), r.input_tokens // trace.block_tokens) for r in trace.requests)
     tree = [0] * (total + 1)
     last: dict[int, int] = {}
     prefix = np.empty(total, dtype=np.int64)
@@ -86,8 +87,11 @@ def reuse_profile(trace: BlockTrace, progress: Callable[[int, int], None] | None
         prompt_tokens += req.input_tokens
         running = -1
         # Depths as the lookup sees them, before this request moves any of its blocks up (the tier a hit comes from).
-        depths = [NEVER if (t := last.get(h)) is None else _count_after(tree, t, now) for h in req.hash_ids]
-        for k, (h, d) in enumerate(zip(req.hash_ids, depths, strict=True)):
+        # Only whole blocks are kept (vLLM hashes full blocks only; LMCache stores full chunks only: on the live stack
+        # the lookups counted equal the prompts' full blocks), so a trailing partial block takes no room in the cache.
+        ids = req.hash_ids[: req.input_tokens // b]
+        depths = [NEVER if (t := last.get(h)) is None else _count_after(tree, t, now) for h in ids]
+        for k, (h, d) in enumerate(zip(ids, depths, strict=True)):
             before = last.get(h)
             if before is not None:
                 _add(tree, before, -1)

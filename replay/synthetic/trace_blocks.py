@@ -90,7 +90,7 @@ class TraceBlocks:
         ms = cfg.generation.prefill_ms_per_token.get(cfg.generation_mode, 0.0)
         async with self._gpu:
             t_start = time.perf_counter_ns()
-            ids = req.hash_ids
+            ids = req.hash_ids[: req.input_tokens // bs]  # whole blocks: a trailing partial one is never kept
             usable = sum(1 for k in range(len(ids)) if (k + 1) * bs < req.input_tokens)
             for k in range(usable):  # the prefix up to its first missing block, never the last token's block
                 g = await d._io(prio, "multi_turn", d.store.get, trace_key(ids[k]))

@@ -22,18 +22,20 @@ SYNTHETIC = SAMPLES / "synthetic_trace_head300.jsonl"
 
 def simulate_waterfall(trace: BlockTrace, tier_blocks: list[int]) -> list[int]:
     """The cache itself, block by block: exclusive tiers (fastest first), a request looks its blocks up and its hit
-    stops at the first missing one; then every block is used (taken out of its tier, put on top of the first), and
-    each full tier pushes its least recent block one tier down. Returns hit tokens per tier."""
+    stops at the first missing one; then every whole block is used (taken out of its tier, put on top of the first;
+    a trailing partial block is never kept), and each full tier pushes its least recent block one tier down. Returns
+    hit tokens per tier."""
     tiers: list[OrderedDict[int, None]] = [OrderedDict() for _ in tier_blocks]
     hits = [0] * len(tier_blocks)
     b = trace.block_tokens
     for req in trace.requests:
-        for k, h in enumerate(req.hash_ids):
+        whole = req.hash_ids[: req.input_tokens // b]
+        for k, h in enumerate(whole):
             where = next((i for i, t in enumerate(tiers) if h in t), None)
             if where is None:
                 break
             hits[where] += b if (k + 1) * b < req.input_tokens else 0
-        for h in req.hash_ids:
+        for h in whole:
             for t in tiers:
                 t.pop(h, None)
             tiers[0][h] = None
