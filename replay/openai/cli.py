@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import sys
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -16,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from kvconnector.errors import ConfigError
 from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
+from replay.openai.mpi_run import ReplaySteps, run_rank
 from replay.openai.report import build_summary, request_rows
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import (
@@ -29,6 +31,7 @@ from replay.sources.base import WorkloadError
 from replay.sources.block_traces import FORMATS
 
 from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
+from ..mpi import world_size
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
 from ..outputs.paths import check_outputs, write_results
 from ..settings import documented, load_settings
@@ -440,7 +443,9 @@ async def _progress(state: RunState, stop: asyncio.Event, target: float | None) 
             )
 
 
-async def _run(cfg: ReplayConfig, state: RunState) -> dict:
+async def _run(cfg: ReplayConfig, state: RunState, job=None) -> dict:
+    """Set up, then the window; `job` is this process's rank of `mpirun -n N kvtier replay` (mpi_run.RankJob), which
+    takes the rank's share of the plans and keeps the ranks in step, or None for a run of its own."""
     opts = DriverOptions(
         base_url=cfg.base_url,
         model=cfg.model,
@@ -469,16 +474,24 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
             loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):
             pass
+    if job is not None and job.received:  # a signal before the event loop listened
+        on_signal(job.received[0])
     meta: dict = {}
     async with drv.open_session():
-        pacing, plans, offsets, traced, meta = await _prepare(cfg, drv, rng, state)
-        await drv.warmup(plans)
+        if job is None:
+            pacing, plans, offsets, traced, meta = await _prepare(cfg, drv, rng, state)
+            await drv.warmup(plans)
+        else:  # this rank's share, warmed up, once every rank has set up
+            pacing, plans, offsets, traced, meta = await job.set_up(_prepare(cfg, drv, rng, state), drv)
         state.metrics_start = await drv.snapshot()
         if state.metrics_start is not None and not state.metrics_start.values:
             meta["metrics_warning"] = f"no metrics read: {'; '.join(state.metrics_start.errors)}"
         scraper = asyncio.create_task(drv.scrape_loop()) if cfg.metrics_url else None
         show = not cfg.quiet and sys.stderr.isatty()
         prog = asyncio.create_task(_progress(state, stop, meta.get("target_rate"))) if show else None
+        if job is not None:
+            job.start()  # the ranks' windows start together, after rank 0's first scrape
+        watch = asyncio.create_task(job.watch(drv)) if job is not None else None
         window = loop.call_later(cfg.duration, drv.close_window) if cfg.duration else None
         try:
             if pacing == "rounds":
@@ -496,14 +509,17 @@ async def _run(cfg: ReplayConfig, state: RunState) -> dict:
             if scraper:
                 scraper.cancel()
                 await asyncio.gather(scraper, return_exceptions=True)
+            if watch is not None:
+                watch.cancel()
+                await job.done(state)  # every rank's window over before the last scrape
             if cfg.metrics_url and (not drv.aborted or state.window_closed):
                 await drv.snapshot()
     meta["pacing"] = pacing
     return meta
 
 
-def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
-    summary = build_summary(
+def summarize(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
+    return build_summary(
         state,
         meta,
         percentiles=cfg.percentiles,
@@ -512,23 +528,62 @@ def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
         kv_bytes_per_token=cfg.kv_bytes_per_token,
         kv_bytes_metric=cfg.kv_bytes_metric,
     )
+
+
+def _write_outputs(cfg: ReplayConfig, state: RunState, meta: dict) -> dict:
+    return write_outputs(cfg, summarize(cfg, state, meta), lambda warmup=False: request_rows(state, warmup=warmup))
+
+
+def write_outputs(cfg: ReplayConfig, summary: dict, rows: Callable[..., Iterable[dict]]) -> dict:
+    """The results file and the detail files; `rows(warmup=...)` gives the per-request rows (the warm-up requests'
+    too when asked: the JSONL has them, the CSV and the plots do not)."""
     summary["results_path"], moved = write_results(cfg.output, summary)
     if moved:
         print(f"{PROG}: {moved}; results written to {summary['results_path']} instead", file=sys.stderr)
     if cfg.detail:
-        write_jsonl(request_rows(state, warmup=True), cfg.detail)
+        write_jsonl(rows(warmup=True), cfg.detail)
     if cfg.csv:
-        write_requests_csv(request_rows(state), cfg.csv, summary.get("rounds"))
+        write_requests_csv(rows(), cfg.csv, summary.get("rounds"))
     if cfg.plots:
-        summary["plots"] = write_replay_plots(summary, request_rows(state), cfg.plots)
+        summary["plots"] = write_replay_plots(summary, rows(), cfg.plots)
     return summary
+
+
+def check_output_paths(cfg: ReplayConfig) -> None:
+    check_outputs({"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv}, {"--plots": cfg.plots})
+
+
+def report(cfg: ReplayConfig, summary: dict, code: int) -> int:
+    """The closing lines and tables of a written run; the exit code (1 when the run failed as a whole)."""
+    if code == 0 and summary["run_failed"]:
+        print(f"{PROG}: run failed: {summary['run_failed']}", file=sys.stderr)
+        code = 1
+    if not cfg.quiet:
+        from rich.console import Console
+
+        console = Console(stderr=False)
+        for t in replay_tables(summary):
+            console.print(t)
+        console.print(f"results: {summary['results_path']}" + (f", {cfg.detail}" if cfg.detail else ""))
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if world_size() > 1:  # started by mpirun: this process is one rank of the job
+        return run_rank(
+            ReplaySteps(
+                load=lambda: _config(argv),
+                check=check_output_paths,
+                run=_run,
+                summarize=summarize,
+                write=write_outputs,
+                report=report,
+            )
+        )
     try:
         cfg = _config(argv)
-        check_outputs({"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv}, {"--plots": cfg.plots})
+        check_output_paths(cfg)
     except (WorkloadError, ConfigError) as exc:
         return fail(PROG, str(exc))
     state = RunState()
@@ -550,17 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = _write_outputs(cfg, state, meta)
     except OSError as exc:
         return fail(PROG, f"cannot write results: {exc}", 1)
-    if code == 0 and summary["run_failed"]:
-        print(f"{PROG}: run failed: {summary['run_failed']}", file=sys.stderr)
-        code = 1
-    if not cfg.quiet:
-        from rich.console import Console
-
-        console = Console(stderr=False)
-        for t in replay_tables(summary):
-            console.print(t)
-        console.print(f"results: {summary['results_path']}" + (f", {cfg.detail}" if cfg.detail else ""))
-    return code
+    return report(cfg, summary, code)
 
 
 if __name__ == "__main__":
