@@ -2,10 +2,11 @@
 # Debian packages the tests use for real: fio (reference I/O), bpftrace (tracing), redis-server (shared tier),
 # sysstat (iostat), openmpi-bin/libopenmpi-dev (mpirun for the multi-host bench tests; mpi4py builds against it when
 # no wheel fits), fuse3 (fusermount3 and libfuse3 for kvtier throttlefs), sudo (a user's
-# `kvtier bench --enable-latency-tracing` starts only the tracer as root through `sudo -n`). Installs only what is
+# `kvtier bench --enable-latency-tracing` starts only the tracer as root through `sudo -n`), glusterfs-server and
+# glusterfs-client (deploy/glusterfs.sh: a GlusterFS volume as the shared tier, and its tests). Installs only what is
 # missing; needs root for that, otherwise says what to install.
 set -euo pipefail
-want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo)
+want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo glusterfs-server glusterfs-client)
 missing=()
 for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
