@@ -12,8 +12,9 @@
 #   - a network namespace (the "storage node") and a veth pair into it with a private /30 (10.254.X.Y, X and Y from a
 #     hash of D; a /30 whose network any address or route here already uses is skipped). GlusterFS refuses loopback
 #     addresses for bricks, hence the namespace;
-#   - glusterd inside it, with its working directory (D/glusterd), run directory, CLI socket and logs (D/log) under D
-#     through its own volfile (D/glusterd.vol), so it shares nothing with a system glusterd;
+#   - glusterd inside it, with its working directory (D/glusterd), run directory (pid files), CLI socket and logs
+#     (D/log, the bricks' too) under D through its own volfile (D/glusterd.vol), so it shares no state with a system
+#     glusterd; only the brick servers' unix sockets go to /var/run/gluster (fixed in glusterd), removed by `down`;
 #   - volume `kvtier`: N bricks (D/bricks/bN; distributed, or --replica copies of each file), network.ping-timeout
 #     lowered from GlusterFS's 42 s to --ping-timeout (default 5 s): how long a client waits for a silent brick before
 #     the operation fails with ENOTCONN;
@@ -152,8 +153,15 @@ EOF
 
 down() {
     [[ -f $STATE ]] || { echo "glusterfs.sh: nothing up in $D"; return 0; }
-    local ns mnt pid
+    local ns mnt pid sockets=()
     ns=$(recorded ns)
+    # Brick servers keep their unix sockets in /var/run/gluster whatever glusterd's run directory: noted while they
+    # run (from their command lines), removed once they are stopped.
+    if [[ -n $ns ]] && ip netns pids "$ns" > /dev/null 2>&1; then
+        for pid in $(ip netns pids "$ns"); do
+            sockets+=($(tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | sed -n '/^-S$/{n;p}' | grep '^/var/run/gluster/' || true))
+        done
+    fi
     while read -r mnt; do
         [[ -z $mnt ]] && continue
         if mountpoint -q "$mnt"; then umount "$mnt" 2>/dev/null || umount -l "$mnt"; fi
@@ -169,6 +177,7 @@ down() {
         for ((i = 0; i < 25; i++)); do [[ -z $(ip netns pids "$ns") ]] && break; sleep 0.2; done
         for pid in $(ip netns pids "$ns"); do kill -9 "$pid" 2>/dev/null || true; done
     fi
+    [[ ${#sockets[@]} -gt 0 ]] && rm -f "${sockets[@]}"
     pid=$(recorded glusterd_pid)
     [[ -n $pid ]] && kill "$pid" 2>/dev/null || true
     [[ -n $ns ]] && ip netns del "$ns" 2>/dev/null || true
