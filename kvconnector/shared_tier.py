@@ -26,6 +26,15 @@ class SharedTier(Protocol):
     """A tier other instances write into too (a shared directory, Redis): an entry missing from this instance's index
     may be there, and `probe` finds it."""
 
+    def delete(self, key: str) -> None:
+        # On a network file system an unlink can fail (a brick down, the link cut: ENOTCONN) after the store has
+        # forgotten the entry: the eviction or removal that asked for it still completes, and the file is left to a
+        # later rescan (by any instance) to adopt or remove, counted here.
+        try:
+            super().delete(key)
+        except OSError:
+            self.fallbacks["delete_errors"] += 1
+
     def probe(self, key: str) -> EntryHeader | None:
         """The header of `key` if some instance put a valid entry there; else None."""
         ...
@@ -39,6 +48,15 @@ class SharedDirTier(DiskTier):
     ) -> None:
         # No spares: another instance may still be reading a file this one deletes, so it must not be overwritten.
         super().__init__(directory, capacity_bytes, io_mode, name=name, spare_ratio=0.0)
+
+    def delete(self, key: str) -> None:
+        # On a network file system an unlink can fail (a brick down, the link cut: ENOTCONN) after the store has
+        # forgotten the entry: the eviction or removal that asked for it still completes, and the file is left to a
+        # later rescan (by any instance) to adopt or remove, counted here.
+        try:
+            super().delete(key)
+        except OSError:
+            self.fallbacks["delete_errors"] += 1
 
     def probe(self, key: str) -> EntryHeader | None:
         """The header of `key`'s file if another instance put it there (and it is valid); else None. A corrupt

@@ -111,3 +111,24 @@ def test_only_tiers_other_instances_write_are_shared_tiers():
 
     assert issubclass(SharedDirTier, SharedTier) and issubclass(RedisTier, SharedTier)
     assert not issubclass(DiskTier, SharedTier) and not issubclass(CPUTier, SharedTier)
+
+
+def test_a_failed_unlink_on_a_network_file_system_does_not_fail_the_removal(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    b = backend(tmp_path / "s")
+    try:
+        assert b.put("k", [payload(3)])
+        path = b.store.tiers[0].path_for("k")
+
+        def unreachable(p, *a, **kw):
+            raise OSError(errno.ENOTCONN, "Transport endpoint is not connected", p)
+
+        monkeypatch.setattr(os, "unlink", unreachable)  # a brick down, the link cut
+        assert b.remove("k")  # forgotten here; the file is left for a later rescan
+        monkeypatch.undo()
+        assert b.store.tiers[0].fallbacks["delete_errors"] == 1 and os.path.exists(path)
+        assert b.put("k", [payload(3)])  # the key can be stored again
+    finally:
+        b.close()
