@@ -26,15 +26,6 @@ class SharedTier(Protocol):
     """A tier other instances write into too (a shared directory, Redis): an entry missing from this instance's index
     may be there, and `probe` finds it."""
 
-    def delete(self, key: str) -> None:
-        # On a network file system an unlink can fail (a brick down, the link cut: ENOTCONN) after the store has
-        # forgotten the entry: the eviction or removal that asked for it still completes, and the file is left to a
-        # later rescan (by any instance) to adopt or remove, counted here.
-        try:
-            super().delete(key)
-        except OSError:
-            self.fallbacks["delete_errors"] += 1
-
     def probe(self, key: str) -> EntryHeader | None:
         """The header of `key` if some instance put a valid entry there; else None."""
         ...
