@@ -38,7 +38,8 @@ class BackendConfig(BaseModel):
     # Stale temp files in the shared directory older than this are removed on start (younger ones may be another
     # instance's write in flight).
     shared_stale_tmp_s: float = Field(600.0, gt=0)
-    # Redis / Valkey tier (redis-py URL, e.g. redis://127.0.0.1:6379/0).
+    # Redis / Valkey tier (redis-py URL, e.g. redis://127.0.0.1:6379/0; a Redis Cluster is
+    # redis-cluster://host:port[,host:port...]).
     redis_url: str | None = None
     redis_capacity_gb: float = Field(1.0, gt=0)
     redis_namespace: str = Field("kvtier", min_length=1, max_length=64)
@@ -60,8 +61,8 @@ class BackendConfig(BaseModel):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must start with redis://, rediss:// or unix://")
+        if v is not None and not v.startswith(("redis://", "rediss://", "unix://", "redis-cluster://")):
+            raise ValueError("must start with redis://, rediss://, unix:// or redis-cluster://")
         return v
 
     @model_validator(mode="after")
