@@ -12,8 +12,9 @@ keeps its share:
 
 Every rank takes the same collective steps in the same order, whatever happened to it, so that none waits for one
 that has left:
-1. the command line checked by every rank (output paths by rank 0) and the verdicts gathered: a mistake on any rank
-   is one line from rank 0 and exit 2 on every rank, before any request;
+1. the command line checked by every rank and the verdicts gathered, then the output paths by rank 0: a mistake on
+   any rank is one line from rank 0 (naming the rank when the others did not make it) and exit 2 on every rank,
+   before any request;
 2. set-up (the source read, the prompts made, this rank's warm-up), then an allgather of set-up errors: a rank that
    cannot read its dataset stops the job before any window;
 3. rank 0's first scrape, a barrier, and the windows start together. A rank whose window ends other than completed
@@ -24,7 +25,8 @@ that has left:
 
 Interrupting: SIGINT or SIGTERM to one rank stops it like a run of its own, and the others with it; rank 0 writes the
 merged partial results and every rank exits 128 + the signal. Ctrl-C on mpirun sends SIGTERM to every rank and, with
-Open MPI, SIGKILL a second later: give the ranks time to write with `mpirun --mca odls_base_sigkill_timeout 10`.
+Open MPI, SIGKILL a second later: give the ranks time to write with `mpirun --mca odls_base_sigkill_timeout 10` (the
+merged partial results are written; mpirun exits with its own status, 1 for Open MPI 4).
 """
 
 from __future__ import annotations
@@ -190,8 +192,8 @@ def run_rank(steps: ReplaySteps) -> int:
     try:
         with _silent(rank_env != 0):
             cfg = steps.load()
-    except SystemExit as exc:  # argparse: the same command line on every rank, the same verdict
-        return exc.code if isinstance(exc.code, int) else 2
+    except SystemExit as exc:  # argparse (--help, a bad flag): rank 0's parser has said it; none leaves before it did
+        err = (exc.code if isinstance(exc.code, int) else 2, "")
     except (ConfigError, WorkloadError) as exc:  # a --config file or an environment variable may differ by host
         err = (2, str(exc))
     try:
@@ -203,14 +205,21 @@ def run_rank(steps: ReplaySteps) -> int:
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    if err is None:
+    if cfg is not None:
         try:
             check_modes(cfg, size)
-            if rank == 0:
-                steps.check(cfg)
-        except (ConfigError, WorkloadError) as exc:
+        except ConfigError as exc:
             err = (2, str(exc))
     failed = first_error(comm.allgather(err))
+    if failed and not failed[1]:
+        return failed[0]
+    if failed is None:  # rank 0 alone writes: its output paths checked there, its verdict told to every rank
+        if rank == 0:
+            try:
+                steps.check(cfg)
+            except (ConfigError, WorkloadError) as exc:
+                failed = (2, str(exc))
+        failed = comm.bcast(failed, root=0)
     if failed:
         return fail(PROG, failed[1], failed[0]) if rank == 0 else failed[0]
 
