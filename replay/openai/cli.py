@@ -54,6 +54,14 @@ EXAMPLES = """examples:
   # synthetic open loop, bursty (gamma, burstiness 0.5), SLO goodput
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --input-len 512 --output-len 64 \\
       --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
+  # four load generators on two hosts, one merged result: sessions split among the ranks (a session stays on one),
+  # --max-concurrency 64 in all (16 a rank); see replay/openai/README.md
+  mpirun -n 4 --host a:2,b:2 kvtier replay --base-url http://srv:8000 --model M --source sharegpt \\
+      --dataset-path sg.json --num-requests 2000 --request-rate 20 --max-concurrency 64 --output job.json
+Under mpirun (found from OMPI_COMM_WORLD_SIZE or PMI_SIZE, no flag needed) each rank sends its share of the one
+schedule: sessions round robin by index (a single-turn source's requests one by one); --max-concurrency, --users and
+--warmup are the job's totals, divided among the ranks; --request-rate and --num-requests are the job's; rank 0 alone
+scrapes --metrics-url and writes every output, merged (each rank's own figures under `ranks`). Not with --rounds.
 The API key, if the server needs one, comes from $OPENAI_API_KEY (or the variable named by --api-key-env).
 Options come from flags, KVTIER_REPLAY_<KEY> environment variables (KVTIER_REPLAY_SEED=3) and a --config YAML file
 (seed: 3); precedence: defaults < --config < environment < flags. A bad value is one line naming where it came from.
@@ -252,8 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="arrival process (poisson; gamma when --burstiness != 1)",
     )
     g("--burstiness", type=float, help="gamma shape: <1 burstier, >1 smoother than Poisson")
-    g("--max-concurrency", type=int, help="at most this many requests in flight; the wait is queue_ms")
-    g("--users", type=int, help="closed loop: this many users, each sending its next turn after an answer")
+    g(
+        "--max-concurrency",
+        type=int,
+        help="at most this many requests in flight (under mpirun: in all, divided among the ranks); the wait is "
+        "queue_ms",
+    )
+    g(
+        "--users",
+        type=int,
+        help="closed loop: this many users, each sending its next turn after an answer (under mpirun: in all)",
+    )
     g("--think-time-ms", type=float, help="pause between an answer and the session's next turn")
     g("--rounds", type=int, help="long-session mode: rounds per session")
     g("--concurrency", type=int, help="long-session mode: number of sessions")
