@@ -13,6 +13,7 @@ others) by the tier's capacity; the directory as a whole holds at most instances
 
 from __future__ import annotations
 
+import errno
 from typing import Protocol, runtime_checkable
 
 from .entry_format import EntryHeader
@@ -61,8 +62,9 @@ class SharedDirTier(DiskTier):
             self.fallbacks["corrupt_removed"] += 1
             self.delete(key)
             return None
-        except OSError:
-            self.fallbacks["probe_errors"] += 1
+        except OSError as exc:
+            if exc.errno != errno.ESTALE:  # ESTALE: removed by another client while this one had the name cached
+                self.fallbacks["probe_errors"] += 1
             return None
         if hdr.key != key:
             # A hash collision or a foreign file under our name: not ours to serve (and not ours to delete).

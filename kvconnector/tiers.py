@@ -7,6 +7,7 @@ of the tier's memory; for disk tiers it is the time inside the read/write/fdatas
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -263,9 +264,12 @@ class DiskTier(Tier):
     def read(self, key, nbytes, dest=None):
         try:
             return read_entry(self.path_for(key), key, nbytes, self.io_mode, dest)
-        except FileNotFoundError as exc:
-            # Removed behind the store's back (another instance of a shared directory, a person): a miss.
-            raise EntryNotFound(key) from exc
+        except OSError as exc:
+            # Removed behind the store's back (another instance of a shared directory, a person): a miss. A network
+            # file system's client that still has the name cached answers ESTALE instead (GlusterFS for about 1 s).
+            if isinstance(exc, FileNotFoundError) or exc.errno == errno.ESTALE:
+                raise EntryNotFound(key) from exc
+            raise
 
     def delete(self, key):
         path = self.path_for(key)

@@ -132,3 +132,25 @@ def test_a_failed_unlink_on_a_network_file_system_does_not_fail_the_removal(tmp_
         assert b.put("k", [payload(3)])  # the key can be stored again
     finally:
         b.close()
+
+
+def test_a_stale_file_handle_is_a_miss_like_a_vanished_file(tmp_path, monkeypatch):
+    import errno
+
+    from kvconnector import shared_tier, tiers
+
+    a, b = backend(tmp_path / "s"), backend(tmp_path / "s")
+    try:
+        assert a.put("k", [payload(4)]) and b.lookup("k")
+
+        def stale(path, *a, **kw):  # what a GlusterFS client answers for a name it cached, removed by another client
+            raise OSError(errno.ESTALE, "Stale file handle", path)
+
+        monkeypatch.setattr(tiers, "read_entry", stale)
+        monkeypatch.setattr(shared_tier, "read_header", stale)
+        assert not b.get_into("k", memoryview(bytearray(N)))
+        assert b.store.stats[0].events["vanished"] == 1 and "load_errors" not in b.events_snapshot()
+        assert not b.lookup("k") and "probe_errors" not in b.store.tiers[0].fallbacks
+    finally:
+        a.close()
+        b.close()
