@@ -139,6 +139,10 @@ EOF
     # force: the bricks live on the root filesystem, which GlusterFS otherwise refuses.
     gcli volume create "$VOL" "${layout[@]}" transport tcp "${bricks[@]}" force > /dev/null; record volume "$VOL"
     gcli volume set "$VOL" network.ping-timeout "$PING" > /dev/null
+    # open-behind (on by default) answers an open at once and opens on the brick only at the first read: a file
+    # another client unlinks in between is then gone (ENOENT) for a reader that had opened it. Off, an open file
+    # stays readable after an unlink elsewhere, as POSIX has it and as the shared tier expects.
+    gcli volume set "$VOL" performance.open-behind off > /dev/null
     gcli volume start "$VOL" > /dev/null
     for ((m = 1; m <= MOUNTS; m++)); do
         local mnt=$D/mnt
