@@ -56,7 +56,7 @@ EXAMPLES = """examples:
       --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
   # four load generators on two hosts, one merged result: sessions split among the ranks (a session stays on one),
   # --max-concurrency 64 in all (16 a rank); see replay/openai/README.md
-  mpirun -n 4 --host a:2,b:2 kvtier replay --base-url http://srv:8000 --model M --source sharegpt \\
+  mpirun -n 4 -H a:2,b:2 kvtier replay --base-url http://srv:8000 --model M --source sharegpt \\
       --dataset-path sg.json --num-requests 2000 --request-rate 20 --max-concurrency 64 --output job.json
 Under mpirun (found from OMPI_COMM_WORLD_SIZE or PMI_SIZE, no flag needed) each rank sends its share of the one
 schedule: sessions round robin by index (a single-turn source's requests one by one); --max-concurrency, --users and
