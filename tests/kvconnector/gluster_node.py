@@ -1,0 +1,117 @@
+"""One kvtier "node" on a shared directory, run as its own process by test_shared_glusterfs.py.
+
+    python gluster_node.py --dir MOUNT/kv --name a --peer b --until EPOCH_S [--keys N] [--nbytes N] [--cap-mb M]
+
+Until the given wall-clock time it loops: store its own key `<name>-<i>` (removing it first, so every round writes a
+fresh file), then load a key of its own or of the peer and compare every byte with what that key must hold (bytes
+derived from the key, so a torn or foreign file cannot pass). Each operation is classified from the backend's own
+counters and written with its end time and duration; the summary (JSON, one line on stdout) is what the test checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import zlib
+from collections import Counter
+
+import numpy as np
+
+from kvconnector.backend import KvtierBackend
+from kvconnector.backend_config import BackendConfig
+
+
+def payload(key: str, n: int) -> bytes:
+    return np.random.default_rng(zlib.crc32(key.encode())).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def classify(before: dict, after: dict, names: tuple[str, ...]) -> str:
+    for name in names:
+        if after.get(name, 0) > before.get(name, 0):
+            return name
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--peer", required=True)
+    ap.add_argument("--until", type=float, required=True)
+    ap.add_argument("--keys", type=int, default=8)
+    ap.add_argument("--nbytes", type=int, default=256 << 10)
+    ap.add_argument("--cap-mb", type=float, default=64)
+    ap.add_argument("--io-mode", default="direct")
+    ap.add_argument("--store-only", action="store_true", help="only store (fill the tier), do not load")
+    args = ap.parse_args()
+    be = KvtierBackend(
+        BackendConfig(
+            shared_dir=args.dir,
+            shared_capacity_gb=args.cap_mb / 1024,
+            shared_io_mode=args.io_mode,
+            snapshot_path="",
+            io_workers=1,
+        )
+    )
+    rng = random.Random(args.name)
+    data = {
+        f"{who}-{i}": payload(f"{who}-{i}", args.nbytes) for who in (args.name, args.peer) for i in range(args.keys)
+    }
+    dest = memoryview(bytearray(args.nbytes))
+    ops: list[tuple[float, str, str, float]] = []  # (end time, op, outcome, seconds)
+    wrong = 0
+    i = 0
+    while time.time() < args.until:
+        key = f"{args.name}-{i % args.keys}" if not args.store_only else f"{args.name}-{i}"
+        i += 1
+        t0 = time.time()
+        ev0 = be.events_snapshot()
+        be.remove(key)
+        ok = be.put(key, [memoryview(data.get(key) or payload(key, args.nbytes))])
+        ev1 = be.events_snapshot()
+        ops.append(
+            (
+                time.time(),
+                "put",
+                "ok" if ok else classify(ev0, ev1, ("store_errors", "store_refused_full", "store_refused_no_room")),
+                time.time() - t0,
+            )
+        )
+        if args.store_only:
+            continue
+        key = f"{rng.choice((args.name, args.peer))}-{rng.randrange(args.keys)}"
+        t0 = time.time()
+        st0 = dict(be.store.stats[0].events)
+        hit = be.get_into(key, dest)
+        ev2 = be.events_snapshot()
+        if hit and bytes(dest) != data[key]:
+            wrong += 1
+        st1 = dict(be.store.stats[0].events)
+        outcome = (
+            "hit"
+            if hit
+            else classify({**ev1, **st0}, {**ev2, **st1}, ("corrupt_dropped", "vanished", "load_errors", "load_misses"))
+        )
+        ops.append((time.time(), "get", outcome, time.time() - t0))
+    usage = be.store.usage()[0]
+    out = {
+        "name": args.name,
+        "ops": ops,
+        "wrong_bytes_served": wrong,
+        "events": be.events_snapshot(),
+        "tier_events": dict(be.store.stats[0].events),
+        "fallbacks": dict(be.store.tiers[0].fallbacks),
+        "used_bytes": usage["used_bytes"],
+        "capacity_bytes": usage["capacity_bytes"],
+        "keys": be.store.keys_by_tier()["shared"],
+        "counts": dict(Counter(f"{op}:{outcome}" for _, op, outcome, _ in ops)),
+    }
+    be.close()
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
