@@ -9,7 +9,7 @@ HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-mlperf bench-reload bench-shared bench-sweep clean
+.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-reload bench-shared bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -101,6 +101,10 @@ bench-tracer: $(BASE_STAMP) system-deps
 # Long sessions on the real stack: L1 only vs L1 over the kvtier disk tier, with kvtier plan's prediction (root).
 bench-collapse: $(TEST_STAMP)
 	$(BIN)/python benchmarks/collapse.py
+
+# A scaled Mooncake trace window on the real stack: kvtier's disk tier hit rate vs `kvtier plan --trace` (about 6 min).
+bench-trace: $(TEST_STAMP)
+	$(BIN)/python benchmarks/trace_vs_plan.py $(TRACE_ARGS)
 
 # The Mooncake FAST'25 paper's Figure 9 (prefix hit rate against cache capacity) from its public traces, with its
 # 3M-token local cache: `git clone https://github.com/kvcache-ai/Mooncake` beside this folder, or set MOONCAKE_TRACES
