@@ -11,6 +11,7 @@ counters and written with its end time and duration; the summary (JSON, one line
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import random
 import sys
@@ -35,6 +36,23 @@ def classify(before: dict, after: dict, names: tuple[str, ...]) -> str:
     return "other"
 
 
+def _record_errors(tier, errnos: Counter, last: list) -> None:
+    """Wrap the tier's read and write so each OSError they raise is counted by its errno name (then raised on)."""
+    for name in ("read", "write"):
+        inner = getattr(tier, name)
+
+        def wrapped(*a, _inner=inner, _name=name, **kw):
+            try:
+                return _inner(*a, **kw)
+            except OSError as exc:
+                kind = f"{_name}:{errno.errorcode.get(exc.errno, str(exc.errno))}"
+                errnos[kind] += 1
+                last.append((time.time(), kind))
+                raise
+
+        setattr(tier, name, wrapped)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -56,6 +74,9 @@ def main() -> None:
             io_workers=1,
         )
     )
+    errnos: Counter[str] = Counter()  # what the tier's failed reads and writes raised, by errno
+    last_errors: list[tuple[float, str]] = []
+    _record_errors(be.store.tiers[0], errnos, last_errors)
     rng = random.Random(args.name)
     data = {
         f"{who}-{i}": payload(f"{who}-{i}", args.nbytes) for who in (args.name, args.peer) for i in range(args.keys)
@@ -108,6 +129,8 @@ def main() -> None:
         "capacity_bytes": usage["capacity_bytes"],
         "keys": be.store.keys_by_tier()["shared"],
         "counts": dict(Counter(f"{op}:{outcome}" for _, op, outcome, _ in ops)),
+        "errnos": dict(errnos),
+        "last_errors": last_errors[-5:],
     }
     be.close()
     json.dump(out, sys.stdout)

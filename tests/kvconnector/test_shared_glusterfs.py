@@ -35,9 +35,10 @@ PING_TIMEOUT_S = 5
 # two ping timeouts after its last answer (measured here: 5.6 to 13 s with a 5 s timeout), plus slack for a loaded
 # 2-core machine.
 OP_BOUND_S = 2 * PING_TIMEOUT_S + 5
-# Back to normal within this after the fault ends: a client retries a lost connection every 3 s, first to glusterd
-# (for the brick's port), then to the brick (measured: 2.5 to 9.4 s).
-RECOVERY_BOUND_S = 12
+# Back to normal within this after the fault ends. A client retries a lost connection every 3 s; after a long cut its
+# cached layout of a directory may still lack a brick for a while, and creating a file there fails (EIO, "no subvolume
+# in layout"; EINVAL) until it refreshes it: measured 2.5 s after a brick restart, 1 to 14 s after the link came back.
+RECOVERY_BOUND_S = 25
 ERRORS = ("store_errors", "load_errors")
 N = 256 << 10
 
@@ -138,9 +139,11 @@ def report(title: str, nodes: list[dict], restored_at: float | None = None) -> d
             "corrupt_served": n["wrong_bytes_served"],
             "corrupt_dropped": n["tier_events"].get("corrupt_dropped", 0),
             "slowest_op_s": round(max(s for *_, s in n["ops"]), 2),
+            "errnos": n["errnos"],
         }
         if restored_at is not None:
             row["recovery_s"] = round(max(failed_after) - restored_at, 2) if failed_after else 0.0
+            row["last_errors"] = [(round(t - restored_at, 2), kind) for t, kind in n["last_errors"]]
     print(f"\n{title}")
     for name, row in rows.items():
         print(f"  node {name}: {json.dumps(row)}")
@@ -300,7 +303,7 @@ def test_the_storage_nodes_link_cut_while_two_nodes_store_and_load(vol):
         subprocess.run(["ip", "link", "set", vol.state["veth_host"], "up"], check=True)
         restored.append(time.time())
 
-    nodes, _ = run_nodes(vol.fresh("link"), 34, faults=[(4, cut), (20, mend)])
+    nodes, _ = run_nodes(vol.fresh("link"), 50, faults=[(4, cut), (20, mend)])
     rows = report(f"storage link down at 4 s for 16 s (ping-timeout {PING_TIMEOUT_S} s)", nodes, restored[0])
     _check_fault(nodes, rows, restored[0])
     for row in rows.values():
