@@ -24,6 +24,7 @@ import pytest
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
 from kvconnector.entry_format import ENTRY_NAME, PAGE, file_name_for
+from kvconnector.timed_io import aligned_buffer
 
 pytestmark = [pytest.mark.root(reason="network namespaces and FUSE mounts"), pytest.mark.slow]
 
@@ -210,6 +211,47 @@ def test_a_node_keeps_reading_a_file_the_other_node_unlinks(vol):
     finally:
         a.close()
         b.close()
+
+
+def test_the_bandwidth_cap_is_applied_and_lifted(vol):
+    def write_s(name: str, nbytes: int = 16 << 20) -> float:
+        buf = aligned_buffer(1 << 20)
+        t0 = time.monotonic()
+        # O_DIRECT in 1 MiB writes: FUSE's buffered writes go out a page at a time, slower than any cap tested here.
+        fd = os.open(vol.mounts[0] / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        try:
+            for off in range(0, nbytes, len(buf)):
+                os.pwrite(fd, buf, off)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.unlink(vol.mounts[0] / name)
+        return time.monotonic() - t0
+
+    bw = [str(SCRIPT), "bw", "--state-dir", str(vol.dir), "--bw"]
+    subprocess.run([*bw, "20mbps"], check=True, timeout=30)  # tc's mbps: megabytes per second
+    try:
+        capped = write_s("capped")
+    finally:
+        subprocess.run([*bw, "off"], check=True, timeout=30)
+    free = write_s("free")
+    print(f"\n16 MiB written in {capped:.2f} s at 20 MB/s each way, in {free:.2f} s uncapped")
+    assert capped > 0.6 and free < capped / 2
+
+
+def test_down_after_a_failed_up_leaves_nothing_and_can_be_repeated(tmp_path):
+    if not shutil.which("glusterd"):
+        pytest.skip("glusterd not installed")
+    d = tmp_path / "gl"
+    r = subprocess.run([str(SCRIPT), "up", "--state-dir", str(d), "--bw", "nonsense"], capture_output=True, text=True)
+    assert r.returncode != 0 and "removing what it made" in r.stderr
+    assert not (d / "gluster.state").exists() and not (d / "mnt").exists() and not (d / "bricks").exists()
+    tag = subprocess.run(["sha1sum"], input=str(d), capture_output=True, text=True).stdout[:8]
+    assert f"kvgl-{tag}" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"kvgl{tag[:6]}h" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for _ in range(2):
+        r = subprocess.run([str(SCRIPT), "down", "--state-dir", str(d)], capture_output=True, text=True)
+        assert r.returncode == 0 and "nothing up" in r.stdout
 
 
 def _rescan_by_b(vol: Volume, name: str, b_entries: int) -> tuple[list[str], dict, list[str], bool]:
