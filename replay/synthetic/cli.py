@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         help="a block-hash trace at --dataset-path (" + ", ".join(FORMATS) + "): each request looks its blocks up in "
         "the store up to the first one missing, writes the rest, and the measured per-tier hit rates are printed "
-        "beside kvtier plan's prediction for the same tiers",
+        "beside kvtier plan's prediction for the same tiers; arrivals are the trace's times (--trace-speedup scales "
+        "them, --request-rate is refused) and every request is in the first QoS class of qos_distribution",
     )
     w("--trace-block-tokens", type=int, help="--source: the trace's block in tokens (default: its format's)")
     w(

@@ -66,6 +66,7 @@ def check_modes(cfg: BenchConfig, inv: Invocation, ranks: int = 1) -> None:
                 ("--enable-rag", cfg.enable_rag),
                 ("--enable-autoscaling", cfg.enable_autoscaling),
                 ("--num-clients > 1", cfg.num_clients > 1 or ranks > 1),
+                ("--request-rate (the trace's times set the arrivals; --trace-speedup scales them)", cfg.request_rate),
             )
             if on
         ]

@@ -82,7 +82,9 @@ def test_bad_input_is_one_line_and_nothing_written(tmp_path, capsys):
     assert f"{rows}:2" in bad(tmp_path, capsys, "--source", "mooncake", "--dataset-path", str(rows))
 
 
-@pytest.mark.parametrize("flag", [["--enable-rag"], ["--prefix-model", "chained"], ["--decode-only"]])
+@pytest.mark.parametrize(
+    "flag", [["--enable-rag"], ["--prefix-model", "chained"], ["--decode-only"], ["--request-rate", "5"]]
+)
 def test_other_modes_are_refused(tmp_path, capsys, flag):
     line = bad(tmp_path, capsys, "--source", "mooncake", "--dataset-path", str(SAMPLE), *flag)
     assert flag[0] in line
