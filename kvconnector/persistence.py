@@ -153,9 +153,14 @@ def rescan_dir(
             except (CorruptEntryError, OSError):
                 unlink_quietly(de.path)
                 report.corrupt_removed += 1
-    found.sort(key=lambda x: x[0])
+    # A private tier adopts oldest first, making room as a put does (what it cannot keep is removed below). A shared
+    # tier holds other instances' entries too: it adopts the newest that fit its free room and never evicts for it,
+    # so a node's rescan never deletes an entry another node wrote; then the LRU order is set oldest first.
+    found.sort(key=lambda x: x[0], reverse=shared)
+    adopted = []
     for _, hdr in found:
-        if store.adopt(t, hdr.key, hdr.payload_nbytes, hdr.shape, hdr.dtype):
+        if store.adopt(t, hdr.key, hdr.payload_nbytes, hdr.shape, hdr.dtype, make_room=not shared):
+            adopted.append(hdr.key)
             report.adopted += 1
             report.adopted_bytes += hdr.payload_nbytes
         elif shared:
@@ -171,6 +176,8 @@ def rescan_dir(
             # no tier accounts for (also when another instance put the same key into a shared tier below: same bytes).
             unlink_quietly(tier.path_for(hdr.key))
             report.duplicate_removed += 1
+    if shared:
+        store.touch(adopted[::-1])
     for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed", "duplicate_removed", "left_alone"):
         if getattr(report, event):
             store.stats[t].count("rescan_" + event, getattr(report, event))

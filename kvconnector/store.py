@@ -114,11 +114,14 @@ class TieredStore:
             e = self._entries.get(key)
             return (e.nbytes, e.shape, e.dtype, self.tiers[e.tier].name) if e else None
 
-    def adopt(self, t: int, key: str, nbytes: int, shape: tuple = (), dtype: str = "uint8") -> bool:
+    def adopt(
+        self, t: int, key: str, nbytes: int, shape: tuple = (), dtype: str = "uint8", make_room: bool = True
+    ) -> bool:
         """Register an entry whose bytes are already in tier t (found by a rescan after a restart, or written to a
         shared tier by another instance). Room is made as for a put (LRU entries of tier t are demoted or deleted);
         False if the key is already known or the tier cannot take it, and the caller decides what to do with the
-        bytes. Adopted entries become the most recently used ones, so adopt in oldest-first order."""
+        bytes. Adopted entries become the most recently used ones, so adopt in oldest-first order. With
+        make_room=False only free room is taken, nothing is evicted (a shared tier's entries are others' too)."""
         with self._lock:
             if key in self._entries or key in self._pending:
                 return False
@@ -126,8 +129,14 @@ class TieredStore:
         try:
             if nbytes > self.large_entry_limit_ratio * self.tiers[t].capacity_bytes:
                 return False
-            if not self._reserve(t, nbytes, OpTiming()):
-                return False
+            if make_room:
+                if not self._reserve(t, nbytes, OpTiming()):
+                    return False
+            else:
+                with self._lock:
+                    if self._used[t] + nbytes > self._limit(t):
+                        return False
+                    self._used[t] += nbytes
             with self._lock:
                 e = _Entry(key, nbytes, t, tuple(shape), dtype)
                 self._entries[key] = e

@@ -284,11 +284,6 @@ def test_a_rescan_by_one_node_adopts_the_other_nodes_entries_and_leaves_its_writ
     assert left == sorted(file_name_for(k) for k in keys) and in_flight_kept
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store.adopt makes room by evicting, and in the bottom tier eviction deletes: a rescan of a shared tier "
-    "fuller than this node's capacity deletes entries it adopted a moment earlier (persistence.rescan_dir, store.py)",
-)
 def test_a_rescan_by_a_node_with_less_room_deletes_none_of_the_other_nodes_entries(vol):
     keys, rep, left, in_flight_kept = _rescan_by_b(vol, "rescan-full", b_entries=3)
     assert in_flight_kept and 0 < rep["adopted"] < len(keys)

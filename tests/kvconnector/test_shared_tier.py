@@ -154,3 +154,27 @@ def test_a_stale_file_handle_is_a_miss_like_a_vanished_file(tmp_path, monkeypatc
     finally:
         a.close()
         b.close()
+
+
+def test_a_rescan_with_less_room_than_the_directory_holds_deletes_nothing_and_keeps_the_newest(tmp_path):
+    import os
+
+    shared = tmp_path / "shared"
+    a = backend(shared)
+    keys = [f"k{i}" for i in range(10)]
+    for i, k in enumerate(keys):
+        assert a.put(k, [payload(i)])
+        os.utime(shared / file_name_for(k), ns=(i * 10**9, i * 10**9))  # k9 the newest
+    a.close()
+    # b's shared tier keeps about 3 entries of N bytes (the store fills its tiers to 0.9 of their capacity)
+    b = backend(shared, cap=3.5 * N / 0.9 / 2**30)
+    try:
+        held = b.store.contains  # the index only (a lookup would also probe the directory)
+        kept = [k for k in keys if held(k)]
+        assert kept == keys[-len(kept) :] and 0 < len(kept) < len(keys)  # the newest that fit
+        assert sorted(p.name for p in shared.iterdir() if p.name.endswith(".kv")) == sorted(map(file_name_for, keys))
+        # its LRU follows the files' age: a new entry evicts the oldest adopted one first
+        assert b.put("new", [payload(99)])
+        assert not held(kept[0]) and all(held(k) for k in kept[1:])
+    finally:
+        b.close()
