@@ -1,10 +1,13 @@
-"""A real Redis Cluster of N masters (no replicas) on 127.0.0.1, for the Redis tier's tests and for a stack whose
-shared tier is a cluster. Each node is a daemonized redis-server with its own port and data directory under a state
-directory; the state file there names the ports and pids, and `down` stops those processes only and removes those
-files only.
+"""A real Redis Cluster of N masters (no replicas) on 127.0.0.1 (or --bind ADDR), for the Redis tier's tests and for
+a stack whose shared tier is a cluster. Each node is a daemonized redis-server with its own port and data directory
+under a state directory; the state file there names the ports and pids, and `down` stops those processes only and
+removes those files only.
 
-    python -m deploy.redis_cluster up --state-dir D [--masters 3] [--port P]   # prints the tier's redis_url
+    python -m deploy.redis_cluster up --state-dir D [--masters 3] [--port P] [--bind ADDR]  # prints the redis_url
     python -m deploy.redis_cluster down --state-dir D
+
+--bind ADDR: the nodes listen on ADDR (an address of this host) and announce it to clients (cluster-announce-ip), so
+clients in other network namespaces reach every node, redirects included: 127.0.0.1 is each namespace's own loopback.
 
 Nodes keep an append-only file (`appendonly yes`, fsync every second): a node killed and restarted on its port and
 data directory rejoins with its slots and its keys (all but about the last second of writes).
@@ -43,10 +46,11 @@ class RedisClusterNodes:
     state_dir: Path
     ports: list[int]
     pids: dict[int, int] = field(default_factory=dict)  # port -> pid of its redis-server
+    host: str = HOST  # the address every node binds and announces
 
     @property
     def startup_nodes(self) -> str:
-        return ",".join(f"{HOST}:{p}" for p in self.ports)
+        return ",".join(f"{self.host}:{p}" for p in self.ports)
 
     @property
     def url(self) -> str:
@@ -57,7 +61,7 @@ class RedisClusterNodes:
         return self.state_dir / f"redis-{port}"
 
     def save(self) -> None:
-        state = {"ports": self.ports, "pids": {str(p): pid for p, pid in self.pids.items()}}
+        state = {"ports": self.ports, "pids": {str(p): pid for p, pid in self.pids.items()}, "host": self.host}
         (self.state_dir / STATE_FILE).write_text(json.dumps(state) + "\n")
 
     @classmethod
@@ -66,7 +70,8 @@ class RedisClusterNodes:
         if not path.exists():
             return None
         state = json.loads(path.read_text())
-        return cls(Path(state_dir), state["ports"], {int(p): pid for p, pid in state["pids"].items()})
+        pids = {int(p): pid for p, pid in state["pids"].items()}
+        return cls(Path(state_dir), state["ports"], pids, state.get("host", HOST))
 
     def start_node(self, port: int, timeout_s: float = 20) -> None:
         """Start (or restart) the node on `port` from its data directory: same port, same nodes.conf and AOF."""
@@ -74,9 +79,13 @@ class RedisClusterNodes:
         d.mkdir(parents=True, exist_ok=True)
         conf = d / "redis.conf"
         conf.write_text(
-            f"bind {HOST}\nport {port}\ndir {d}\ndaemonize yes\npidfile {d / 'redis.pid'}\nlogfile {d / 'redis.log'}\n"
+            f"bind {self.host}\ncluster-announce-ip {self.host}\nport {port}\ndir {d}\ndaemonize yes\n"
+            f"pidfile {d / 'redis.pid'}\nlogfile {d / 'redis.log'}\n"
             f"cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout {NODE_TIMEOUT_MS}\n"
             'cluster-require-full-coverage no\nappendonly yes\nappendfsync everysec\nsave ""\n'
+            # Redis refuses clients from other addresses than loopback without a password (protected mode): --bind
+            # names an address of this host for namespaces on it, which is the point of binding it.
+            + ("" if self.host == HOST else "protected-mode no\n")
         )
         (d / "redis.pid").unlink(missing_ok=True)
         p = subprocess.run([_redis_server(), str(conf)], capture_output=True, text=True, timeout=30)
@@ -86,7 +95,7 @@ class RedisClusterNodes:
         def up() -> int | None:
             try:
                 pid = int((d / "redis.pid").read_text())
-                socket.create_connection((HOST, port), 0.2).close()
+                socket.create_connection((self.host, port), 0.2).close()
                 return pid
             except (OSError, ValueError):
                 return None
@@ -115,7 +124,7 @@ class RedisClusterNodes:
             wait_for(lambda: not _is_node(pid, port), timeout_s, 0.02)
 
     def cluster_ok(self, port: int) -> bool:
-        info = _cli(port, "cluster", "info", check=False)
+        info = _cli(port, "cluster", "info", check=False, host=self.host)
         return "cluster_state:ok" in info
 
     def wait_ok(self, ports: list[int] | None = None, timeout_s: float = 30) -> None:
@@ -131,8 +140,10 @@ class RedisClusterNodes:
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
 
 
-def start(state_dir: Path, masters: int = 3, port: int | None = None, timeout_s: float = 60) -> RedisClusterNodes:
-    """A cluster of `masters` masters on ports port..port+masters-1 (a free block if None), slots spread evenly by
+def start(
+    state_dir: Path, masters: int = 3, port: int | None = None, timeout_s: float = 60, host: str = HOST
+) -> RedisClusterNodes:
+    """A cluster of `masters` masters on host:port..port+masters-1 (a free block if None), slots spread evenly by
     `redis-cli --cluster create`, waited for until every node says cluster_state:ok. On failure, whatever started is
     stopped and ClusterError raised."""
     if masters < 3:
@@ -141,14 +152,16 @@ def start(state_dir: Path, masters: int = 3, port: int | None = None, timeout_s:
     old = RedisClusterNodes.load(state_dir)
     if old is not None and any(_is_node(pid, p) for p, pid in old.pids.items()):
         raise ClusterError(f"a cluster from {state_dir} is still up ({old.startup_nodes}): run down first")
-    base = port if port is not None else _free_base(masters)
+    if not _bindable(host):
+        raise ClusterError(f"--bind {host}: not an address of this host")
+    base = port if port is not None else _free_base(masters, host)
     ports = list(range(base, base + masters))
     if not (0 < base and ports[-1] + BUS_OFFSET <= 65535):
         raise ClusterError(f"--port {base}: ports and their cluster bus ports (+{BUS_OFFSET}) must be below 65536")
-    if not _free([*ports, *(p + BUS_OFFSET for p in ports)]):
+    if not _free([*ports, *(p + BUS_OFFSET for p in ports)], host):
         raise ClusterError(f"--port {base}: ports {base}-{ports[-1]} or their bus ports (+{BUS_OFFSET}) are in use")
     state_dir.mkdir(parents=True, exist_ok=True)
-    nodes = RedisClusterNodes(state_dir, ports)
+    nodes = RedisClusterNodes(state_dir, ports, host=host)
     try:
         for p in nodes.ports:
             nodes.start_node(p)
@@ -176,39 +189,51 @@ def _redis_server() -> str:
     return exe
 
 
-def _cli(port: int | None, *args: str, check: bool = True) -> str:
+def _cli(port: int | None, *args: str, check: bool = True, host: str = HOST) -> str:
     exe = shutil.which("redis-cli")
     if exe is None:
         raise ClusterError("redis-cli is not installed (deploy/install-system-deps.sh)")
-    where = ["-h", HOST, "-p", str(port)] if port is not None else []
+    where = ["-h", host, "-p", str(port)] if port is not None else []
     p = subprocess.run([exe, *where, *args], capture_output=True, text=True, timeout=60)
     if check and p.returncode != 0:
         raise ClusterError(f"redis-cli {' '.join(args[:2])} failed: {(p.stderr or p.stdout).strip()[-300:]}")
     return p.stdout
 
 
-def _free_base(n: int) -> int:
-    """A base port with n free ports on 127.0.0.1 whose bus ports are free too."""
+def _free_base(n: int, host: str = HOST) -> int:
+    """A base port with n free ports on 127.0.0.1 (and host) whose bus ports are free too."""
     for _ in range(50):
         base = free_port_block(n)
-        if base + n - 1 + BUS_OFFSET <= 65535 and _free(range(base + BUS_OFFSET, base + BUS_OFFSET + n)):
+        if base + n - 1 + BUS_OFFSET <= 65535 and _free(
+            [*range(base, base + n), *range(base + BUS_OFFSET, base + BUS_OFFSET + n)], host
+        ):
             return base
     raise ClusterError("no free block of ports for the cluster")
 
 
-def _free(ports) -> bool:
+def _free(ports, host: str = HOST) -> bool:
     socks = []
     try:
         for p in ports:
             s = socket.socket()
             socks.append(s)
-            s.bind((HOST, p))
+            s.bind((host, p))
         return True
     except OSError:
         return False
     finally:
         for s in socks:
             s.close()
+
+
+def _bindable(host: str) -> bool:
+    """Whether host is an IPv4 address of this host (in this network namespace)."""
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
 
 
 def _is_node(pid: int, port: int) -> bool:
@@ -234,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", required=True, type=Path, help="where the nodes' data directories and pids live")
     ap.add_argument("--masters", type=int, default=3, help="number of masters (at least 3) [3]")
     ap.add_argument("--port", type=int, help="first node's port; the others follow it (default: a free block)")
+    ap.add_argument("--bind", default=HOST, metavar="ADDR", help="address the nodes listen on and announce [127.0.0.1]")
     args = ap.parse_args(argv)
     try:
         if args.action == "up":
             t0 = time.monotonic()
-            nodes = start(args.state_dir, args.masters, args.port)
+            nodes = start(args.state_dir, args.masters, args.port, host=args.bind)
             print(nodes.url)
             print(f"{args.masters} masters up in {time.monotonic() - t0:.1f} s", file=sys.stderr)
         elif not stop(args.state_dir):
