@@ -4,6 +4,7 @@
 # usage:
 #   deploy/run-stack.sh up --device cpu|cuda --model DIR --vllm-port P --lmcache-port P2 --lmcache-http-port P3 \
 #                          --kv-dir DIR [--shared-dir DIR] [--instances N] [--mode mp|inprocess] [options]
+#   deploy/run-stack.sh up ... --nodes N [--shared glusterfs|redis-cluster] [--shared-bw RATE]   (as root)
 #   deploy/run-stack.sh down [--state-dir DIR] [--grace S]
 #   deploy/run-stack.sh restart-lmcache [--state-dir DIR] [--instance I] [--signal TERM|KILL]
 #   deploy/run-stack.sh status [--state-dir DIR]
@@ -29,6 +30,17 @@
 #   --python PY            interpreter with vllm and lmcache  [$PYTHON or .venv/bin/python]
 #                          (.venv-lmcache057/bin/python: the same stack on LMCache 0.5.7rc2, `make test` builds it)
 #   --vllm-arg ARG         extra argument for vLLM (repeatable)
+#   --gpus-per-instance K  cuda only: instance (or node) i sees GPUs i*K .. i*K+K-1 (CUDA_VISIBLE_DEVICES in the
+#                          commands of its vLLM and its LMCache server, which must agree on device numbers); give vLLM
+#                          --vllm-arg --tensor-parallel-size=K to use them all. Refused on cpu (vLLM uses no GPU)
+# Nodes (root; see "Nodes" below):
+#   --nodes N              N nodes, each a network namespace with its own LMCache + kvtier + vLLM (not with --instances)
+#   --shared glusterfs|redis-cluster   the nodes' shared tier (--nodes only; not with --shared-dir)
+#                          glusterfs: deploy/glusterfs.sh up --state-dir STATE/gluster --mounts N; node j's shared
+#                          tier is its own FUSE client's mount (STATE/gluster/mnt, mnt2, ..) + /kv
+#                          redis-cluster: python -m deploy.redis_cluster up --state-dir STATE/redis --bind BRIDGE, the
+#                          nodes' L2 tier below the disk tier (kvtier's redis_url; --shared-gb is its capacity per node)
+#   --shared-bw RATE       glusterfs only: tc tbf on the storage link, RATE each way (glusterfs.sh --bw: 200mbps)
 # vLLM's own settings (defaults: what the end-to-end tests were sized for):
 #   --max-model-len N      longest prompt + answer in tokens  [2048]
 #   --max-num-seqs N       requests vLLM runs at once  [8]
@@ -49,6 +61,19 @@
 #   Tiers of N instances (endpoints.json "tiers"): private (each its own disk tier, no --shared-dir: the baseline a
 #   shared tier is judged against), private+shared (--shared-dir too), shared (--shared-dir and --disk-gb 0).
 #
+# Nodes (--nodes N, root): node i is a network namespace kvn-<tag>-<i> (<tag> from a hash of the state dir) joined to
+#   a bridge kvn<tag>b in the root namespace by a veth pair; the bridge is 10.253.X.1/24 and node i is 10.253.X.(10+i)
+#   (X from the same hash; a /24 that an address or route here already uses is skipped; glusterfs.sh uses 10.254/16).
+#   Inside node i run its LMCache MP server (ZMQ on the node's own loopback, HTTP on the node's address), kvtier's
+#   adapter (metrics on the node's address) and vLLM on the node's address, each on the ports given (every node the
+#   same ports: each has its own address), its disk tier in --kv-dir/node<i>. The round-robin proxy runs in the root
+#   namespace on 127.0.0.1:--vllm-port in front of the nodes' vLLMs; clients and tests reach each node's vLLM,
+#   LMCache HTTP and kvtier metrics at its address (endpoints.json "instances", one per node, and "nodes").
+#   The Redis Cluster runs in the root namespace bound to (and announcing) the bridge address, which every node
+#   reaches; GlusterFS serves from its own namespace and is mounted in the root namespace, mounts the nodes see.
+#   Everything made is recorded in STATE/nodes.state the moment it exists; `down` removes exactly that (processes,
+#   the shared tier, namespaces, bridge), also after a failed `up`, and is idempotent.
+#
 # example:
 #   $ deploy/make_tiny_model.py /tmp/tiny && deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 \
 #       --lmcache-port 5555 --lmcache-http-port 8090 --kv-dir /tmp/kvtier-cache
@@ -56,6 +81,8 @@
 #   lmcache  http://127.0.0.1:8090  (MP server 127.0.0.1:5555)
 #   kvtier   http://127.0.0.1:8100/metrics
 #   state    /tmp/kvtier-stack-0  (pids, logs, endpoints.json; stop with: deploy/run-stack.sh down)
+#   $ deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 --lmcache-port 5555 \
+#       --lmcache-http-port 8090 --kv-dir /tmp/kvtier-cache --nodes 2 --shared glusterfs --disk-gb 0
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -115,6 +142,71 @@ EOF
     done
 }
 
+# ---- nodes: network namespaces on a bridge ------------------------------------------------------------------------
+# STATE/nodes.state: one KEY=VALUE line per thing made (bridge, ns, shared, ...), appended the moment it exists.
+nrecord() { echo "$1=$2" >> "$STATE/nodes.state"; }
+nrecorded() { [[ -f $STATE/nodes.state ]] && sed -n "s/^$1=//p" "$STATE/nodes.state" || true; }
+
+free_node_net() {  # a 10.253.X (/24) that no address or route here falls in; X from a hash of the state dir
+    local h x i used
+    h=$(printf '%s' "$STATE" | cksum | cut -d' ' -f1)
+    used=$(ip -4 -o addr show; ip -4 route show table all)
+    for ((i = 0; i < 254; i++)); do
+        x=$(( (h + i * 7) % 254 + 1 ))
+        grep -qE "(^|[^0-9])10\.253\.$x\.|10\.253\.0\.0/16|10\.0\.0\.0/8" <<< "$used" || { echo "10.253.$x"; return; }
+    done
+    die "no free 10.253.x.0/24 found"
+}
+
+nodes_net_up() {  # nodes_net_up N: the bridge and N namespaces, each recorded the moment it exists
+    local n=$1 tag net br i ns vh vn
+    tag=$(printf '%s' "$STATE" | sha1sum | cut -c1-8)
+    net=$(free_node_net)
+    br=kvn${tag}b
+    ip link add "$br" type bridge; nrecord bridge "$br"
+    ip addr add "$net.1/24" dev "$br"
+    ip link set "$br" up
+    nrecord host_addr "$net.1"
+    for ((i = 0; i < n; i++)); do
+        ns=kvn-$tag-$i vh=kvn$tag${i}h vn=kvn$tag${i}n
+        ip netns add "$ns"; nrecord ns "$ns"
+        ip link add "$vh" type veth peer name "$vn"; nrecord veth "$vh"
+        ip link set "$vn" netns "$ns"
+        ip link set "$vh" master "$br"
+        ip link set "$vh" up
+        ip netns exec "$ns" ip addr add "$net.$((10 + i))/24" dev "$vn"
+        ip netns exec "$ns" ip link set "$vn" up
+        ip netns exec "$ns" ip link set lo up  # LMCache's ZMQ socket and vLLM's own helpers use the node's loopback
+        # a default route (the root namespace forwards nothing): vLLM asks the kernel for its outgoing address
+        ip netns exec "$ns" ip route add default via "$net.1"
+        nrecord "addr$i" "$net.$((10 + i))"
+    done
+}
+
+gluster_mount() { if (($1 == 0)); then echo "$STATE/gluster/mnt"; else echo "$STATE/gluster/mnt$(($1 + 1))"; fi; }
+
+nodes_down() {  # processes left in our namespaces, the shared tier, the namespaces, the bridge: what nodes.state names
+    [[ -f $STATE/nodes.state ]] || return 0
+    local ns pid kind i vh br
+    for ns in $(nrecorded ns); do
+        ip netns pids "$ns" > /dev/null 2>&1 || continue
+        for pid in $(ip netns pids "$ns"); do kill "$pid" 2>/dev/null || true; done  # every process in it is ours
+        for ((i = 0; i < 50; i++)); do [[ -z $(ip netns pids "$ns") ]] && break; sleep 0.2; done
+        for pid in $(ip netns pids "$ns"); do kill -9 "$pid" 2>/dev/null || true; done
+    done
+    for kind in $(nrecorded shared); do
+        case $kind in
+            glusterfs) bash "$ROOT/deploy/glusterfs.sh" down --state-dir "$STATE/gluster" > /dev/null || true ;;
+            redis-cluster) PYTHONPATH=$ROOT "$PY" -m deploy.redis_cluster down --state-dir "$STATE/redis" || true ;;
+        esac
+    done
+    for ns in $(nrecorded ns); do ip netns del "$ns" 2>/dev/null || true; done
+    for vh in $(nrecorded veth); do ip link del "$vh" 2>/dev/null || true; done  # gone with its peer's namespace
+    for br in $(nrecorded bridge); do ip link del "$br" 2>/dev/null || true; done
+    rm -f "$STATE/nodes.state"
+    echo "nodes removed"
+}
+
 # ---- commands ----------------------------------------------------------------------------------------------------
 cmd_down() {
     local grace=15
@@ -125,10 +217,13 @@ cmd_down() {
             *) die "down: unknown option $1" ;;
         esac
     done
-    [[ -f $STATE/pids ]] || { echo "nothing to stop (no $STATE/pids)"; return 0; }
-    # shellcheck disable=SC2046
-    stop_groups "$grace" TERM $(awk '{print $2}' "$STATE/pids" | tac)
-    rm -f "$STATE/pids"
+    if [[ ! -f $STATE/pids && ! -f $STATE/nodes.state ]]; then echo "nothing to stop (no $STATE/pids)"; return 0; fi
+    if [[ -f $STATE/pids ]]; then
+        # shellcheck disable=SC2046
+        stop_groups "$grace" TERM $(awk '{print $2}' "$STATE/pids" | tac)
+        rm -f "$STATE/pids"
+    fi
+    nodes_down
     echo "stopped; logs kept in $STATE"
 }
 
@@ -144,6 +239,19 @@ cmd_status() {
     while read -r name pid; do
         if group_alive "$pid"; then echo "$name $pid running"; else echo "$name $pid gone"; fi
     done < "$STATE/pids"
+    [[ -f $STATE/endpoints.json ]] || return 0
+    "$PY" - "$STATE/endpoints.json" <<'EOF'
+import json, sys
+ep = json.load(open(sys.argv[1]))
+for i, node in enumerate(ep.get("nodes", [])):
+    inst = ep["instances"][i]
+    print(f"node{i}  {node['netns']}  {node['address']}  vllm {inst['vllm']}  lmcache {inst['lmcache_http']}  "
+          f"kvtier {inst['kvtier_metrics']}")
+shared = ep.get("shared")
+if shared:
+    where = shared.get("url") or ", ".join(shared.get("mounts", []))
+    print(f"shared  {shared['kind']}  {where}" + (f"  ({shared['bw']} each way)" if shared.get("bw") else ""))
+EOF
     cat "$STATE/endpoints.json"
 }
 
@@ -175,6 +283,7 @@ cmd_restart_lmcache() {  # stop one LMCache server (TERM, or KILL for a crash te
 cmd_up() {
     local device="" model="" vport="" lport="" hport="" kvdir="" shared="" n=1 mode=mp mport="" disk_gb=4 shared_gb=4
     local io_mode=direct l1_gb=1 chunk=256 name=tiny timeout=300 l2kind=kvtier
+    local nodes="" shared_kind="" shared_bw="" gpk=""
     local -a vextra=() lextra=()
     # vLLM's settings (the long-session experiment sizes them)
     local max_len=2048 max_seqs=8 prefix_caching=off vblock="" kv_space=""
@@ -207,6 +316,10 @@ cmd_up() {
             --prefix-caching) prefix_caching=$2; shift 2 ;;
             --block-size) vblock=$2; shift 2 ;;
             --kv-space) kv_space=$2; shift 2 ;;
+            --nodes) nodes=$2; shift 2 ;;
+            --shared) shared_kind=$2; shift 2 ;;
+            --shared-bw) shared_bw=$2; shift 2 ;;
+            --gpus-per-instance) gpk=$2; shift 2 ;;
             *) die "up: unknown option $1 (see the header of $0)" ;;
         esac
     done
@@ -232,25 +345,59 @@ cmd_up() {
     fi
     [[ $io_mode == direct || $io_mode == buffered ]] || die "--io-mode is direct or buffered"
     [[ $n =~ ^[1-9][0-9]*$ ]] || die "--instances must be a positive integer"
+    # ---- nodes, their shared tier, GPUs ----
+    if [[ -n $nodes ]]; then
+        [[ $nodes =~ ^[1-9][0-9]*$ ]] && ((nodes <= 200)) || die "--nodes must be a positive integer (at most 200)"
+        ((n == 1)) || die "--nodes and --instances are exclusive (a node is an instance in its own network namespace)"
+        [[ $mode == mp ]] || die "--nodes needs --mode mp"
+        [[ -z $shared ]] || die "--nodes takes --shared glusterfs|redis-cluster, not --shared-dir"
+    fi
+    if [[ -n $shared_kind ]]; then
+        [[ $shared_kind == glusterfs || $shared_kind == redis-cluster ]] || die "--shared is glusterfs or redis-cluster"
+        [[ -n $nodes ]] || die "--shared $shared_kind needs --nodes N (on one host: --shared-dir DIR)"
+        [[ $l2kind == kvtier ]] || die "--shared needs --l2 kvtier"
+    fi
+    [[ -z $shared_bw || $shared_kind == glusterfs ]] || die "--shared-bw needs --shared glusterfs"
+    if [[ -n $gpk ]]; then
+        [[ $gpk =~ ^[1-9][0-9]*$ ]] || die "--gpus-per-instance must be a positive integer"
+        [[ $device == cuda ]] || die "--gpus-per-instance needs --device cuda (vLLM on cpu uses no GPU)"
+        local want=$(( ${nodes:-$n} * gpk )) have
+        if have=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); then
+            ((want <= have)) || die "--gpus-per-instance $gpk: ${nodes:-$n} instance(s) need $want GPUs, this host has $have"
+        fi
+    fi
+    if [[ -n $nodes ]]; then
+        [[ $(id -u) -eq 0 ]] || die "--nodes needs root (network namespaces, a bridge)"
+        command -v ip > /dev/null || die "--nodes needs ip (iproute2)"
+        if [[ $shared_kind == glusterfs ]]; then
+            command -v glusterd > /dev/null || die "--shared glusterfs needs glusterd (apt-get install glusterfs-server glusterfs-client)"
+        elif [[ $shared_kind == redis-cluster ]]; then
+            command -v redis-server > /dev/null || die "--shared redis-cluster needs redis-server (apt-get install redis-server)"
+        fi
+    fi
     # ---- instance tiers (private / private+shared / shared) ----
     local tiers=private
-    [[ -n $shared ]] && tiers=private+shared
+    [[ -n $shared || -n $shared_kind ]] && tiers=private+shared
     if [[ $l2kind == kvtier && $disk_gb =~ ^0*(\.0*)?$ ]]; then
-        [[ -n $shared ]] || die "--disk-gb 0 leaves kvtier no tier: give --shared-dir or a size"
+        [[ -n $shared || -n $shared_kind ]] || die "--disk-gb 0 leaves kvtier no tier: give --shared-dir, --shared or a size"
         tiers=shared
     fi
     # ---- end instance tiers ----
     mport=${mport:-$((hport + 10))}
     mkdir -p "$STATE"
     chmod 700 "$STATE"
+    STATE=$(cd "$STATE" && pwd)  # the nodes' processes and the shared tier's mounts need absolute paths
     if [[ -f $STATE/pids ]]; then
         local alive=0 p
         for p in $(awk '{print $2}' "$STATE/pids"); do group_alive "$p" && alive=1; done
         ((alive == 0)) || die "a stack is already running from $STATE (deploy/run-stack.sh down --state-dir $STATE)"
         rm -f "$STATE/pids"
     fi
+    nodes_down > /dev/null  # what a run killed before its `down` left (nothing of it runs: its pids are all gone)
     rm -f "$STATE"/*.log "$STATE"/*.cmd "$STATE/endpoints.json"
-    trap 'echo "run-stack.sh: start-up failed, stopping what was started" >&2; cmd_down --state-dir "$STATE" --grace 5 >&2' ERR
+    # Any failure from here on (a failed command, or die) stops and removes what was started and made.
+    trap 'rc=$?; if ((rc != 0)); then echo "run-stack.sh: start-up failed, stopping what was started" >&2
+          cmd_down --state-dir "$STATE" --grace 5 >&2; fi' EXIT
 
     local -a venv=(env "HF_HUB_OFFLINE=1" "TRANSFORMERS_OFFLINE=1" "VLLM_NO_USAGE_STATS=1" "DO_NOT_TRACK=1"
                    "PYTHONHASHSEED=0" "LMCACHE_TRACK_USAGE=false" "PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}")
@@ -261,20 +408,59 @@ cmd_up() {
     if [[ -n $kv_space && $device == cuda ]]; then
         vsettings+=(--kv-cache-memory-bytes "$("$PY" -c 'import sys; print(int(float(sys.argv[1]) * 2**30))' "$kv_space")")
     fi
-    local deadline=$((SECONDS + timeout)) i
-    local -a insts=()
-    for ((i = 0; i < n; i++)); do
-        local dir=$kvdir vp=$vport
-        ((n > 1)) && dir=$kvdir/inst$i && vp=$((vport + 1 + i))
+    local deadline=$((SECONDS + timeout)) i count=$n
+    [[ -n $nodes ]] && count=$nodes
+    # ---- nodes: namespaces and their shared tier ----
+    local redis_url="" shared_json=null
+    local -a node_json=()
+    if [[ -n $nodes ]]; then
+        nodes_net_up "$nodes"
+        if [[ $shared_kind == glusterfs ]]; then
+            local -a bw=()
+            [[ -n $shared_bw ]] && bw=(--bw "$shared_bw")
+            nrecord shared glusterfs
+            bash "$ROOT/deploy/glusterfs.sh" up --state-dir "$STATE/gluster" --mounts "$nodes" ${bw[@]+"${bw[@]}"}
+            mkdir -p "$STATE/gluster/mnt/kv"
+            shared_json=$(printf '{"kind": "glusterfs", "state_dir": "%s", "bw": "%s", "mounts": [' "$STATE/gluster" "$shared_bw")
+            for ((i = 0; i < nodes; i++)); do
+                ((i > 0)) && shared_json+=", "
+                shared_json+="\"$(gluster_mount "$i")\""
+            done
+            shared_json+="]}"
+        elif [[ $shared_kind == redis-cluster ]]; then
+            nrecord shared redis-cluster
+            redis_url=$(PYTHONPATH=$ROOT "$PY" -m deploy.redis_cluster up --state-dir "$STATE/redis" \
+                --bind "$(nrecorded host_addr)" 2>> "$STATE/redis.log")
+            shared_json=$(printf '{"kind": "redis-cluster", "state_dir": "%s", "url": "%s"}' "$STATE/redis" "$redis_url")
+        fi
+    fi
+    # ---- end nodes ----
+    local -a insts=() vurls=() lurls=() murls=() lports=()
+    for ((i = 0; i < count; i++)); do
+        local dir=$kvdir vp=$vport lp=$((lport + i)) hp=$((hport + i)) mp=$((mport + i)) host=127.0.0.1 sdir=$shared
+        local nsi=""
+        local -a inns=() nenv=("${venv[@]}")
+        if [[ -n $nodes ]]; then
+            # every node the same ports, on its own address; LMCache's ZMQ socket on the node's own loopback
+            dir=$kvdir/node$i lp=$lport hp=$hport mp=$mport host=$(nrecorded "addr$i")
+            nsi=$(nrecorded ns | sed -n "$((i + 1))p")
+            inns=(ip netns exec "$nsi")
+            [[ $shared_kind == glusterfs ]] && sdir=$(gluster_mount "$i")/kv
+        elif ((n > 1)); then
+            dir=$kvdir/inst$i vp=$((vport + 1 + i))
+        fi
+        [[ -n $gpk ]] && nenv+=("CUDA_VISIBLE_DEVICES=$(seq -s, $((i * gpk)) $((i * gpk + gpk - 1)))")
         mkdir -p -m 700 "$kvdir" "$dir"
         local params
-        params=$("$PY" - "$dir" "$disk_gb" "$io_mode" "$shared" "$shared_gb" "$((mport + i))" <<'EOF'
+        params=$("$PY" - "$dir" "$disk_gb" "$io_mode" "$sdir" "$shared_gb" "$mp" "$redis_url" "$host" <<'EOF'
 import json, sys
-d, disk_gb, io_mode, shared, shared_gb, mport = sys.argv[1:]
+d, disk_gb, io_mode, shared, shared_gb, mport, redis_url, host = sys.argv[1:]
 p = {"disk_dir": d, "disk_capacity_gb": float(disk_gb), "io_mode": io_mode, "metrics_port": int(mport),
-     "snapshot_path": d + "/kvtier-stats.json"}
+     "metrics_host": host, "snapshot_path": d + "/kvtier-stats.json"}
 if shared:
     p.update(shared_dir=shared, shared_capacity_gb=float(shared_gb))
+if redis_url:
+    p.update(redis_url=redis_url, redis_capacity_gb=float(shared_gb))
 print(json.dumps(p))
 EOF
 )
@@ -286,21 +472,21 @@ EOF
                 # "shared": LMCache tags the adapter's cache events with it; kvtier's tiers say the same (a shared dir)
                 l2=$("$PY" -c 'import json,sys; p = json.loads(sys.argv[1]); print(json.dumps({"type": "plugin",
                      "module_path": "kvconnector.lmcache.l2_adapter", "class_name": "KvtierL2Adapter",
-                     "shared": "shared_dir" in p, "adapter_params": p}))' "$params")
+                     "shared": "shared_dir" in p or "redis_url" in p, "adapter_params": p}))' "$params")
             elif [[ $l2kind == lmcache-fs ]]; then
                 l2=$("$PY" -c 'import json,sys; print(json.dumps({"type": "fs", "base_path": sys.argv[1],
                      "use_odirect": sys.argv[2] == "direct"}))' "$dir" "$io_mode")
             fi
             [[ $l2kind == none ]] || l2arg=(--l2-adapter "$l2")  # none: no adapter, LMCache's L1 is all there is
-            start "lmcache$i" "${venv[@]}" "$PY" -m lmcache.v1.multiprocess.http_server \
-                --host 127.0.0.1 --port $((lport + i)) --http-host 127.0.0.1 --http-port $((hport + i)) \
-                --prometheus-port $((hport + 20 + i)) --chunk-size "$chunk" --l1-size-gb "$l1_gb" \
+            start "lmcache$i" ${inns[@]+"${inns[@]}"} "${nenv[@]}" "$PY" -m lmcache.v1.multiprocess.http_server \
+                --host 127.0.0.1 --port "$lp" --http-host "$host" --http-port "$hp" \
+                --prometheus-port $((hp + 20)) --chunk-size "$chunk" --l1-size-gb "$l1_gb" \
                 --eviction-policy LRU --supported-transfer-mode auto ${l2arg[@]+"${l2arg[@]}"} \
                 ${lextra[@]+"${lextra[@]}"}
             kvcfg=$("$PY" -c 'import json,sys; print(json.dumps({"kv_connector": "LMCacheMPConnector",
                 "kv_connector_module_path": "lmcache.integration.vllm.lmcache_mp_connector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": int(sys.argv[1])}}))' \
-                $((lport + i)))
+                "$lp")
         else
             "$PY" - "$STATE/lmcache-inst$i.yaml" "$chunk" "$l1_gb" "$params" <<'EOF'
 import json, sys
@@ -315,45 +501,53 @@ EOF
             kvcfg='{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
             [[ $device == cpu ]] && echo "run-stack.sh: note: in-process LMCache has no CPU connector in 0.5.6; vLLM will recompute" >&2
         fi
-        local -a ienv=("${venv[@]}")
+        local -a ienv=("${nenv[@]}")
         [[ $mode == inprocess ]] && ienv+=("LMCACHE_CONFIG_FILE=$STATE/lmcache-inst$i.yaml")
-        start "vllm$i" "${ienv[@]}" "$PY" -m vllm.entrypoints.openai.api_server --model "$model" \
+        start "vllm$i" ${inns[@]+"${inns[@]}"} "${ienv[@]}" "$PY" -m vllm.entrypoints.openai.api_server --model "$model" \
             --served-model-name "$name" --dtype bfloat16 "${vsettings[@]}" --enforce-eager \
-            --host 127.0.0.1 --port "$vp" --kv-transfer-config "$kvcfg" \
+            --host "$host" --port "$vp" --kv-transfer-config "$kvcfg" \
             ${vextra[@]+"${vextra[@]}"}
-        insts+=("$(printf '{"vllm": "http://127.0.0.1:%s", "lmcache_port": %s, "lmcache_http": "http://127.0.0.1:%s", "kvtier_metrics": "http://127.0.0.1:%s/metrics", "lmcache_metrics": "http://127.0.0.1:%s/metrics", "kv_dir": "%s"}' \
-            "$vp" $((lport + i)) $((hport + i)) $((mport + i)) $((hport + i)) "$dir")")
+        vurls+=("http://$host:$vp") lurls+=("http://$host:$hp") murls+=("http://$host:$mp/metrics") lports+=("$lp")
+        insts+=("$(printf '{"vllm": "%s", "lmcache_port": %s, "lmcache_http": "%s", "kvtier_metrics": "%s", "lmcache_metrics": "%s/metrics", "kv_dir": "%s"}' \
+            "${vurls[i]}" "$lp" "${lurls[i]}" "${murls[i]}" "${lurls[i]}" "$dir")")
+        if [[ -n $nodes ]]; then
+            node_json+=("$(printf '{"netns": "%s", "address": "%s", "shared_dir": "%s"}' \
+                "$nsi" "$host" "$sdir")")
+        fi
     done
-    if ((n > 1)); then
+    if [[ -n $nodes ]] || ((n > 1)); then
         local -a backs=()
-        for ((i = 0; i < n; i++)); do backs+=(--backend "http://127.0.0.1:$((vport + 1 + i))"); done
+        for ((i = 0; i < count; i++)); do backs+=(--backend "${vurls[i]}"); done
         start proxy "$PY" "$ROOT/deploy/rr_proxy.py" --host 127.0.0.1 --port "$vport" "${backs[@]}"
     fi
-    local joined
+    local joined nodes_joined=""
     joined=$(IFS=,; echo "${insts[*]}")
-    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "tiers": "%s", "state_dir": "%s", "instances": [%s]}\n' \
-        "$mode" "$l2kind" "$device" "$vport" "$name" "$shared" "$tiers" "$STATE" "$joined" > "$STATE/endpoints.json"
+    [[ -n $nodes ]] && nodes_joined=$(IFS=,; echo "${node_json[*]}")
+    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "tiers": "%s", "state_dir": "%s", "instances": [%s], "nodes": [%s], "shared": %s}\n' \
+        "$mode" "$l2kind" "$device" "$vport" "$name" "$shared" "$tiers" "$STATE" "$joined" "$nodes_joined" "$shared_json" \
+        > "$STATE/endpoints.json"
 
-    for ((i = 0; i < n; i++)); do
+    for ((i = 0; i < count; i++)); do
         if [[ $mode == mp ]]; then
-            wait_http "lmcache$i" "http://127.0.0.1:$((hport + i))/healthcheck" "$deadline"
+            wait_http "lmcache$i" "${lurls[i]}/healthcheck" "$deadline"
             if [[ $l2kind == kvtier ]]; then
-                wait_http "lmcache$i" "http://127.0.0.1:$((mport + i))/metrics" "$deadline"
+                wait_http "lmcache$i" "${murls[i]}" "$deadline"
             fi
         fi
-        local vp=$vport
-        ((n > 1)) && vp=$((vport + 1 + i))
-        wait_http "vllm$i" "http://127.0.0.1:$vp/health" "$deadline"
+        wait_http "vllm$i" "${vurls[i]}/health" "$deadline"
     done
-    ((n > 1)) && wait_http proxy "http://127.0.0.1:$vport/health" "$deadline"
-    trap - ERR
+    if [[ -n $nodes ]] || ((n > 1)); then wait_http proxy "http://127.0.0.1:$vport/health" "$deadline"; fi
+    trap - EXIT
     echo "vllm     http://127.0.0.1:$vport/v1"
-    for ((i = 0; i < n; i++)); do
-        [[ $mode == mp ]] && echo "lmcache  http://127.0.0.1:$((hport + i))  (MP server 127.0.0.1:$((lport + i)))"
-        if [[ $l2kind == kvtier ]]; then echo "kvtier   http://127.0.0.1:$((mport + i))/metrics"
+    for ((i = 0; i < count; i++)); do
+        [[ -n $nodes ]] && echo "node$i    $(nrecorded ns | sed -n "$((i + 1))p") $(nrecorded "addr$i")"
+        [[ $mode == mp ]] && echo "lmcache  ${lurls[i]}  (MP server 127.0.0.1:${lports[i]})"
+        if [[ $l2kind == kvtier ]]; then echo "kvtier   ${murls[i]}"
         elif [[ $l2kind == none ]]; then echo "l2       none (LMCache L1 only, $l1_gb GB)"
         else echo "l2       LMCache fs adapter on $kvdir (use_odirect: $([[ $io_mode == direct ]] && echo true || echo false))"; fi
     done
+    [[ -n $redis_url ]] && echo "shared   $redis_url"
+    [[ $shared_kind == glusterfs ]] && echo "shared   GlusterFS $STATE/gluster/mnt* (one FUSE client per node)${shared_bw:+, $shared_bw each way}"
     echo "state    $STATE  (pids, logs, endpoints.json; stop with: deploy/run-stack.sh down --state-dir $STATE)"
 }
 

@@ -1,6 +1,7 @@
-"""deploy/run-stack.sh's flags of the long-session experiment (benchmarks/collapse.py): each wrong value is one line on
-stderr and exit 2 before anything starts (no state directory holds a pid). No server is started here: the stacks these
-flags build are run by benchmarks/collapse.py."""
+"""deploy/run-stack.sh's flags of the long-session experiment (benchmarks/collapse.py) and of nodes (--nodes, --shared,
+--shared-bw, --gpus-per-instance): each wrong value is one line on stderr and exit 2 before anything starts (no state
+directory holds a pid, no namespace is made). No server is started here: the stacks these flags build are run by
+benchmarks/collapse.py and tests/e2e/test_nodes_stack.py."""
 
 from __future__ import annotations
 
@@ -25,6 +26,20 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--block-size", "x"], "--block-size must be a positive integer"),
         (["--l1-gb", "0"], "--l1-gb must be a number of GB > 0"),
         (["--kv-space", "1.5"], "--kv-space on cpu is whole GiB"),
+        (["--nodes", "0"], "--nodes must be a positive integer"),
+        (["--nodes", "2", "--instances", "2"], "--nodes and --instances are exclusive"),
+        (["--nodes", "2", "--shared-dir", "/tmp/x"], "not --shared-dir"),
+        (["--nodes", "2", "--mode", "inprocess"], "--nodes needs --mode mp"),
+        (["--nodes", "2", "--shared", "nfs"], "--shared is glusterfs or redis-cluster"),
+        (["--shared", "glusterfs"], "--shared glusterfs needs --nodes N"),
+        (["--nodes", "2", "--shared", "redis-cluster", "--l2", "none"], "--shared needs --l2 kvtier"),
+        (
+            ["--nodes", "2", "--shared", "redis-cluster", "--shared-bw", "100mbps"],
+            "--shared-bw needs --shared glusterfs",
+        ),
+        (["--nodes", "2", "--disk-gb", "0"], "--disk-gb 0 leaves kvtier no tier"),
+        (["--gpus-per-instance", "1"], "--gpus-per-instance needs --device cuda"),
+        (["--gpus-per-instance", "-1"], "--gpus-per-instance must be a positive integer"),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(tmp_path, flags, message):
@@ -36,3 +51,27 @@ def test_bad_flag_is_one_line_and_exit_2(tmp_path, flags, message):
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
     assert not (tmp_path / "state" / "pids").exists()
+
+
+def test_failed_nodes_up_leaves_no_namespace(tmp_path):
+    """An `up --nodes` that fails after its namespaces exist (no vLLM in this model directory) removes them."""
+    import os
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("--nodes needs root")
+    (tmp_path / "model").mkdir()
+    before = node_namespaces()
+    cmd = [str(RUN_STACK), "up", "--device", "cpu", "--model", str(tmp_path / "model"), "--nodes", "2"]
+    cmd += ["--vllm-port", "31900", "--lmcache-port", "31910", "--lmcache-http-port", "31920", "--timeout", "60"]
+    cmd += ["--kv-dir", str(tmp_path / "kv"), "--state-dir", str(tmp_path / "state"), "--python", sys.executable]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "start-up failed" in res.stderr and "nodes removed" in res.stderr, res.stderr
+    assert node_namespaces() == before
+    assert not (tmp_path / "state" / "nodes.state").exists() and not (tmp_path / "state" / "pids").exists()
+
+
+def node_namespaces() -> set[str]:
+    """The network namespaces of run-stack.sh's nodes on this host (other tools' namespaces come and go meanwhile)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("kvn-")}

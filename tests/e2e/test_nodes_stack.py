@@ -1,0 +1,144 @@
+"""End to end on two nodes: `run-stack.sh up --nodes 2 --shared glusterfs|redis-cluster` puts each node's LMCache MP
+server, kvtier adapter and vLLM in its own network namespace, and their one shared tier (a GlusterFS volume, one FUSE
+client per node; or a Redis Cluster bound to the nodes' bridge) between them.
+
+Per shared kind, one stack (its start-up is about a minute here):
+1. a prompt to node 1's vLLM is computed and stored in the shared tier (no local disk tier: puts go straight to it);
+   node 1's LMCache L1 cleared; the same prompt to node 2's vLLM is an external prefix-cache hit there, loaded by
+   node 2's kvtier from the shared tier, keys it never stored itself; the same greedy text;
+2. `down` leaves no namespace, bridge, mount or process of the stack or its shared tier behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from kvtier_stack import (
+    alive,
+    clear_l1,
+    complete,
+    down,
+    group_pids,
+    kvtier_event,
+    metric,
+    metrics,
+    need_lmcache,
+    prompt_text,
+    up,
+    vllm_external_hits,
+    wait_for,
+)
+
+from deploy import RUN_STACK
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.root(reason="network namespaces, a bridge and FUSE mounts"),
+    pytest.mark.timeout(900),
+]
+
+CHUNKS = 5  # 1300 tokens at LMCache's chunk size 256: five full chunks are stored
+HIT_TOKENS = CHUNKS * 256
+TIER = {"glusterfs": "shared", "redis-cluster": "redis"}  # kvtier's name of the tier each kind configures
+NEEDS = {"glusterfs": ("glusterd", "gluster"), "redis-cluster": ("redis-server", "redis-cli")}
+
+
+@pytest.fixture(scope="module", params=["glusterfs", "redis-cluster"])
+def nodes(request, tiny_model_dir, tmp_path_factory):
+    kind = request.param
+    missing = [exe for exe in NEEDS[kind] if shutil.which(exe) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (deploy/install-system-deps.sh)")
+    need_lmcache()
+    base = tmp_path_factory.mktemp(f"nodes-{kind}")
+    state = base / "state"
+    extra = ["--nodes", "2", "--shared", kind, "--disk-gb", "0", "--l1-gb", "0.5"]
+    stack = up(state, tiny_model_dir, base / "kv", *extra, timeout_s=480)
+    ctx = SimpleNamespace(kind=kind, tier=TIER[kind], state=state, stack=stack, model=tiny_model_dir)
+    ctx.made = made_by(state)
+    try:
+        yield ctx
+    finally:
+        down(state)
+
+
+def made_by(state: Path) -> dict:
+    """What a nodes stack made, from its state directory: namespaces, bridge, processes (the stack's groups, glusterd,
+    Redis' nodes) and mounts, to look for after `down`."""
+    recorded = (state / "nodes.state").read_text().splitlines()
+    made = {"netns": {v for k, _, v in (r.partition("=") for r in recorded) if k == "ns"}}
+    made["links"] = {v for k, _, v in (r.partition("=") for r in recorded) if k in ("bridge", "veth")}
+    made["groups"] = set(group_pids(state))
+    made["pids"] = set()
+    gluster = state / "gluster" / "gluster.state"
+    if gluster.exists():
+        for k, _, v in (line.partition("=") for line in gluster.read_text().splitlines()):
+            if k == "ns":
+                made["netns"].add(v)
+            elif k == "veth_host":
+                made["links"].add(v)
+            elif k == "glusterd_pid":
+                made["pids"].add(int(v))
+    redis = state / "redis" / "redis-cluster.json"
+    if redis.exists():
+        made["pids"] |= set(json.loads(redis.read_text())["pids"].values())
+    assert len(made["netns"]) >= 2 and made["groups"], made
+    return made
+
+
+def running(pid: int) -> bool:
+    """A live process (not a zombie waiting for its parent: a daemon's exit is reaped by whoever adopted it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_node_2_loads_from_the_shared_tier_what_node_1_computed(nodes):
+    s = nodes.stack
+    addresses = [n["address"] for n in s.endpoints["nodes"]]
+    assert len(set(addresses)) == 2 and all(
+        s.inst(i)["vllm"].startswith(f"http://{a}:") for i, a in enumerate(addresses)
+    )
+    assert s.endpoints["shared"]["kind"] == nodes.kind
+    prompt = prompt_text(nodes.model, 1300, "typing.py")
+    a, b = s.inst(0), s.inst(1)
+    ha = vllm_external_hits(a["vllm"])
+    out_a, _, _ = complete(a["vllm"], prompt)
+    assert vllm_external_hits(a["vllm"]) == ha  # computed on node 1
+    assert wait_for(lambda: kvtier_event(s, "store_ok", 0) >= CHUNKS, 60), s.log("lmcache0")
+    written = metric(metrics(a["kvtier_metrics"]), "kvtier_bytes_total", op="write", tier=nodes.tier)
+    assert written > 0  # node 1 stored into the shared tier itself (no local disk tier)
+    clear_l1(s, 0)
+
+    hb = vllm_external_hits(b["vllm"])
+    out_b, _, _ = complete(b["vllm"], prompt)
+    assert out_b == out_a
+    assert vllm_external_hits(b["vllm"]) - hb >= HIT_TOKENS, s.log("lmcache1")
+    assert kvtier_event(s, "shared_adopted", 1) >= CHUNKS  # keys node 2 learnt from the tier, stored by node 1
+    assert kvtier_event(s, "hits", 1, tier=nodes.tier) >= CHUNKS
+    assert metric(metrics(b["kvtier_metrics"]), "kvtier_bytes_total", op="read", tier=nodes.tier) > 0
+    assert kvtier_event(s, "store_ok", 1) == 0 and kvtier_event(s, "load_errors", 1) == 0
+    # the round-robin proxy in the root namespace alternates between the nodes
+    assert {complete(s.vllm, prompt)[2].get("x-kvtier-backend") for _ in range(2)} == {"0", "1"}
+
+
+def test_down_leaves_no_namespace_mount_or_process(nodes):
+    down(nodes.state)
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not nodes.made["netns"] & {line.split()[0] for line in netns.splitlines() if line}
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert not [name for name in nodes.made["links"] if f" {name}:" in links or f" {name}@" in links]
+    assert str(nodes.state) not in Path("/proc/mounts").read_text()
+    assert not [pgid for pgid in nodes.made["groups"] if alive(pgid)]
+    assert not [pid for pid in nodes.made["pids"] if running(pid)]
+    assert not (nodes.state / "nodes.state").exists() and not (nodes.state / "pids").exists()
+    again = subprocess.run(
+        ["bash", str(RUN_STACK), "down", "--state-dir", str(nodes.state)], capture_output=True, text=True
+    )
+    assert again.returncode == 0 and "nothing to stop" in again.stdout  # idempotent
