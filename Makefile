@@ -9,7 +9,7 @@ HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-reload bench-shared bench-sweep clean
+.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-reload bench-shared bench-nodes bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -136,6 +136,12 @@ bench-reload: $(TEST_STAMP) system-deps
 bench-shared: $(TEST_STAMP) system-deps
 	$(BIN)/python benchmarks/shared_vs_private.py --dir /var/tmp/kvtier-shared \
 	    --json results/shared_vs_private.json --plot results/shared_vs_private.png
+
+# Needs root (network namespaces, FUSE); three 2-node stacks one after another (private, GlusterFS at two link
+# rates, Redis Cluster); about 4 minutes here.
+bench-nodes: $(TEST_STAMP) system-deps
+	mkdir -p results
+	$(BIN)/python -m benchmarks.nodes --dir /var/tmp/kvtier-nodes --json results/nodes.json
 
 # Needs root (FUSE); the bench driver over a 3 x 4 grid, twice (ABBA), about 6 minutes here. The mount's backing is
 # tmpfs so the throttle is the only storage variable (the shared virtio disk's stalls swamped it: see the README).
