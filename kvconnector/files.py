@@ -4,6 +4,8 @@
   a reader sees the old file or the new one, never half of one. Its mode is 0666 under the process's umask (0644
   usually), like any file a command writes, unless the caller asks for another.
 - `unlink_quietly`: remove a file that another instance, a person or a crash may already have removed.
+- `sync_dir`: make the renames already done in a directory durable (fsync of the directory), one fsync shared by
+  every caller that asked before it began.
 Entry files are not written here: they have their own timed, fdatasync'd write path (`timed_io.write_entry`).
 """
 
@@ -14,6 +16,7 @@ import errno
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 
 
@@ -79,3 +82,90 @@ def unlink_quietly(path: str | os.PathLike) -> None:
     """Remove `path`; a file already gone (or that cannot be removed) is not an error for the caller."""
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+# Filesystems that cannot fsync a directory (some FUSE ones) answer these: their renames are as durable as they get.
+_DIR_FSYNC_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+
+
+class DirSyncer:
+    """Group commit of one directory's renames. A rename is durable only once its directory is fsynced; a caller
+    takes a ticket after its rename and returns once an fsync that began after the ticket has finished. One caller at
+    a time runs the fsync (the leader) for every ticket taken before it began; the others wait for it, or lead the
+    next round, so N concurrent writers cost about two directory fsyncs, not N."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._cond = threading.Condition()
+        self._taken = 0  # tickets handed out
+        self._synced = 0  # every ticket up to this one is covered by a finished fsync
+        self._leading = False
+        self._failed: tuple[int, int, OSError] | None = None  # (first, last) tickets of a failed round, its error
+        self.fsyncs = 0  # directory fsyncs run (for tests and benchmarks)
+
+    def sync(self) -> None:
+        """Return once every rename this thread did in the directory before the call is durable. Raises the OSError
+        of a failed fsync that was to cover them."""
+        with self._cond:
+            self._taken += 1
+            ticket = self._taken
+            while self._synced < ticket:
+                if self._leading:
+                    self._cond.wait()
+                    continue
+                self._leading = True
+                first, upto = self._synced + 1, self._taken
+                self._cond.release()
+                error = None
+                try:
+                    _fsync_dir(self.directory)
+                except OSError as exc:
+                    error = exc
+                finally:
+                    self._cond.acquire()
+                    self._leading = False
+                    self._synced = upto
+                    self.fsyncs += 1
+                    self._failed = (first, upto, error) if error else self._failed
+                    self._cond.notify_all()
+            failed = self._failed
+            if failed and failed[0] <= ticket <= failed[1]:
+                raise failed[2]
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _DIR_FSYNC_UNSUPPORTED:
+            raise
+    finally:
+        os.close(fd)
+
+
+_syncers: dict[str, DirSyncer] = {}
+_syncers_lock = threading.Lock()
+
+
+def dir_syncer(directory: str) -> DirSyncer:
+    """The one DirSyncer of `directory` in this process (so every writer of the directory shares its fsyncs)."""
+    with _syncers_lock:
+        syncer = _syncers.get(directory)
+        if syncer is None:
+            syncer = _syncers[directory] = DirSyncer(directory)
+        return syncer
+
+
+def sync_dir(directory: str) -> None:
+    """Make the renames this thread did in `directory` durable (see DirSyncer)."""
+    dir_syncer(directory).sync()
+
+
+def _forget_syncers() -> None:
+    # A forked child may inherit a lock or a leader that no thread of its own will release.
+    global _syncers, _syncers_lock
+    _syncers, _syncers_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_syncers)

@@ -11,7 +11,8 @@ Two modes:
 - buffered: plain write + fdatasync; before each read posix_fadvise(DONTNEED) drops the file's (clean) pages, so the
   read is served by the device, not the page cache.
 Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen
-half-written.
+half-written; the directory is then fsynced (`files.sync_dir`, one fsync shared by concurrent writers) before the
+write returns, so the new name survives a power cut too.
 A write may instead overwrite a spare file (a retired entry's file of the same size): its blocks are already allocated
 and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout
 trick).
@@ -42,7 +43,7 @@ import xxhash
 
 from .entry_format import PAGE, EntryHeader, aligned, checksum, pack_header, probe_name, temp_path_for, unpack_header
 from .errors import CorruptEntryError, StorageFullError
-from .files import unlink_quietly
+from .files import sync_dir, unlink_quietly
 
 # One system call moves at most this much; also the size of a thread's scratch buffer for reads with no destination.
 CHUNK_BYTES = 64 << 20
@@ -172,6 +173,12 @@ def write_entry(
         os.close(fd)
         fd = -1
         os.rename(tmp, path)
+        tmp = path  # published: a failure from here removes the entry, which the caller does not count as stored
+        # The entry counts as stored only once its name is durable. Device time: the wait is for the journal commit,
+        # whichever writer's fsync it is.
+        d0 = perf_counter_ns()
+        sync_dir(os.path.dirname(path))
+        device_ns += perf_counter_ns() - d0
     except OSError as exc:
         if fd >= 0:
             os.close(fd)
