@@ -5,6 +5,7 @@ benchmarks/collapse.py and tests/e2e/test_nodes_stack.py."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -75,3 +76,28 @@ def node_namespaces() -> set[str]:
     """The network namespaces of run-stack.sh's nodes on this host (other tools' namespaces come and go meanwhile)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.startswith("kvn-")}
+
+
+def test_gpus_per_instance_gives_each_instance_its_own_gpus(tmp_path):
+    """--gpus-per-instance 2 with 2 instances: instance i's vLLM and LMCache commands carry CUDA_VISIBLE_DEVICES
+    2i,2i+1. No GPU here: an interpreter that refuses `-m` stands in for the servers, so the start fails at once and
+    leaves the recorded commands."""
+    import shutil
+    import sys
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU host: this check stands the servers in with a fake interpreter")
+    (tmp_path / "model").mkdir()
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\n[[ $1 == -m ]] && exit 3\nexec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    state = tmp_path / "state"
+    cmd = [str(RUN_STACK), "up", "--device", "cuda", "--model", str(tmp_path / "model"), "--instances", "2"]
+    cmd += ["--vllm-port", "31800", "--lmcache-port", "31810", "--lmcache-http-port", "31820", "--timeout", "30"]
+    cmd += ["--kv-dir", str(tmp_path / "kv"), "--state-dir", str(state), "--python", str(fake)]
+    res = subprocess.run([*cmd, "--gpus-per-instance", "2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "start-up failed" in res.stderr, res.stderr
+    for i, gpus in enumerate(["0,1", "2,3"]):
+        for name in (f"vllm{i}", f"lmcache{i}"):
+            words = shlex.split((state / f"{name}.cmd").read_text())  # the command as run-stack.sh ran it
+            assert f"CUDA_VISIBLE_DEVICES={gpus}" in words[: words.index(str(fake))], name
