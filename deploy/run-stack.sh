@@ -71,6 +71,9 @@
 #   LMCache HTTP and kvtier metrics at its address (endpoints.json "instances", one per node, and "nodes").
 #   The Redis Cluster runs in the root namespace bound to (and announcing) the bridge address, which every node
 #   reaches; GlusterFS serves from its own namespace and is mounted in the root namespace, mounts the nodes see.
+#   endpoints.json "nodes": per node its namespace, address, shared_dir (GlusterFS) and endpoints; "shared": the
+#   kind, its state dir and its mounts (glusterfs) or URL (redis-cluster). `restart-lmcache --instance I` restarts
+#   node I's LMCache server inside its namespace.
 #   Everything made is recorded in STATE/nodes.state the moment it exists; `down` removes exactly that (processes,
 #   the shared tier, namespaces, bridge), also after a failed `up`, and is idempotent.
 #
@@ -511,8 +514,8 @@ EOF
         insts+=("$(printf '{"vllm": "%s", "lmcache_port": %s, "lmcache_http": "%s", "kvtier_metrics": "%s", "lmcache_metrics": "%s/metrics", "kv_dir": "%s"}' \
             "${vurls[i]}" "$lp" "${lurls[i]}" "${murls[i]}" "${lurls[i]}" "$dir")")
         if [[ -n $nodes ]]; then
-            node_json+=("$(printf '{"netns": "%s", "address": "%s", "shared_dir": "%s"}' \
-                "$nsi" "$host" "$sdir")")
+            node_json+=("$(printf '{"netns": "%s", "address": "%s", "shared_dir": "%s", "endpoints": %s}' \
+                "$nsi" "$host" "$sdir" "${insts[i]}")")
         fi
     done
     if [[ -n $nodes ]] || ((n > 1)); then

@@ -5,6 +5,7 @@ benchmarks/collapse.py and tests/e2e/test_nodes_stack.py."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -69,6 +70,13 @@ def test_failed_nodes_up_leaves_no_namespace(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "start-up failed" in res.stderr and "nodes removed" in res.stderr, res.stderr
     assert node_namespaces() == before
+    # endpoints.json was written before the servers were waited for: each node its namespace, address and endpoints
+    ep = json.loads((tmp_path / "state" / "endpoints.json").read_text())
+    addresses = [n["address"] for n in ep["nodes"]]
+    assert len(set(addresses)) == 2 and len({n["netns"] for n in ep["nodes"]}) == 2
+    assert [n["endpoints"] for n in ep["nodes"]] == ep["instances"]
+    assert all(inst["vllm"] == f"http://{a}:31900" for inst, a in zip(ep["instances"], addresses))
+    assert ep["vllm"] == "http://127.0.0.1:31900" and ep["shared"] is None
     assert not (tmp_path / "state" / "nodes.state").exists() and not (tmp_path / "state" / "pids").exists()
 
 
