@@ -23,6 +23,8 @@ hash (about 1 ms per 4 MiB from memory here, over a quarter of a 16 MiB entry's 
 transfer instead of delaying it. Writing the header after the payload is safe because nothing reads the file before
 the fdatasync and the rename that follow both writes: a crash in between leaves a temp file, which a rescan removes.
 
+Large reads are pipelined the same way: piece k's checksum is computed on a hash thread while piece k+1 is read.
+
 System calls and xxh3 release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
 """
 
@@ -51,6 +53,11 @@ _IOV_MAX = 1024
 # Payloads from this size on are hashed beside their write; below it the hash costs less than handing it to another
 # thread plus the header's own system call.
 OVERLAP_MIN_BYTES = 1 << 20
+# Payloads from this size on are read in pieces of READ_PIECE_BYTES, each checksummed on a hash thread while the next
+# is read. Below it one read then one hash is cheaper: with the storage in memory (tmpfs) the pieces cost 14-17% more
+# CPU (hand-offs) and were 0.82x as fast at 4 MiB, 0.93x at 8, 1.01x at 16, 1.04x at 32 (2 cores, load 4.4).
+PIPELINE_MIN_BYTES = 16 << 20
+READ_PIECE_BYTES = 4 << 20
 # More writers in flight than this (far more than any disk tier runs) wait for a hash thread.
 HASH_THREADS_MAX = 64
 # 0 where the platform has no O_DIRECT (`probe_direct` then says False).
@@ -102,10 +109,20 @@ class Scratch(threading.local):
         self.tail = aligned_buffer(PAGE)
         self.data: memoryview | None = None
 
+        self.pieces: list[memoryview] = []
+
     def data_buffer(self, nbytes: int) -> memoryview:
         if self.data is None or len(self.data) < nbytes:
             self.data = aligned_buffer(nbytes)
         return self.data[:nbytes]
+
+    def piece_buffer(self, slot: int, nbytes: int) -> memoryview:
+        """One of two buffers a pipelined read alternates between (one is read into while the other is hashed)."""
+        while len(self.pieces) <= slot:
+            self.pieces.append(aligned_buffer(PAGE))
+        if len(self.pieces[slot]) < nbytes:
+            self.pieces[slot] = aligned_buffer(nbytes)
+        return self.pieces[slot][:nbytes]
 
 
 # Per thread: what the tiers read into when a caller gives no destination.
@@ -352,7 +369,10 @@ def read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: mem
             raise ValueError(f"destination holds {len(dest)} bytes, entry has {payload_nbytes}")
         direct_into_dest = dest is not None and (mode is IOMode.BUFFERED or is_aligned(dest))
         h = xxhash.xxh3_64()
-        if direct_into_dest:
+        if payload_nbytes >= PIPELINE_MIN_BYTES:
+            pipe_ns, hdr = _read_hashing_behind(fd, path, key, payload_nbytes, dest, direct_into_dest, h)
+            device_ns += pipe_ns
+        elif direct_into_dest:
             tail_len = payload_nbytes % PAGE
             body = payload_nbytes - tail_len
             iov = [sc.header] + ([dest[:body]] if body else []) + ([sc.tail] if tail_len else [])
@@ -389,6 +409,63 @@ def read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: mem
         os.close(fd)
     total = perf_counter_ns() - t0
     return OpTiming(host_ns=total - device_ns, device_ns=device_ns, nbytes=payload_nbytes)
+
+
+def _read_hashing_behind(fd, path, key, payload_nbytes, dest, into_dest, h) -> tuple[int, EntryHeader]:
+    """Read the entry in pieces of READ_PIECE_BYTES; piece k is checksummed (and, when it was read into scratch,
+    copied to `dest`) on a hash thread while piece k+1 is read, so the hash (about 1 ms per 4 MiB here) hides under
+    the transfer instead of following it. Pieces land in `dest` when `into_dest`, else in two scratch buffers used in
+    turn (the hash of piece k-1 is done before piece k+1 overwrites its buffer). Returns the device time and the
+    header; `h` holds the payload's hash."""
+    sc = scratch
+    tail_len = payload_nbytes % PAGE
+    body = payload_nbytes - tail_len
+    device_ns = 0
+    hdr = None
+    job = failed = None
+    pos = 0  # payload offset of the piece
+    slot = 0
+    try:
+        while pos < payload_nbytes:
+            end = min(payload_nbytes, pos + READ_PIECE_BYTES)
+            first, last = pos == 0, end == payload_nbytes
+            if into_dest:
+                iov = ([sc.header] if first else []) + ([dest[pos : min(end, body)]] if min(end, body) > pos else [])
+                iov += [sc.tail] if last and tail_len else []
+                useful = None
+            else:
+                buf = sc.piece_buffer(slot, (PAGE if first else 0) + aligned(end - pos))
+                slot ^= 1
+                iov = [buf]
+                useful = buf[PAGE:] if first else buf
+            device_ns += _preadv_all(fd, iov, path, 0 if first else PAGE + pos)
+            if first:
+                hdr = _check_header(sc.header if into_dest else buf[:PAGE], key, payload_nbytes, path)
+            if into_dest and last and tail_len:
+                dest[body:] = sc.tail[:tail_len]
+            if job is not None:
+                job.result()  # hashes stay in payload order; its scratch buffer is free for the next piece
+            job = _hash_pool().submit(_finish_piece, h, dest, pos, end, useful)
+            pos = end
+    finally:
+        if job is not None:
+            # Also on an error: the job reads a buffer this thread reuses and writes into `dest`.
+            failed = job.exception()
+    if failed is not None:
+        raise failed
+    return device_ns, hdr
+
+
+def _finish_piece(h, dest, pos: int, end: int, useful: memoryview | None) -> None:
+    """Runs on a hash thread: the piece [pos, end) of the payload copied from scratch into `dest` if it was read into
+    scratch, then hashed."""
+    if useful is None:
+        h.update(dest[pos:end])
+        return
+    piece = useful[: end - pos]
+    if dest is not None:
+        dest[pos:end] = piece
+    h.update(piece)
 
 
 def _preadv_all(fd: int, iov: list[memoryview], path: str, offset: int = 0) -> int:

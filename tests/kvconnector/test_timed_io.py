@@ -5,7 +5,16 @@ import pytest
 
 from kvconnector.entry_format import PAGE, file_name_for, file_nbytes
 from kvconnector.errors import CorruptEntryError
-from kvconnector.timed_io import IOMode, aligned_buffer, probe_direct, read_entry, read_header, write_entry
+from kvconnector.timed_io import (
+    PIPELINE_MIN_BYTES,
+    READ_PIECE_BYTES,
+    IOMode,
+    aligned_buffer,
+    probe_direct,
+    read_entry,
+    read_header,
+    write_entry,
+)
 
 
 @pytest.fixture(params=[IOMode.BUFFERED, IOMode.DIRECT], ids=lambda m: m.name)
@@ -81,3 +90,43 @@ def test_no_temp_files_left_and_file_names_never_hold_the_key(tmp_path):
     write_entry(str(tmp_path / name), key, [_payload(100)], IOMode.BUFFERED)
     assert os.listdir(tmp_path) == [name]
     assert oct(os.stat(tmp_path / name).st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize(
+    "n", [PIPELINE_MIN_BYTES, PIPELINE_MIN_BYTES + 2 * READ_PIECE_BYTES + 17, PIPELINE_MIN_BYTES + PAGE]
+)
+def test_large_entries_read_in_pieces_are_byte_exact_everywhere(tmp_path, mode, n):
+    # Read in pieces, each hashed while the next is read: into an aligned destination, a misaligned one, and no
+    # destination (two scratch buffers in turn), with and without a partial last page.
+    src = _payload(n, seed=n)
+    path = str(tmp_path / "big.kv")
+    write_entry(path, "k", [src], mode)
+    dest = aligned_buffer(n)[:n]
+    read_entry(path, "k", n, mode, dest=dest)
+    assert bytes(dest) == bytes(src)
+    odd = memoryview(bytearray(n + 1))[1:]
+    read_entry(path, "k", n, mode, dest=odd)
+    assert bytes(odd) == bytes(src)
+    read_entry(path, "k", n, mode)
+
+
+@pytest.mark.parametrize("where", ["first piece", "middle piece", "last page"])
+def test_large_entries_corrupt_anywhere_are_refused(tmp_path, mode, where):
+    n = PIPELINE_MIN_BYTES + 17
+    src = _payload(n)
+    path = str(tmp_path / "big.kv")
+    write_entry(path, "k", [src], mode)
+    at = PAGE + {"first piece": 5, "middle piece": READ_PIECE_BYTES + 3, "last page": n - 1}[where]
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 1]))
+    for dest in (aligned_buffer(n)[:n], memoryview(bytearray(n + 1))[1:], None):
+        with pytest.raises(CorruptEntryError, match="checksum"):
+            read_entry(path, "k", n, mode, dest=dest)
+    with pytest.raises(CorruptEntryError, match="expected"):
+        read_entry(path, "other", n, mode)
+    os.truncate(path, PAGE + 2 * READ_PIECE_BYTES)  # ends between pieces
+    with pytest.raises(CorruptEntryError, match="shorter"):
+        read_entry(path, "k", n, mode)
