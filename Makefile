@@ -9,7 +9,7 @@ HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-reload bench-shared bench-nodes bench-sweep clean
+.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-qd bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-reload bench-shared bench-nodes bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,11 @@ bench: $(BASE_STAMP)
 # Benchmarks against a reference measured in the same run (benchmarks/README.md). Some need root.
 bench-disk: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/disk_vs_fio.py
+
+# About 4 minutes here: kvtier's disk tier vs fio at 1-32 writes/reads in flight, 128 KiB-32 MiB entries.
+bench-qd: $(BASE_STAMP) system-deps
+	mkdir -p results
+	$(BIN)/python -m benchmarks.disk_qd_sweep --dir /var/tmp/kvtier-qd --json results/disk_qd_sweep.json
 
 bench-scaling: $(BASE_STAMP)
 	$(BIN)/python benchmarks/bench_scaling.py
