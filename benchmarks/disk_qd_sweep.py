@@ -33,6 +33,7 @@ import time
 
 from benchmarks.disk_vs_fio import run_kvtier
 from kvconnector.tiers import DiskTier
+from replay.outputs.provenance import provenance
 from replay.synthetic.payload import RandomPayload
 
 GIB = 1 << 30
@@ -200,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     print("ratio: median over rounds of kvtier GB/s / fio GB/s from the same round; range: lowest and highest")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"args": vars(a), "load_average": [load0, load1], "cells": cells}, fh, indent=2)
+            json.dump(
+                {"provenance": provenance(), "args": vars(a), "load_average": [load0, load1], "cells": cells},
+                fh,
+                indent=2,
+            )
     return 0
 
 

@@ -28,7 +28,9 @@ def test_quick_sweep_measures_every_cell_on_both_sides(tmp_path):
     ]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr
-    cells = json.loads(out.read_text())["cells"]
+    got = json.loads(out.read_text())
+    assert got["provenance"]["kvtier_version"]
+    cells = got["cells"]
     assert [(c["entry_bytes"], c["in_flight"]) for c in cells] == [
         (128 << 10, 1),
         (128 << 10, 4),
