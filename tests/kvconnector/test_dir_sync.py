@@ -7,10 +7,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+from kvconnector.files import DirSyncer
+
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
 # Writes `n` entries from `threads` threads into a DiskTier, then deletes and rewrites one so a spare is overwritten;
 # after each write returns, stats a marker name so strace shows where the acknowledgement falls.
@@ -62,6 +65,7 @@ def _trace(tmp_path, n, threads):
     return events
 
 
+@needs_strace
 def test_each_write_fsyncs_its_directory_after_the_rename_and_before_it_returns(tmp_path):
     pending: list[str] = []  # renames that publish an entry, not yet covered by a directory fsync
     acked = []
@@ -76,6 +80,7 @@ def test_each_write_fsyncs_its_directory_after_the_rename_and_before_it_returns(
     assert acked == ["k0", "k1", "k2", "again"]
 
 
+@needs_strace
 def test_concurrent_writers_share_directory_fsyncs(tmp_path):
     n = 64
     kinds = [kind for kind, _ in _trace(tmp_path, n=n, threads=8)]
@@ -84,3 +89,24 @@ def test_concurrent_writers_share_directory_fsyncs(tmp_path):
     # Every write waits for a directory fsync, yet fewer ran than writes: writers that renamed while one was running
     # share the next.
     assert 0 < fsyncs < renames, (fsyncs, renames)
+
+
+def test_a_failed_directory_fsync_reaches_every_writer_it_covered_and_the_next_sync_runs_again(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    syncer = DirSyncer(str(gone))
+    syncer.sync()
+    gone.rmdir()  # the next fsync cannot even open the directory
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda _: _outcome(syncer.sync), range(32)))
+    assert outcomes == ["FileNotFoundError"] * 32
+    gone.mkdir()  # a later call leads a fresh fsync: no writer is left waiting on the failed one
+    syncer.sync()
+
+
+def _outcome(call):
+    try:
+        call()
+    except OSError as exc:
+        return type(exc).__name__
+    return "ok"
