@@ -88,49 +88,52 @@ def unlink_quietly(path: str | os.PathLike) -> None:
 _DIR_FSYNC_UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
+class _Round:
+    """One directory fsync: every caller that joined it before it began waits for it and gets its error."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: OSError | None = None
+
+
 class DirSyncer:
-    """Group commit of one directory's renames. A rename is durable only once its directory is fsynced; a caller
-    takes a ticket after its rename and returns once an fsync that began after the ticket has finished. One caller at
-    a time runs the fsync (the leader) for every ticket taken before it began; the others wait for it, or lead the
-    next round, so N concurrent writers cost about two directory fsyncs, not N."""
+    """Group commit of one directory's renames. A rename is durable only once its directory is fsynced; a caller joins
+    the next fsync that has not begun yet and returns when it has finished. One caller at a time runs an fsync (the
+    leader) for everyone who joined it; callers arriving meanwhile join the following one, so N concurrent writers cost
+    about two directory fsyncs, not N."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._cond = threading.Condition()
-        self._taken = 0  # tickets handed out
-        self._synced = 0  # every ticket up to this one is covered by a finished fsync
+        self._next = _Round()  # the fsync that new callers join; it begins when a leader takes it
         self._leading = False
-        self._failed: tuple[int, int, OSError] | None = None  # (first, last) tickets of a failed round, its error
-        self.fsyncs = 0  # directory fsyncs run (for tests and benchmarks)
 
     def sync(self) -> None:
         """Return once every rename this thread did in the directory before the call is durable. Raises the OSError
-        of a failed fsync that was to cover them."""
+        of the fsync that was to cover them."""
         with self._cond:
-            self._taken += 1
-            ticket = self._taken
-            while self._synced < ticket:
-                if self._leading:
+            mine = self._next
+            while not mine.done:
+                if self._leading:  # an earlier fsync is running: it may have begun before this thread's rename
                     self._cond.wait()
                     continue
+                # No fsync running and mine not done: mine has not begun, so this thread runs it.
                 self._leading = True
-                first, upto = self._synced + 1, self._taken
+                self._next = _Round()
                 self._cond.release()
-                error = None
                 try:
                     _fsync_dir(self.directory)
                 except OSError as exc:
-                    error = exc
+                    mine.error = exc
                 finally:
                     self._cond.acquire()
                     self._leading = False
-                    self._synced = upto
-                    self.fsyncs += 1
-                    self._failed = (first, upto, error) if error else self._failed
+                    mine.done = True
                     self._cond.notify_all()
-            failed = self._failed
-            if failed and failed[0] <= ticket <= failed[1]:
-                raise failed[2]
+            if mine.error is not None:
+                raise mine.error
 
 
 def _fsync_dir(directory: str) -> None:
