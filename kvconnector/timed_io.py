@@ -10,9 +10,9 @@ Two modes:
   random buffer, LMCache's CPU buffers) go to the kernel with no copy; the tail is padded through a scratch page.
 - buffered: plain write + fdatasync; before each read posix_fadvise(DONTNEED) drops the file's (clean) pages, so the
   read is served by the device, not the page cache.
-Both modes write a temp file whole, rename it into place, fdatasync it and fsync the directory (`files.sync_dir`, one
-fsync shared by concurrent writers) before the write returns: an entry is never seen half-written, and an
-acknowledged one (data and name) survives a power cut.
+Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen
+half-written; the directory is then fsynced (`files.sync_dir`, one fsync shared by concurrent writers) before the
+write returns, so the new name survives a power cut too.
 A write may instead overwrite a spare file (a retired entry's file of the same size): its blocks are already allocated
 and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout
 trick).
@@ -21,7 +21,7 @@ Large payloads are checksummed beside their own write: the payload goes to the d
 a hash thread computes the xxh3 and then writes the header page (the checksum is in it) into the same file, so the
 hash (about 1 ms per 4 MiB from memory here, over a quarter of a 16 MiB entry's time) is hidden under the payload's
 transfer instead of delaying it. Writing the header after the payload is safe because nothing reads the file before
-the rename that follows both writes: a crash in between leaves a temp file, which a rescan removes.
+the fdatasync and the rename that follow both writes: a crash in between leaves a temp file, which a rescan removes.
 
 Large reads are pipelined the same way: piece k's checksum is computed on a hash thread while piece k+1 is read.
 
@@ -161,8 +161,7 @@ def write_entry(
     dtype: str = "uint8",
     spare: str | None = None,
 ) -> OpTiming:
-    """Write one entry durably (temp file, rename, fdatasync, directory fsync).
-    Raises StorageFullError on ENOSPC/EDQUOT.
+    """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT.
     `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
     it is consumed (renamed into place, or removed on failure)."""
     t0 = perf_counter_ns()
@@ -185,20 +184,13 @@ def write_entry(
         else:
             pack_header(scratch.header, dataclasses.replace(header, checksum=checksum(chunks)))
             device_ns += _pwritev_all(fd, [scratch.header, *payload])
-        # The whole entry is written before its name appears, so no reader sees half of it. The rename goes before
-        # the fdatasync so that one journal commit makes both the file's blocks and its name durable (ext4 commits
-        # the running transaction, rename included; the directory fsync then finds it done). Fills of new entries
-        # ran 1.18x as fast as with fdatasync, rename, fsync (one writer, 128 KiB and 32 MiB), 1.02x (8 writers,
-        # 128 KiB), 1.88x (8 writers, 32 MiB; rounds 1.02-2.28). A power cut before the fdatasync
-        # returns may keep a name whose data did not reach the disk on some filesystems: that entry was never
-        # acknowledged, and its checksum refuses it.
-        os.rename(tmp, path)
-        tmp = path  # published: a failure from here removes the entry, which the caller does not count as stored
         d0 = perf_counter_ns()
         os.fdatasync(fd)
         device_ns += perf_counter_ns() - d0
         os.close(fd)
         fd = -1
+        os.rename(tmp, path)
+        tmp = path  # published: a failure from here removes the entry, which the caller does not count as stored
         # The entry counts as stored only once its name is durable. Device time: the wait is for the journal commit,
         # whichever writer's fsync it is.
         d0 = perf_counter_ns()
