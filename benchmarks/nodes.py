@@ -37,6 +37,7 @@ from pathlib import Path
 from benchmarks.shared_vs_private import replay_point
 from deploy import SCRIPTS, make_tiny_model
 from replay.openai.server_metrics import Snapshot, derive
+from replay.outputs.provenance import provenance
 
 PROG = "nodes"
 TIER = {"glusterfs": "shared", "redis-cluster": "redis", "private": "disk"}  # kvtier's name of each kind's tier
@@ -162,7 +163,7 @@ def main() -> int:
     report(rows, a.nodes)
     print(f"wall {wall:.0f} s; load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f} (2 vCPUs)")
     if a.json:
-        doc = {"rows": rows, "args": {k: v for k, v in vars(a).items() if k != "json"},
+        doc = {"provenance": provenance(), "rows": rows, "args": {k: v for k, v in vars(a).items() if k != "json"},
                "wall_s": round(wall, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}  # fmt: skip
         Path(a.json).write_text(json.dumps(doc, indent=2))
     return code

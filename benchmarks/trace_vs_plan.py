@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from kvconnector.backend_config import BackendConfig
+    from replay.outputs.provenance import provenance
     from replay.sources.block_traces import load_block_trace
 
     a = parse(argv)
@@ -214,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     ok = all(abs(r["vllm_minus_plan"]) <= TARGET_POINTS and abs(r["kvtier_minus_plan"]) <= TARGET_POINTS for r in rows)
     doc = {
+        "provenance": provenance(),
         "command": " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "loadavg_before": [round(x, 2) for x in load0],
