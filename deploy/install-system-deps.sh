@@ -3,10 +3,11 @@
 # sysstat (iostat), openmpi-bin/libopenmpi-dev (mpirun for the multi-host bench tests; mpi4py builds against it when
 # no wheel fits), fuse3 (fusermount3 and libfuse3 for kvtier throttlefs), sudo (a user's
 # `kvtier bench --enable-latency-tracing` starts only the tracer as root through `sudo -n`), glusterfs-server and
-# glusterfs-client (deploy/glusterfs.sh: a GlusterFS volume as the shared tier, and its tests). Installs only what is
+# glusterfs-client (deploy/glusterfs.sh: a GlusterFS volume as the shared tier, and its tests), strace (the tests
+# that watch the write path's system calls: the directory fsync before a put is acknowledged). Installs only what is
 # missing; needs root for that, otherwise says what to install.
 set -euo pipefail
-want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo glusterfs-server glusterfs-client)
+want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo glusterfs-server glusterfs-client strace)
 missing=()
 for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
