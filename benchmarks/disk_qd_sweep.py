@@ -26,12 +26,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchmarks.disk_vs_fio import run_kvtier
+from benchmarks.disk_vs_fio import run_fio, run_kvtier
 from kvconnector.tiers import DiskTier
 from replay.outputs.provenance import provenance
 from replay.synthetic.payload import RandomPayload
@@ -41,38 +40,10 @@ KIB = 1 << 10
 
 
 def fio_side(directory: str, rw: str, obj: int, qd: int, count: int) -> dict:
-    """One fio run laid out as disk_vs_fio's (one new file per object, created inside the timed run). Its CPU is what
-    its jobs report (usr + sys share of their summed runtimes), so fio's own start-up is not in it; disk_vs_fio's
-    figure (share x whole seconds elapsed) is too coarse for cells of a fraction of a second."""
-    cmd = [
-        "fio",
-        "--name=ref",
-        f"--directory={directory}",
-        f"--rw={rw}",
-        f"--bs={obj}",
-        f"--numjobs={qd}",
-        "--ioengine=psync",
-        "--direct=1",
-        "--group_reporting",
-        "--output-format=json",
-        f"--filesize={obj}",
-        f"--nrfiles={count // qd}",
-        "--create_on_open=1",
-        "--file_service_type=sequential",
-        "--openfiles=1",
-        "--filename_format=fio.$jobnum.$filenum",
-    ]
-    if rw == "write":
-        cmd += ["--fdatasync=1", "--end_fsync=1"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    job = json.loads(out[out.index("{") :])["jobs"][0]
-    side = job["read" if rw == "read" else "write"]
-    cpu_s = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
-    return {
-        "gbps": side["bw_bytes"] / 1e9,
-        "bytes": side["io_bytes"],
-        "cpu_s_per_gib": cpu_s / (side["io_bytes"] / GIB),
-    }
+    """One fio run laid out as disk_vs_fio's (one new file per object, created inside the timed run), `count` objects
+    over `qd` jobs; its CPU is what its jobs report, so fio's own start-up is not in it."""
+    res = run_fio(directory, rw, obj, qd, (count // qd) * obj)
+    return {"gbps": res["gbps"], "bytes": res["bytes"], "cpu_s_per_gib": res["cpu_s"] / (res["bytes"] / GIB)}
 
 
 def cell_count(obj: int, qd: int, cell_bytes: int) -> int:

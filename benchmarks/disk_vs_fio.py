@@ -83,7 +83,8 @@ def run_fio(directory: str, rw: str, obj: int, workers: int, per_job: int, job_f
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     job = json.loads(out[out.index("{") :])["jobs"][0]
     side = job["read" if rw == "read" else "write"]
-    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["elapsed"] if "elapsed" in job else float("nan")
+    # CPU as its jobs report it: usr + sys share of their summed runtime (ms), so fio's own start-up is not in it
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
     return {"gbps": side["bw_bytes"] / 1e9, "bytes": side["io_bytes"], "cpu_s": cpu}
 
 
