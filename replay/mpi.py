@@ -11,9 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import time
+
+from .cli_common import STOP_SIGNALS
 
 # mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
 SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -101,3 +105,20 @@ def first_error(errors: list) -> tuple[int, str] | None:
     r, (code, msg) = failed[0]
     same_everywhere = len(failed) == len(errors) and all(err[1] == msg for _, err in failed)
     return code, msg if same_everywhere else f"rank {r}: {msg}"
+
+
+@contextlib.contextmanager
+def recorded_stop_signals():
+    """While the block runs, SIGINT/SIGTERM are only recorded (a rank acts on them between its collective steps, so it
+    never leaves the others waiting in one): yields (the signals received, the handler that records them)."""
+    received: list[int] = []
+
+    def record(signum, _frame):
+        received.append(signum)
+
+    old = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
+    try:
+        yield received, record
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -47,7 +47,7 @@ from replay.openai.merge import merge_ranks, rank_clock
 from replay.sources.base import WorkloadError
 
 from ..cli_common import STOP_SIGNALS, exit_code, fail
-from ..mpi import RANK_ENV, Peers, env_int, first_error, split, world_size
+from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, split, world_size
 
 PROG = "kvtier replay"
 WATCH_EVERY_S = 0.1
@@ -223,17 +223,8 @@ def run_rank(steps: ReplaySteps) -> int:
     if failed:
         return fail(PROG, failed[1], failed[0]) if rank == 0 else failed[0]
 
-    received: list[int] = []  # a signal outside the event loop: the run stops as soon as it starts
-
-    def record(signum, _frame):
-        received.append(signum)
-
-    old = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
-    try:
+    with recorded_stop_signals() as (received, record):  # a signal outside the event loop: the run stops at its start
         return _run(MPI, comm, cfg, steps, received, record)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _run(MPI, comm, cfg, steps: ReplaySteps, received: list[int], record) -> int:

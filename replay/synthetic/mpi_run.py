@@ -34,8 +34,8 @@ from collections.abc import Callable
 
 from kvconnector.errors import ConfigError, KvtierError
 
-from ..cli_common import STOP_SIGNALS, Interrupted, stop_signals_raise
-from ..mpi import RANK_ENV, Peers, env_int, first_error, world_size
+from ..cli_common import Interrupted, stop_signals_raise
+from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, world_size
 from .bench import Bench
 from .config import BenchConfig
 from .finish import bench_fail, finish
@@ -73,17 +73,8 @@ def run_rank(load_config: Callable[[], BenchConfig], inv: Invocation) -> int:
 
     comm = MPI.COMM_WORLD
     local_size = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    received: list[int] = []  # a signal between the steps: the rank stops at the start of its window
-
-    def record(signum, _frame):
-        received.append(signum)
-
-    old = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
-    try:
+    with recorded_stop_signals() as (received, _):  # a signal between the steps: the rank stops at its window's start
         return _run(MPI, comm, local_size, load_config, inv, received)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: list[int]) -> int:
