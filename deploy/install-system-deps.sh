@@ -5,11 +5,12 @@
 # `kvtier bench --enable-latency-tracing` starts only the tracer as root through `sudo -n`), glusterfs-server and
 # glusterfs-client (deploy/glusterfs.sh: a GlusterFS volume as the shared tier, and its tests), strace (the tests
 # that watch the write path's system calls: the directory fsync before a put is acknowledged), prometheus (promtool
-# and `run-stack.sh up --prometheus`: the stack's metrics scraped, its recording rules). Installs only what is
+# and `run-stack.sh up --prometheus`: the stack's metrics scraped, its recording rules), chromium and chromium-driver (the HTML
+# report's test loads each report in a headless browser through selenium). Installs only what is
 # missing; needs root for that, otherwise says what to install.
 set -euo pipefail
 want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo glusterfs-server glusterfs-client strace
-      prometheus)
+      prometheus chromium chromium-driver)
 missing=()
 for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
