@@ -38,8 +38,14 @@ PING_TIMEOUT_S = 5
 OP_BOUND_S = 3 * PING_TIMEOUT_S + 5
 # Back to normal within this after the fault ends. A client retries a lost connection every 3 s; after a long cut its
 # cached layout of a directory may still lack a brick for a while, and creating a file there fails (EIO, "no subvolume
-# in layout"; EINVAL) until it refreshes it: measured 2.5 s after a brick restart, 1 to 14 s after the link came back.
+# in layout"; EINVAL on rename) until it refreshes it, even once both bricks are connected again (the mount log shows
+# the reconnects within 5 s and the failed creates going on): measured 2.5 s after a brick restart; after the link came
+# back 1 to 14 s here, and once, on a fresh CI machine, still failing 32 s later when the 60 s run ended. So the
+# link-cut run goes on for LINK_RUN_AFTER_S after the link is back, and the bound is generous: what the test holds is
+# that the tier comes back by itself, not how fast GlusterFS refreshes a layout.
 RECOVERY_BOUND_S = 25
+LINK_RECOVERY_BOUND_S = 60
+LINK_RUN_AFTER_S = 75
 ERRORS = ("store_errors", "load_errors")
 N = 256 << 10
 
@@ -340,19 +346,19 @@ def test_the_storage_nodes_link_cut_while_two_nodes_store_and_load(vol):
         subprocess.run(["ip", "link", "set", vol.state["veth_host"], "up"], check=True)
         restored.append(time.time())
 
-    nodes, _ = run_nodes(vol.fresh("link"), 60, faults=[(4, cut), (28, mend)])
+    nodes, _ = run_nodes(vol.fresh("link"), 28 + LINK_RUN_AFTER_S, faults=[(4, cut), (28, mend)])
     rows = report(f"storage link down at 4 s for 24 s (ping-timeout {PING_TIMEOUT_S} s)", nodes, restored[0])
-    _check_fault(nodes, rows, restored[0])
+    _check_fault(nodes, rows, restored[0], LINK_RECOVERY_BOUND_S)
     for row in rows.values():
         assert "put:store_errors" in row["outcomes"]
 
 
-def _check_fault(nodes: list[dict], rows: dict, restored_at: float) -> None:
+def _check_fault(nodes: list[dict], rows: dict, restored_at: float, recovery_bound_s: float = RECOVERY_BOUND_S) -> None:
     for n in nodes:
         row = rows[n["name"]]
         assert row["corrupt_served"] == 0
         assert row["slowest_op_s"] < OP_BOUND_S
-        assert row["recovery_s"] < RECOVERY_BOUND_S
+        assert row["recovery_s"] < recovery_bound_s
         # After the recovery, the tier stores and serves again.
         late = Counter(f"{op}:{outcome}" for t, op, outcome, _ in n["ops"] if t > restored_at + row["recovery_s"])
         assert late["put:ok"] > 0 and late["get:hit"] > 0, late
