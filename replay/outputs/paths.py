@@ -6,6 +6,12 @@ The rules, for every command and every output file:
 - A file is written whole or not at all: a temp file beside it, then one rename (`atomic_path`, from
   kvconnector.files, re-exported here). Results are not secrets: files get 0644 under the user's umask, like any file
   a command writes.
+- `claim_outputs` is the one check a command makes with all its outputs before it runs: each path checked as
+  above, every output distinct from the others and from the inputs (after resolving: a symlink, `./x` or a hard link
+  to the same file counts as the same), none existing unless the command replaces files it is given (`replace`), and
+  each claimed: a lock (`flock`) on `.<name>.kvtier-claim` beside it, held until the command ends, so a second
+  command writing the same path at the same time gets one clear error instead of replacing the first's file. The
+  kernel drops the lock of a killed process; its claim file is taken over (and removed) by the next command.
 - A default name (`default_results_path`) never replaces an existing file: the name is taken with an exclusive link,
   and a `-2`, `-3`, ... suffix is added when two runs pick the same second.
 - If the requested path can no longer be written when the run ends (disk full, directory removed), the results go
@@ -14,13 +20,16 @@ The rules, for every command and every output file:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from kvconnector.errors import ConfigError
 from kvconnector.files import atomic_path
@@ -80,14 +89,165 @@ def check_dir(path: str, what: str) -> None:
     _probe_dir(path, what)
 
 
-def check_outputs(files: dict[str, str | None], dirs: dict[str, str | None] | None = None) -> None:
-    """Check every given output ({flag: path}); raise ConfigError naming the first that cannot be written."""
+def _identity(path: str) -> tuple:
+    """What makes two paths one file: the inode of an existing one (symlinks and hard links resolve to it), else the
+    resolved path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("path", os.path.realpath(path))
+    return ("inode", st.st_dev, st.st_ino)
+
+
+def check_distinct(outputs: Mapping[str, str | None], inputs: Mapping[str, str | None] | None = None) -> None:
+    """Every output ({flag: path}) names its own file, none of them an input: two writers on one file would leave
+    only the last one's output (or an input replaced by an output)."""
+    seen: dict[tuple, str] = {}
+    for what, path in (inputs or {}).items():
+        if path:
+            seen.setdefault(_identity(path), f"the input {what}" if what != path else f"an input ({path})")
+    claimed: dict[tuple, str] = {}
+    for what, path in outputs.items():
+        if not path:
+            continue
+        key = _identity(path)
+        if key in seen:
+            raise ConfigError(f"{what} {path}: is also {seen[key]}; give each output its own file")
+        if key in claimed:
+            raise ConfigError(f"{what} {path}: also given to {claimed[key]}; give each output its own file")
+        claimed[key] = what
+    return None
+
+
+def check_outputs(
+    files: Mapping[str, str | None],
+    dirs: Mapping[str, str | None] | None = None,
+    inputs: Mapping[str, str | None] | None = None,
+) -> None:
+    """Check every given output ({flag: path}): each distinct (`check_distinct`) and writable; raise ConfigError
+    naming the first that is not. Creates nothing; `claim_outputs` is this plus the claim."""
+    check_distinct({**files, **(dirs or {})}, inputs)
     for what, path in files.items():
         if path:
             check_file(path, what)
     for what, path in (dirs or {}).items():
         if path:
             check_dir(path, what)
+
+
+def _claim_name(path: str) -> str:
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.kvtier-claim")
+
+
+class OutputClaim:
+    """The outputs one command holds (see `claim_outputs`). `release()` (or leaving the `with` block) drops the
+    locks, removes the claim files and the directories made for them that are still empty; process exit does too."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, str] = {}  # flag -> path, the files claimed
+        self._held: list[tuple[str, int]] = []  # (claim file, its locked descriptor)
+        self._made_dirs: list[str] = []
+
+    def _make_parent(self, path: str) -> None:
+        missing = []
+        d = os.path.dirname(os.path.abspath(path))
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            self._made_dirs.append(d)
+
+    def _lock(self, what: str, path: str) -> None:
+        name = _claim_name(path)
+        while True:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ConfigError(
+                    f"{what} {path}: another kvtier command (pid {owner}) is writing it; give another path or wait"
+                ) from None
+            except OSError:  # a filesystem without flock: the exclusive-create check below is all there is
+                pass
+            try:  # the previous holder may have removed the file between our open and our lock: lock the new one
+                same = os.path.samestat(os.fstat(fd), os.stat(name))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._held.append((name, fd))
+
+    def release(self) -> None:
+        while self._held:
+            name, fd = self._held.pop()
+            with contextlib.suppress(OSError):
+                os.unlink(name)  # unlinked before the lock drops: the next holder locks a file that stays
+            os.close(fd)
+        while self._made_dirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._made_dirs.pop())  # only if nothing was written into it
+        with contextlib.suppress(ValueError):
+            _LIVE_CLAIMS.remove(self)
+
+    def __enter__(self) -> OutputClaim:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+_LIVE_CLAIMS: list[OutputClaim] = []
+
+
+@atexit.register
+def _release_all() -> None:
+    for c in list(_LIVE_CLAIMS):
+        c.release()
+
+
+def claim_outputs(
+    files: Mapping[str, str | None],
+    dirs: Mapping[str, str | None] | None = None,
+    *,
+    inputs: Mapping[str, str | None] | None = None,
+    replace: bool | Iterable[str] = True,
+    exists_hint: str = "give a new path (this command never replaces a file)",
+) -> OutputClaim:
+    """The one check a command makes before it runs, with all its outputs: `files` and `dirs` ({flag: path}, None
+    for one not asked for), the files it reads (`inputs`, which no output may be). `replace`: whether an existing
+    file may be replaced (True, False, or the flags that may); `exists_hint` ends the error when one may not.
+    Each file is then claimed (see the module docstring) and stays claimed until the returned `OutputClaim` is
+    released. Raises ConfigError naming the first problem, having claimed and created nothing."""
+    check_outputs(files, dirs, inputs)
+    may_replace = (lambda what: replace) if isinstance(replace, bool) else (lambda what, r=set(replace): what in r)
+    claim = OutputClaim()
+    try:
+        for what, path in files.items():
+            if not path:
+                continue
+            claim._make_parent(path)
+            try:
+                claim._lock(what, path)
+            except OSError as exc:
+                raise ConfigError(f"{what} {path}: cannot claim it ({os_reason(exc)})") from exc
+            if not may_replace(what) and os.path.lexists(path):
+                raise ConfigError(f"{what} {path}: exists; {exists_hint}")
+            claim.paths[what] = path
+    except BaseException:
+        claim.release()
+        raise
+    _LIVE_CLAIMS.append(claim)
+    return claim
 
 
 def _candidates(path: str) -> Iterator[str]:

@@ -298,15 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         check_modes(cfg, inv)
-        output, is_default = check_output_paths(cfg)
+        output, is_default, claim = check_output_paths(cfg, inv.trials)
     except ConfigError as exc:
         return bench_fail(str(exc))
-    if inv.trials:
-        code = run_trials(cfg, output, is_default, inv.trials, inv.vary_seed)
-    elif cfg.num_clients > 1:
-        code = run_clients(cfg, output, is_default)
-    else:
-        code = run_single(cfg, output, is_default)
+    with claim:
+        if inv.trials:
+            code = run_trials(cfg, output, is_default, inv.trials, inv.vary_seed)
+        elif cfg.num_clients > 1:
+            code = run_clients(cfg, output, is_default)
+        else:
+            code = run_single(cfg, output, is_default)
     if inv.submission_check and code == 0:
         code = check_main([output])
     return code

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from kvconnector.errors import ConfigError, KvtierError
 
 from ..cli_common import Interrupted, stop_signals_raise
-from ..outputs.paths import check_outputs, default_results_path
+from ..outputs.paths import OutputClaim, claim_outputs, default_results_path
 from .bench import Bench
 from .config import BenchConfig
 from .finish import PROG, bench_fail, finish
@@ -38,10 +38,15 @@ class Invocation:
     submission_check: bool = False
 
 
+# Trials run one after another, each a whole run with its own results file: the spec asks for 3-5, and 1,000 runs of
+# the shortest useful length (a minute) are most of a day; every trial's plan and output path is made up front.
+MAX_TRIALS = 1000
+
+
 def check_invocation(inv: Invocation, ranks: int = 1) -> None:
     """The checks that need no configuration (made before MPI starts, so a refusal costs nothing)."""
-    if inv.trials is not None and inv.trials < 1:
-        raise ConfigError(f"--trials {inv.trials}: give 1 or more")
+    if inv.trials is not None and not 1 <= inv.trials <= MAX_TRIALS:
+        raise ConfigError(f"--trials {inv.trials}: give 1 to {MAX_TRIALS}")
     if ranks > 1 and (inv.trials or inv.submission_check):
         # Never ignored silently: a trial is one whole mpirun job.
         raise ConfigError(
@@ -81,26 +86,30 @@ def check_modes(cfg: BenchConfig, inv: Invocation, ranks: int = 1) -> None:
             raise ConfigError(f"{ranks} ranks need at least as many users (--num-users {cfg.num_users})")
 
 
-def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
-    """Check every output path before anything runs; return (results path, whether it is the default name)."""
+def check_output_paths(cfg: BenchConfig, trials: int | None = None) -> tuple[str, bool, OutputClaim]:
+    """Check and claim every output path before anything runs (`claim_outputs`: distinct, not an input, writable);
+    return (results path, whether it is the default name, the claim, held until the process ends). Under --trials
+    the files claimed are the ones the trials write (results, CSV, XLSX and op logs per trial)."""
     output = cfg.output or default_results_path()
     files = {
-        "--output": output,
+        # a default name is taken with an exclusive link when written (a same-second run gets the next name)
+        "--output": cfg.output,
         "--xlsx-output": cfg.xlsx_output,
         "--csv-output": cfg.csv_output,
         "--io-trace-log": cfg.io_trace_log,
         "--io-op-log": cfg.io_op_log,
     }
-    seen: dict[str, str] = {}
-    for flag, path in files.items():
-        if path:
-            real = os.path.realpath(path)
-            if real in seen:  # two writers on one file would interleave and clobber each other
-                raise ConfigError(f"{flag} {path}: also given to {seen[real]}; give each output its own file")
-            seen[real] = flag
-    check_outputs(
+    if trials:
+        from .trials import trial_outputs  # the trials module runs through this one
+
+        files = {"--output": cfg.output, **trial_outputs(cfg, output, trials)}
+    inputs = {"--dataset-path": cfg.dataset_path, "--validation-trace": cfg.validation_trace}
+    if cfg.use_burst_trace:
+        inputs["--burst-trace-path"] = cfg.burst_trace_path
+    claim = claim_outputs(
         files,
         {"--plots": cfg.plots, "--enable-latency-tracing": trace_dir(output) if cfg.enable_latency_tracing else None},
+        inputs=inputs,
     )
     if cfg.enable_latency_tracing:  # before the set-up, so a user without root hears it at once
         from tracing.session import TracingUnavailable, check_available
@@ -108,8 +117,9 @@ def check_output_paths(cfg: BenchConfig) -> tuple[str, bool]:
         try:
             check_available()
         except TracingUnavailable as exc:
+            claim.release()
             raise ConfigError(f"--enable-latency-tracing: {exc}") from exc
-    return output, cfg.output is None
+    return output, cfg.output is None, claim
 
 
 def set_up(bench: Bench, cfg: BenchConfig, notes: bool, progress: bool) -> tuple[list, object]:

@@ -34,7 +34,7 @@ from kvconnector.validation import describe_validation_error
 
 from ..cli_common import OneLineParser, fail
 from ..merging import union_s
-from ..outputs.paths import check_outputs, default_results_path, write_results
+from ..outputs.paths import claim_outputs, default_results_path, write_results
 from .compare import CompareError, load_result
 from .config import BenchConfig
 from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
@@ -485,35 +485,33 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         output = args.output or default_results_path()
-        inputs = {os.path.realpath(p) for p in args.results}
-        for flag, path in (
-            ("--output", args.output),
-            ("--csv-output", args.csv_output),
-            ("--xlsx-output", args.xlsx_output),
-        ):
-            if path and os.path.realpath(path) in inputs:
-                raise MergeError(f"{flag} {path} is one of the inputs")
-        if args.output and os.path.lexists(args.output) and not args.force:
-            raise MergeError(f"--output {args.output} exists; pass --force to replace it")
+        if len({os.path.realpath(p) for p in args.results}) < len(args.results):
+            raise MergeError("a file is given twice: its run would count twice")
         try:
-            check_outputs(
-                {"--output": output, "--csv-output": args.csv_output, "--xlsx-output": args.xlsx_output},
+            claim = claim_outputs(
+                # a default name is taken with an exclusive link when written (a same-second run gets the next)
+                {"--output": args.output, "--csv-output": args.csv_output, "--xlsx-output": args.xlsx_output},
                 {"--plots": args.plots},
+                inputs={p: p for p in args.results},
+                replace=args.force,
+                exists_hint="pass --force to replace it",
             )
         except ConfigError as exc:
             raise MergeError(str(exc)) from None
-        if len(inputs) < len(args.results):
-            raise MergeError("a file is given twice: its run would count twice")
-        if args.labels is not None:
-            names = [s.strip() for s in args.labels.split(",")]
-            if len(names) != len(args.results) or len(set(names)) < len(names) or not all(names):
-                raise MergeError(f"--labels needs {len(args.results)} distinct names, got {args.labels!r}")
-        else:
-            names = list(args.results)
-        doc = merge_results([load_source(p) for p in args.results], names)
     except MergeError as exc:
         return fail(PROG, str(exc))
-    return write_merged(doc, output, args, is_default=args.output is None)
+    with claim:
+        try:
+            if args.labels is not None:
+                names = [s.strip() for s in args.labels.split(",")]
+                if len(names) != len(args.results) or len(set(names)) < len(names) or not all(names):
+                    raise MergeError(f"--labels needs {len(args.results)} distinct names, got {args.labels!r}")
+            else:
+                names = list(args.results)
+            doc = merge_results([load_source(p) for p in args.results], names)
+        except MergeError as exc:
+            return fail(PROG, str(exc))
+        return write_merged(doc, output, args, is_default=args.output is None)
 
 
 def write_merged(doc: dict, output: str, args, is_default: bool) -> int:

@@ -87,7 +87,7 @@ def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: lis
         cfg = load_config()
         check_modes(cfg, inv, size)
         if rank == 0:
-            output, is_default = check_output_paths(cfg)
+            output, is_default, _ = check_output_paths(cfg)  # claimed until the rank exits
     except ConfigError as exc:
         err = (2, str(exc))
     seed = cfg.seed if cfg is not None and cfg.seed is not None else int(time.time()) % 2**31

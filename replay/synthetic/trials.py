@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cli_common import Interrupted, stop_signals_raise
-from ..outputs.paths import check_outputs, write_results
+from ..outputs.paths import write_results
 from .config import BenchConfig
 from .finish import PROG, bench_fail
 from .lifecycle import run_single
@@ -192,6 +192,25 @@ def write_trials_plot(doc: dict, directory: str) -> str | None:
     return path
 
 
+def trial_outputs(cfg: BenchConfig, output: str, trials: int) -> dict[str, str | None]:
+    """The files the trials of `cfg` write, {what: path}: each trial's results and the outputs it was asked for."""
+    files: dict[str, str | None] = {}
+    for i in range(1, trials + 1):
+        files[f"trial {i} results"] = trial_path(output, i)
+        for key, flag in KEYED_OUTPUTS:
+            files[f"trial {i} {flag}"] = _suffixed(getattr(cfg, key), i)
+    return files
+
+
+# The per-trial file outputs: (config key, flag).
+KEYED_OUTPUTS = (
+    ("xlsx_output", "--xlsx-output"),
+    ("csv_output", "--csv-output"),
+    ("io_trace_log", "--io-trace-log"),
+    ("io_op_log", "--io-op-log"),
+)
+
+
 def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, vary_seed: bool = False) -> int:
     """Run `trials` trials of `cfg`, write each trial's results and the trials document; return the exit code."""
     if cfg.seed is None:  # one seed for every trial, chosen now and recorded
@@ -203,15 +222,11 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
                 update={
                     "output": trial_path(output, i),
                     "seed": cfg.seed + (i - 1 if vary_seed else 0),
-                    "xlsx_output": _suffixed(cfg.xlsx_output, i),
-                    "csv_output": _suffixed(cfg.csv_output, i),
                     "plots": os.path.join(cfg.plots, f"trial{i}") if cfg.plots else None,
-                    "io_trace_log": _suffixed(cfg.io_trace_log, i),
-                    "io_op_log": _suffixed(cfg.io_op_log, i),
+                    **{key: _suffixed(getattr(cfg, key), i) for key, _ in KEYED_OUTPUTS},
                 }
             )
         )
-    check_outputs({f"trial {i} results": p.output for i, p in enumerate(plans, 1)})
     per_trial: list[dict] = []
     docs: list[dict] = []
     code, status = 0, "completed"

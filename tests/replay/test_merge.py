@@ -112,7 +112,7 @@ def test_files_that_cannot_be_merged_are_refused_with_one_line(runs, tmp_path, c
         ((a, tmp_path / "buffered.json", "-o", out), "config key io_mode is 'buffered'"),
         ((a, a, "-o", out), "given twice"),
         ((a, b, tmp_path / "replay.json", "-o", out), "a `kvtier replay` summary"),
-        ((a, b, "-o", a), "--output " + str(a) + " is one of the inputs"),
+        ((a, b, "-o", a), "--output " + str(a) + ": is also an input"),
         ((a, b, "-o", tmp_path / "exists.json"), "exists; pass --force"),
         ((a, tmp_path / "missing.json", "-o", out), "no such file"),
         ((a, tmp_path / "trials.json", "-o", out), "merge its per-trial files"),
