@@ -33,7 +33,7 @@ from replay.sources.block_traces import FORMATS
 from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
 from ..mpi import world_size
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
-from ..outputs.paths import check_outputs, write_results
+from ..outputs.paths import OutputClaim, claim_outputs, write_results
 from ..settings import documented, load_settings
 
 PROG = "kvtier replay"
@@ -566,8 +566,13 @@ def write_outputs(cfg: ReplayConfig, summary: dict, rows: Callable[..., Iterable
     return summary
 
 
-def check_output_paths(cfg: ReplayConfig) -> None:
-    check_outputs({"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv}, {"--plots": cfg.plots})
+def check_output_paths(cfg: ReplayConfig) -> OutputClaim:
+    """Check and claim every output before the run (`claim_outputs`); the claim holds until released or exit."""
+    return claim_outputs(
+        {"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv},
+        {"--plots": cfg.plots},
+        inputs={"--dataset-path": cfg.dataset_path, "--trace-path": cfg.trace_path},
+    )
 
 
 def report(cfg: ReplayConfig, summary: dict, code: int) -> int:
@@ -600,9 +605,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     try:
         cfg = _config(argv)
-        check_output_paths(cfg)
+        claim = check_output_paths(cfg)
     except (WorkloadError, ConfigError) as exc:
         return fail(PROG, str(exc))
+    with claim:
+        return _run_and_write(cfg)
+
+
+def _run_and_write(cfg: ReplayConfig) -> int:
     state = RunState()
     meta: dict = {}
     code = 0
