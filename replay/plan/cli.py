@@ -19,7 +19,7 @@ from kvconnector.validation import describe_validation_error
 from replay.models import DTYPE_BYTES, resolve_model
 
 from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
-from ..outputs.paths import check_outputs
+from ..outputs.paths import claim_outputs
 from ..settings import documented, load_settings
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
 
@@ -417,10 +417,15 @@ def main(argv: list[str] | None = None) -> int:
         return trace_main(argv)
     try:
         cfg = load_config(argv)
-        check_outputs({"--output": cfg.output}, {"--plots": cfg.plots})
         kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs
+        claim = claim_outputs({"--output": cfg.output}, {"--plots": cfg.plots})
     except ConfigError as exc:
         return fail(PROG, str(exc))
+    with claim:
+        return _run_and_write(cfg, argv)
+
+
+def _run_and_write(cfg, argv: list[str]) -> int:
     try:
         doc, _ = run(cfg, argv)
     except ConfigError as exc:

@@ -17,7 +17,7 @@ from kvconnector.units import parse_size
 from replay.models import DTYPE_BYTES, resolve_model
 
 from ..cli_common import Interrupted, OneLineParser, fail
-from ..outputs.paths import check_outputs
+from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
 from ..settings import documented, load_settings
 from ..sources.base import WorkloadError
@@ -245,8 +245,16 @@ def _write(cfg, doc: dict) -> int:
 def main(argv: list[str]) -> int:
     try:
         cfg = load_config(argv)
-        check_outputs({"--output": cfg.output}, {"--plots": cfg.plots})
         _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
+        claim = claim_outputs({"--output": cfg.output}, {"--plots": cfg.plots}, inputs={t: t for t in cfg.trace})
+    except (ConfigError, WorkloadError) as exc:
+        return fail(PROG, str(exc))
+    with claim:
+        return _run_and_write(cfg, argv)
+
+
+def _run_and_write(cfg, argv: list[str]) -> int:
+    try:
         doc = run(cfg, argv)
     except (ConfigError, WorkloadError) as exc:
         return fail(PROG, str(exc))
