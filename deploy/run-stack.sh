@@ -5,6 +5,7 @@
 #   deploy/run-stack.sh up --device cpu|cuda --model DIR --vllm-port P --lmcache-port P2 --lmcache-http-port P3 \
 #                          --kv-dir DIR [--shared-dir DIR] [--instances N] [--mode mp|inprocess] [options]
 #   deploy/run-stack.sh up ... --nodes N [--shared glusterfs|redis-cluster] [--shared-bw RATE]   (as root)
+#   deploy/run-stack.sh up ... --prometheus [--prometheus-port P5] [--prometheus-interval S]
 #   deploy/run-stack.sh down [--state-dir DIR] [--grace S]
 #   deploy/run-stack.sh restart-lmcache [--state-dir DIR] [--instance I] [--signal TERM|KILL]
 #   deploy/run-stack.sh status [--state-dir DIR]
@@ -41,6 +42,10 @@
 #                          redis-cluster: python -m deploy.redis_cluster up --state-dir STATE/redis --bind BRIDGE, the
 #                          nodes' L2 tier below the disk tier (kvtier's redis_url; --shared-gb is its capacity per node)
 #   --shared-bw RATE       glusterfs only: tc tbf on the storage link, RATE each way (glusterfs.sh --bw: 200mbps)
+# Prometheus (Debian's `prometheus`, 2.42 tested; see "Prometheus" below):
+#   --prometheus           also start a Prometheus scraping every instance's (node's) vLLM, LMCache and kvtier
+#   --prometheus-port P5   its HTTP API and UI, on 127.0.0.1  [P3+30]
+#   --prometheus-interval S    seconds between scrapes and between rule evaluations  [5]
 # vLLM's own settings (defaults: what the end-to-end tests were sized for):
 #   --max-model-len N      longest prompt + answer in tokens  [2048]
 #   --max-num-seqs N       requests vLLM runs at once  [8]
@@ -77,6 +82,16 @@
 #   Everything made is recorded in STATE/nodes.state the moment it exists; `down` removes exactly that (processes,
 #   the shared tier, namespaces, bridge), also after a failed `up`, and is idempotent.
 #
+# Prometheus (--prometheus): a `prometheus` process on 127.0.0.1:P5 (in the root namespace: it reaches the nodes at
+#   their addresses) with STATE/prometheus/prometheus.yml, written by `python -m deploy.prometheus_config` from
+#   endpoints.json: jobs vllm, lmcache (mp only) and kvtier (--l2 kvtier only), one target per instance or node,
+#   each labelled stack_instance=<index>; the recording rules of deploy/prometheus/kvtier-rules.yml (hit rate per
+#   tier, bytes and operations per tier, latency quantiles per operation); its data in STATE/prometheus/data, kept
+#   across runs (remove the folder to start empty). endpoints.json "prometheus" and `status` give its URL; `down`
+#   stops it with the rest. deploy/grafana/kvtier-dashboard.json is a Grafana dashboard of the rules for a Grafana
+#   that has this Prometheus as a data source. `kvtier replay --metrics-url prometheus+http://127.0.0.1:P5` reads the
+#   run's server-side figures from it.
+#
 # example:
 #   $ deploy/make_tiny_model.py /tmp/tiny && deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 \
 #       --lmcache-port 5555 --lmcache-http-port 8090 --kv-dir /tmp/kvtier-cache
@@ -86,6 +101,10 @@
 #   state    /tmp/kvtier-stack-0  (pids, logs, endpoints.json; stop with: deploy/run-stack.sh down)
 #   $ deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 --lmcache-port 5555 \
 #       --lmcache-http-port 8090 --kv-dir /tmp/kvtier-cache --nodes 2 --shared glusterfs --disk-gb 0
+#   $ deploy/run-stack.sh up --device cpu --model /tmp/tiny --vllm-port 8000 --lmcache-port 5555 \
+#       --lmcache-http-port 8090 --kv-dir /tmp/kvtier-cache --prometheus
+#   ...
+#   prometheus http://127.0.0.1:8120  (STATE/prometheus/prometheus.yml, every 5 s)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -250,6 +269,8 @@ for i, node in enumerate(ep.get("nodes", [])):
     inst = ep["instances"][i]
     print(f"node{i}  {node['netns']}  {node['address']}  vllm {inst['vllm']}  lmcache {inst['lmcache_http']}  "
           f"kvtier {inst['kvtier_metrics']}")
+if ep.get("prometheus"):
+    print(f"prometheus  {ep['prometheus']}  (config {ep['state_dir']}/prometheus/prometheus.yml)")
 shared = ep.get("shared")
 if shared:
     where = shared.get("url") or ", ".join(shared.get("mounts", []))
@@ -286,7 +307,7 @@ cmd_restart_lmcache() {  # stop one LMCache server (TERM, or KILL for a crash te
 cmd_up() {
     local device="" model="" vport="" lport="" hport="" kvdir="" shared="" n=1 mode=mp mport="" disk_gb=4 shared_gb=4
     local io_mode=direct l1_gb=1 chunk=256 name=tiny timeout=300 l2kind=kvtier
-    local nodes="" shared_kind="" shared_bw="" gpk=""
+    local nodes="" shared_kind="" shared_bw="" gpk="" prom="" prom_port="" prom_interval=""
     local -a vextra=() lextra=()
     # vLLM's settings (the long-session experiment sizes them)
     local max_len=2048 max_seqs=8 prefix_caching=off vblock="" kv_space=""
@@ -323,6 +344,9 @@ cmd_up() {
             --shared) shared_kind=$2; shift 2 ;;
             --shared-bw) shared_bw=$2; shift 2 ;;
             --gpus-per-instance) gpk=$2; shift 2 ;;
+            --prometheus) prom=1; shift ;;
+            --prometheus-port) prom_port=$2; shift 2 ;;
+            --prometheus-interval) prom_interval=$2; shift 2 ;;
             *) die "up: unknown option $1 (see the header of $0)" ;;
         esac
     done
@@ -378,6 +402,15 @@ cmd_up() {
             command -v redis-server > /dev/null || die "--shared redis-cluster needs redis-server (apt-get install redis-server)"
         fi
     fi
+    if [[ -n $prom ]]; then
+        prom_interval=${prom_interval:-5}
+        command -v prometheus > /dev/null || die "--prometheus needs prometheus (apt-get install prometheus)"
+        [[ -z $prom_port || $prom_port =~ ^[1-9][0-9]*$ ]] || die "--prometheus-port must be a port number"
+        [[ $prom_interval =~ ^[0-9]*\.?[0-9]+$ ]] && "$PY" -c 'import sys; sys.exit(float(sys.argv[1]) < 0.1)' \
+            "$prom_interval" || die "--prometheus-interval must be a number of seconds >= 0.1"
+    else
+        [[ -z $prom_port && -z $prom_interval ]] || die "--prometheus-port and --prometheus-interval need --prometheus"
+    fi
     # ---- instance tiers (private / private+shared / shared) ----
     local tiers=private
     [[ -n $shared || -n $shared_kind ]] && tiers=private+shared
@@ -387,6 +420,7 @@ cmd_up() {
     fi
     # ---- end instance tiers ----
     mport=${mport:-$((hport + 10))}
+    prom_port=${prom_port:-$((hport + 30))}
     mkdir -p "$STATE"
     chmod 700 "$STATE"
     STATE=$(cd "$STATE" && pwd)  # the nodes' processes and the shared tier's mounts need absolute paths
@@ -526,9 +560,19 @@ EOF
     local joined nodes_joined=""
     joined=$(IFS=,; echo "${insts[*]}")
     [[ -n $nodes ]] && nodes_joined=$(IFS=,; echo "${node_json[*]}")
-    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "tiers": "%s", "state_dir": "%s", "instances": [%s], "nodes": [%s], "shared": %s}\n' \
+    local prom_json=null
+    [[ -n $prom ]] && prom_json="\"http://127.0.0.1:$prom_port\""
+    printf '{"mode": "%s", "l2": "%s", "device": "%s", "vllm": "http://127.0.0.1:%s", "model": "%s", "shared_dir": "%s", "tiers": "%s", "state_dir": "%s", "instances": [%s], "nodes": [%s], "shared": %s, "prometheus": %s}\n' \
         "$mode" "$l2kind" "$device" "$vport" "$name" "$shared" "$tiers" "$STATE" "$joined" "$nodes_joined" "$shared_json" \
-        > "$STATE/endpoints.json"
+        "$prom_json" > "$STATE/endpoints.json"
+    if [[ -n $prom ]]; then
+        # started last, so `down` (which stops in reverse order) stops it first: no scrape errors of servers stopping
+        mkdir -p -m 700 "$STATE/prometheus/data"
+        PYTHONPATH=$ROOT "$PY" -m deploy.prometheus_config "$STATE/endpoints.json" --interval "$prom_interval" \
+            > "$STATE/prometheus/prometheus.yml"
+        start prometheus prometheus --config.file "$STATE/prometheus/prometheus.yml" \
+            --storage.tsdb.path "$STATE/prometheus/data" --web.listen-address "127.0.0.1:$prom_port"
+    fi
 
     for ((i = 0; i < count; i++)); do
         if [[ $mode == mp ]]; then
@@ -540,6 +584,7 @@ EOF
         wait_http "vllm$i" "${vurls[i]}/health" "$deadline"
     done
     if [[ -n $nodes ]] || ((n > 1)); then wait_http proxy "http://127.0.0.1:$vport/health" "$deadline"; fi
+    [[ -z $prom ]] || wait_http prometheus "http://127.0.0.1:$prom_port/-/ready" "$deadline"
     trap - EXIT
     echo "vllm     http://127.0.0.1:$vport/v1"
     for ((i = 0; i < count; i++)); do
@@ -551,6 +596,7 @@ EOF
     done
     [[ -n $redis_url ]] && echo "shared   $redis_url"
     [[ $shared_kind == glusterfs ]] && echo "shared   GlusterFS $STATE/gluster/mnt* (one FUSE client per node)${shared_bw:+, $shared_bw each way}"
+    [[ -n $prom ]] && echo "prometheus http://127.0.0.1:$prom_port  ($STATE/prometheus/prometheus.yml, every $prom_interval s)"
     echo "state    $STATE  (pids, logs, endpoints.json; stop with: deploy/run-stack.sh down --state-dir $STATE)"
 }
 

@@ -1,7 +1,7 @@
-"""deploy/run-stack.sh's flags of the long-session experiment (benchmarks/collapse.py) and of nodes (--nodes, --shared,
---shared-bw, --gpus-per-instance): each wrong value is one line on stderr and exit 2 before anything starts (no state
-directory holds a pid, no namespace is made). No server is started here: the stacks these flags build are run by
-benchmarks/collapse.py and tests/e2e/test_nodes_stack.py."""
+"""deploy/run-stack.sh's flags of the long-session experiment (benchmarks/collapse.py), of nodes (--nodes, --shared,
+--shared-bw, --gpus-per-instance) and of Prometheus (--prometheus*): each wrong value is one line on stderr and exit 2
+before anything starts (no state directory holds a pid, no namespace is made). No server is started here: the stacks
+these flags build are run by benchmarks/collapse.py, tests/e2e/test_nodes_stack.py and test_prometheus_stack.py."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--nodes", "2", "--disk-gb", "0"], "--disk-gb 0 leaves kvtier no tier"),
         (["--gpus-per-instance", "1"], "--gpus-per-instance needs --device cuda"),
         (["--gpus-per-instance", "-1"], "--gpus-per-instance must be a positive integer"),
+        (["--prometheus-port", "9090"], "--prometheus-port and --prometheus-interval need --prometheus"),
+        (["--prometheus-interval", "1"], "--prometheus-port and --prometheus-interval need --prometheus"),
+        (["--prometheus", "--prometheus-port", "x"], "--prometheus-port must be a port number"),
+        (["--prometheus", "--prometheus-interval", "0.01"], "--prometheus-interval must be a number of seconds"),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(tmp_path, flags, message):
