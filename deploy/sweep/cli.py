@@ -21,7 +21,7 @@ from typing import Any
 from deploy import stack as live
 from kvconnector.errors import ConfigError
 from replay.cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
-from replay.outputs.paths import check_outputs, default_results_path, free_name, write_results
+from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
 from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, schedule
 from .metrics import HEADLINE, METRICS, extract, median, relative
@@ -43,7 +43,8 @@ Every point runs the driver as its own process (kvtier bench / kvtier replay wit
 owns the driver's --output (and bench's --cache-dir, replay's --base-url). The unthrottled point (no cap, no added
 latency) is the reference: it runs at the start of every pass and at the end, and the table and heat maps give each
 point's figures relative to its median. 0 or none in --bw means no cap. Per-run results files go into
-OUTPUT-stem.runs/ beside --output. The mount and its backing directory are temporary unless --mount/--backing are
+OUTPUT-stem.runs/ beside --output; neither replaces an earlier sweep's (an existing one is refused).
+The mount and its backing directory are temporary unless --mount/--backing are
 given (a given --backing is never emptied; the bench driver removes its own run directory).
 """
 
@@ -168,13 +169,17 @@ def _progress(i: int, n: int, p: Point, rep: int, msg: str) -> None:
     print(f"[{i}/{n}] pass {rep + 1}: {what}: {msg}", file=sys.stderr, flush=True)
 
 
-def run(a: argparse.Namespace, driver_args: list[str]) -> int:
+def runs_dir_of(output: str) -> str:
+    return os.path.splitext(output)[0] + ".runs"
+
+
+def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     bws, lats = parse_bw_list(a.bw), parse_lat_list(a.lat_ms)
     points = grid(bws, lats)
     order = schedule(points, a.repeat)
-    output = a.output or default_results_path()
-    runs_dir = free_name(os.path.splitext(output)[0] + ".runs")
-    os.makedirs(runs_dir)
+    runs_dir = runs_dir_of(output)
+    os.makedirs(os.path.dirname(os.path.abspath(runs_dir)), exist_ok=True)
+    os.mkdir(runs_dir)  # new, like the JSON: checked before the run, which holds the claim on the JSON
     made: list[str] = []  # temporary directories of ours, removed at the end (never a user's)
     if a.mount:
         mount = a.mount
@@ -280,7 +285,7 @@ def run(a: argparse.Namespace, driver_args: list[str]) -> int:
         from .plots import write_heatmaps
 
         doc["plots"] = write_heatmaps(doc, a.plots)
-    path, moved = write_results(output, doc, is_default=a.output is None)
+    path, moved = write_results(output, doc, is_default=True)  # never replaces a file, even one made meanwhile
     if moved:
         print(f"{PROG}: {moved}; written to {path} instead", file=sys.stderr)
     if doc["points"]:
@@ -307,16 +312,27 @@ def main(argv: list[str] | None = None) -> int:
         if "--kv-dir" in shlex.split(a.stack):
             raise ConfigError("--stack: leave out --kv-dir; the sweep puts it on the throttled mount")
         _check_driver_args(a.driver, driver_args)
-        check_outputs({"--output": a.output}, {"--plots": a.plots})
         for flag, d in (("--mount", a.mount), ("--backing", a.backing)):
             if d and not os.path.isdir(d):
                 raise ConfigError(f"{flag} {d}: not a directory")
         if a.mount and os.listdir(a.mount):
             raise ConfigError(f"--mount {a.mount}: not empty (the mount would hide its files)")
+        output = a.output or default_results_path()
+        # A sweep's JSON and its runs directory go together: neither replaces an earlier sweep's.
+        if os.path.lexists(runs_dir_of(output)):
+            raise ConfigError(
+                f"--output {output}: {runs_dir_of(output)} exists (an earlier sweep's runs); give a new --output"
+            )
+        claim = claim_outputs(
+            {"--output": output},
+            {"--plots": a.plots},
+            replace=False,
+            exists_hint="give a new --output (a sweep never replaces an earlier sweep's results)",
+        )
     except (ConfigError, SettingError) as exc:
         return fail(PROG, str(exc))
-    with stop_signals_raise():
-        return run(a, driver_args)
+    with claim, stop_signals_raise():
+        return run(a, driver_args, output)
 
 
 if __name__ == "__main__":

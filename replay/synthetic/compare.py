@@ -14,7 +14,7 @@ from kvconnector.units import GB
 
 from ..cli_common import OneLineParser, fail
 from ..outputs._common import sla_verdict_text
-from ..outputs.paths import atomic_path, check_outputs
+from ..outputs.paths import atomic_path, claim_outputs
 from ..sources.base import open_regular
 
 EXAMPLES = """\
@@ -241,10 +241,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        try:
-            check_outputs({"--json": args.json_out})
-        except ConfigError as exc:
-            raise CompareError(str(exc)) from None
+        claim = claim_outputs({"--json": args.json_out}, inputs={p: p for p in args.results})
+    except ConfigError as exc:
+        return fail("kvtier compare", str(exc))
+    with claim:
+        return _compare(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
         docs = [load_result(p) for p in args.results]
         if args.labels is not None:
             labels = [s.strip() for s in args.labels.split(",")]
