@@ -12,7 +12,7 @@ import errno
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -39,7 +39,7 @@ class Conversation:
     """A session: turn N's context is every earlier turn plus its own input, so turn N reuses turn N-1's KV."""
 
     conversation_id: str
-    turns: tuple[Turn, ...]
+    turns: Sequence[Turn]  # a tuple, or turns made as they are asked for (synthetic users)
     system_prompt: str | None = None
 
 
