@@ -83,6 +83,13 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _NAMED_CONFIG = re.compile(r"^([A-Za-z0-9_.-]+)=(.*)$", re.DOTALL)
 
 Size = Annotated[float, BeforeValidator(parse_size)]
+# Bounds on the work a plan asks for, checked before anything is simulated. The model costs about 3.5 us and 100 B
+# per session and keeps one row per round: a million sessions is 100 MB, 10^8 simulated requests about six minutes
+# on one core, and 100,000 rounds a per-round table larger than anyone reads (every round adds at least one token
+# to the prompt, so the last round is past every context length of the model catalog, 163,840 at most).
+MAX_SESSIONS = 1_000_000
+MAX_ROUNDS = 100_000
+MAX_SIMULATED_REQUESTS = 100_000_000
 Count = Annotated[int, Field(ge=1)]
 AnswerKV = Literal["reused", "recomputed"]
 Policy = Literal[POLICIES]  # type: ignore[valid-type]
@@ -188,6 +195,15 @@ class PlanConfig(BaseModel):
             raise ValueError("give --tier (one configuration) or --config NAME=... (several), not both")
         if not self.tiers and not self.configs:
             raise ValueError("give the cache: --tier NAME=SIZE (fastest first) or --config NAME='--tier ...'")
+        if self.concurrency > MAX_SESSIONS:
+            raise ValueError(f"--concurrency {self.concurrency}: at most {MAX_SESSIONS:,} sessions")
+        if self.rounds > MAX_ROUNDS:
+            raise ValueError(f"--rounds {self.rounds}: at most {MAX_ROUNDS:,} rounds")
+        if self.concurrency * self.rounds > MAX_SIMULATED_REQUESTS:
+            raise ValueError(
+                f"--concurrency {self.concurrency} x --rounds {self.rounds}: at most "
+                f"{MAX_SIMULATED_REQUESTS:,} simulated requests per configuration"
+            )
         if self.first_input_len is None and self.input_len < 1:
             raise ValueError("--input-len 0 needs --first-input-len (the first prompt cannot be empty)")
         for name in self.configs:

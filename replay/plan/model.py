@@ -149,10 +149,26 @@ class _Fenwick:
     __slots__ = ("tree",)
 
     def __init__(self, n: int) -> None:
-        self.tree = [0] * (n + 1)
+        # Grown as insertion numbers reach its end (doubling), so memory follows the requests simulated so far,
+        # not the `n` a caller expects (concurrency x rounds can be far beyond what a run reaches).
+        cap = 1
+        while cap < min(max(n, 1), 1 << 16):
+            cap <<= 1
+        self.tree = [0] * (cap + 1)
+
+    def _grow(self, i: int) -> None:
+        """Room for 1-based index `i`: the capacity doubles; the new nodes below the new top cover only numbers not
+        yet inserted (zero), the top covers everything, i.e. the old top's sum."""
+        tree = self.tree
+        while i >= len(tree):
+            cap = len(tree) - 1
+            tree.extend([0] * cap)
+            tree[2 * cap] = tree[cap]
 
     def add(self, i: int, delta: int) -> None:
         i += 1
+        if i >= len(self.tree):
+            self._grow(i)
         tree = self.tree
         while i < len(tree):
             tree[i] += delta
@@ -160,9 +176,9 @@ class _Fenwick:
 
     def prefix(self, i: int) -> int:
         """Sum over insertion numbers 0..i."""
-        i += 1
-        s = 0
         tree = self.tree
+        i = min(i + 1, len(tree) - 1)  # numbers past the end hold nothing yet
+        s = 0
         while i > 0:
             s += tree[i]
             i -= i & -i
@@ -231,6 +247,8 @@ class ChainLRU:
             self.fen.add(n, keep)
             self.used += keep
             self.lo[session], self.hi[session], self.seq[session] = stored_blocks - keep, stored_blocks, n
+            if len(self.runs) > 2 * len(self.seq) + 64:  # stale runs dropped now and then: memory follows sessions
+                self.runs = deque(r for r in self.runs if self.seq[r[1]] == r[0])
         else:
             self.lo[session] = self.hi[session] = 0
         return RequestOutcome(hit, written, evicted, by_tier)
