@@ -143,7 +143,12 @@ class ReplayConfig(BaseModel):
     concurrency: Count | None = None
     output_len: Count = 128
     input_len: Count = 256
-    range_ratio: float = Field(0.0, ge=0)
+    # vLLM's random dataset: lengths uniform in L*(1-r)..L*(1+r), so r below 1 (at 1 a prompt could be empty).
+    range_ratio: float = Field(0.0, ge=0, lt=1)
+    # The longest prompt the run may send, in tokens: a dataset row above it is cut to it (and counted), a
+    # synthetic workload whose prompts outgrow it is refused up front. 131,072 is Llama 3.1's context length
+    # (max_position_embeddings of its config.json); raise it for a model with a longer context.
+    max_prompt_tokens: Count = 131_072
     prefix_len: int = Field(0, ge=0)
     prefix_groups: Count = 1
     turns: Count = 1
@@ -192,6 +197,21 @@ class ReplayConfig(BaseModel):
             raise ValueError(
                 f"--trace-block-tokens rescales a block-hash trace ({', '.join(FORMATS)}), not {self.source}"
             )
+        if self.source == "synthetic":
+            if self.dataset_path or self.trace_path:
+                given = "--dataset-path" if self.dataset_path else "--trace-path"
+                raise ValueError(f"{given} is not read by --source synthetic (give --source sharegpt or burstgpt)")
+            rounds = self.rounds or self.turns  # each turn or round adds its input and the previous answer
+            longest = (
+                self.prefix_len
+                + rounds * math.ceil(self.input_len * (1 + self.range_ratio))
+                + (rounds - 1) * self.output_len
+            )
+            if longest > self.max_prompt_tokens:
+                raise ValueError(
+                    f"the synthetic prompts reach {longest:,} tokens (--prefix-len + --input-len x (1 + --range-ratio)"
+                    f" per turn, plus the earlier answers), over --max-prompt-tokens {self.max_prompt_tokens:,}"
+                )
         if self.rounds is not None:
             if not self.concurrency:
                 raise ValueError("--rounds needs --concurrency C (the number of sessions)")
@@ -247,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     g("--output-len", type=int, help="synthetic and long sessions: output tokens")
     g("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r); 0 = fixed")
     g("--prefix-len", type=int, help="synthetic: shared prefix tokens per group")
+    g(
+        "--max-prompt-tokens",
+        type=int,
+        help="the longest prompt sent: longer dataset rows are cut to it and counted, a synthetic "
+        "workload that outgrows it is refused",
+    )
     g("--prefix-groups", type=int, help="synthetic: number of shared-prefix groups")
     g("--turns", type=int, help="synthetic: turns per session")
     g("--max-tokens", help="'dataset' (the dataset's answer length) or a fixed number")
@@ -341,11 +367,14 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         from replay.sources.sharegpt import load_sharegpt
 
         limit = cfg.concurrency * 4 if cfg.rounds else cfg.num_requests
-        convs, report = load_sharegpt(cfg.dataset_path, max_conversations=limit)
+        convs, report = load_sharegpt(
+            cfg.dataset_path, max_conversations=limit, max_context_tokens=cfg.max_prompt_tokens
+        )
         meta["load_report"] = {
             "conversations": report.conversations,
             "turns": report.turns,
             "skipped": report.skipped,
+            "truncated": report.truncated,
             "tokenizer": report.tokenizer,
         }
         order = list(range(len(convs)))
@@ -374,11 +403,14 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
     if cfg.source == "burstgpt":
         from replay.sources.burstgpt import load_burstgpt
 
-        convs, report = load_burstgpt(cfg.trace_path, max_requests=cfg.num_requests)
+        convs, report = load_burstgpt(
+            cfg.trace_path, max_requests=cfg.num_requests, max_context_tokens=cfg.max_prompt_tokens
+        )
         meta["load_report"] = {
             "conversations": report.conversations,
             "turns": report.turns,
             "skipped": report.skipped,
+            "truncated": report.truncated,
             "tokenizer": report.tokenizer,
         }
         stamps = [t.arrival_s or 0.0 for c in convs for t in c.turns]
@@ -495,8 +527,11 @@ async def _run(cfg: ReplayConfig, state: RunState, job=None) -> dict:
         on_signal(job.received[0])
     meta: dict = {}
     async with drv.open_session():
-        if job is None:
-            pacing, plans, offsets, traced, meta = await _prepare(cfg, drv, rng, state)
+        if job is None:  # a signal during set-up (the /tokenize probe) ends it at once, nothing sent
+            prepared = await drv.unless_aborted(_prepare(cfg, drv, rng, state))
+            if prepared is None:
+                return meta
+            pacing, plans, offsets, traced, meta = prepared
             await drv.warmup(plans)
         else:  # this rank's share, warmed up, once every rank has set up
             pacing, plans, offsets, traced, meta = await job.set_up(_prepare(cfg, drv, rng, state), drv)

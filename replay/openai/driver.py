@@ -17,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.server_metrics import Snapshot, scrape
 from replay.openai.workload import SessionPlan, TurnPlan
+
+T = TypeVar("T")
 
 __all__ = ["Driver", "DriverOptions", "RunState"]
 
@@ -112,6 +115,24 @@ class Driver:
         if self.s.aborted is None:
             self.s.aborted = reason
         self._abort.set()
+
+    async def unless_aborted(self, aw: Awaitable[T]) -> T | None:
+        """`aw`'s result, or None as soon as the run is aborted (Ctrl-C during set-up: the /tokenize probe waits for
+        nothing more than the signal), `aw` then cancelled."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self._abort.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
 
     def close_window(self) -> None:
         """--duration reached: start nothing more; in-flight requests get `abort_grace_s`, as on an abort, but the

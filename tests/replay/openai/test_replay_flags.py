@@ -180,6 +180,19 @@ def p_trace_path(c: Ctx):
     assert rc == 0 and [b["max_tokens"] for b in bodies] == [3, 5, 7]  # the trace's response lengths
 
 
+@probe("--max-prompt-tokens")
+def p_max_prompt_tokens(c: Ctx):
+    args = ("--source", "burstgpt", "--trace-path", burst_trace(c), "--trace-speedup", "20")
+    with FakeServer() as srv:
+        rc, s = replay(srv, c, *args, "--max-prompt-tokens", "24")
+        bodies = srv.recent_bodies
+    # rows of 20+3, 30+5 and 25+7 tokens: the two over 24 are cut (prompt first, then the answer) and counted
+    assert rc == 0 and [(len(prompt(b).split()), b["max_tokens"]) for b in bodies] == [(20, 3), (24, 1), (24, 1)]
+    assert s["load_report"]["truncated"] == {"over_max_context_tokens": 2}
+    rc, _ = replay(FakeServer(), c, *SMALL, "--input-len", "30", "--max-prompt-tokens", "24")  # refused: never started
+    assert rc == 2 and "over --max-prompt-tokens 24" in c.capsys.readouterr().err
+
+
 @probe("--trace-block-tokens")
 def p_trace_block_tokens(c: Ctx):
     trace = c.tmp / "mc.jsonl"
