@@ -2,7 +2,8 @@
 """lmcache_vs_kvtier.py	store/load bandwidth and CPU cost: kvtier's disk tier vs LMCache's own disk path.
 
 usage: benchmarks/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 5]
-                                  [--io-workers N] [--lmcache-odirect both|on|off] [--no-drop-caches] [--json OUT]
+                                  [--io-workers N] [--lmcache-odirect both|on|off] [--huge-pages] [--no-drop-caches]
+                                  [--json OUT]
 
 Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
 page-aligned memory objects, the same chunk size and the same number of chunks in flight (one key per task, a
@@ -16,6 +17,8 @@ fs adapter has no eviction, so its n old chunks are deleted inside the timed pas
 Loads are cold: `sync; echo 1 > /proc/sys/vm/drop_caches` before every pass (root), for every side.
 Every side runs --rounds times, the order alternating between rounds; the table gives medians.
 CPU is the process's user+system time (getrusage) over the pass, per GB moved. Bandwidth in GB/s (1e9 bytes).
+The memory objects are 4 KiB pages, as LMCache's CPU memory is by default; --huge-pages backs them with transparent
+huge pages, as LMCache's `local_cpu_use_hugepages` does on CUDA hosts (O_DIRECT then pins 512x fewer pages).
 The load bytes are compared with what was stored; exit 1 if anything was missing or different.
 
 example (2 cores, virtio disk; the disk's speed swings up to 2x between runs, compare ratios within one run):
@@ -41,7 +44,7 @@ from deploy.host import cpu_s, drop_caches
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_objs(n: int, nbytes: int, fill: bool):
+def make_objs(n: int, nbytes: int, fill: bool, huge: bool = False):
     import numpy as np
     import torch
     from lmcache.v1.memory_management import MemoryFormat, MemoryObjMetadata, TensorMemoryObj
@@ -51,7 +54,7 @@ def make_objs(n: int, nbytes: int, fill: bool):
     objs = []
     rng = np.random.default_rng(0)
     for i in range(n):
-        buf = aligned_buffer(nbytes)
+        buf = aligned_buffer(nbytes, huge=huge)
         t = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes]
         if fill:
             t[:4096] = torch.from_numpy(rng.integers(0, 256, 4096, dtype=np.uint8))
@@ -170,6 +173,7 @@ def main() -> int:
     )
     ap.add_argument("--lmcache-odirect", choices=["both", "on", "off"], default="both")
     ap.add_argument("--rounds", type=int, default=5, help="repeat every side, alternating the order; medians")
+    ap.add_argument("--huge-pages", action="store_true", help="memory objects on transparent huge pages (both sides)")
     ap.add_argument("--no-drop-caches", action="store_true")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
@@ -194,9 +198,9 @@ def main() -> int:
     nbytes = a.chunk_mib << 20
     n = max(1, int(a.total_gb * 1e9 // nbytes))
     keys = [ObjectKey(i.to_bytes(8, "big"), "benchmarks/model", 0) for i in range(2 * n)]
-    src_pairs = make_objs(n, nbytes, True)  # keep the buffers alive with their tensors
+    src_pairs = make_objs(n, nbytes, True, a.huge_pages)  # keep the buffers alive with their tensors
     src = [o for _, o in src_pairs]
-    dst_pairs = make_objs(n, nbytes, False)
+    dst_pairs = make_objs(n, nbytes, False, a.huge_pages)
     dst = [o for _, o in dst_pairs]
     base = Path(a.dir)
     # The tier holds the n entries of the fill pass at its target usage (0.8); the steady pass must evict.
@@ -246,7 +250,7 @@ def main() -> int:
     results = [median_result(rs) for rs in rounds.values()]
     print(
         f"{n} chunks of {a.chunk_mib} MiB ({n * nbytes / 1e9:.2f} GB), concurrency {a.concurrency}, "
-        f"cold loads: {drop}, dir {base}, medians of {a.rounds} rounds"
+        f"cold loads: {drop}, huge pages: {a.huge_pages}, dir {base}, medians of {a.rounds} rounds"
     )
     print(
         f"{'side':26} {'fill GB/s':>9} {'steady GB/s':>11} {'store CPU-s/GB':>14} {'load GB/s':>9} "

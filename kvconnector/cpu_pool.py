@@ -42,11 +42,8 @@ from time import monotonic
 import numpy as np
 
 from .errors import StorageFullError
-from .timed_io import PAGE
+from .timed_io import MADV_POPULATE_WRITE, PAGE
 
-# Linux 5.14+: fault a range in inside the kernel (what MAP_POPULATE does at mmap time), several times cheaper than
-# taking one fault per page during the first copy. Python 3.11's mmap module does not name it.
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 _EXACT_CLASS_LIMIT = 16 * PAGE
 _HEADROOM_FROM = 1 << 20
 

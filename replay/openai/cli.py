@@ -170,6 +170,9 @@ class ReplayConfig(BaseModel):
     warmup: int = Field(0, ge=0)
     seed: int = Field(0, ge=0)
     request_timeout: float = Field(600.0, gt=0)
+    # A request's whole time, first byte to last: a stream that trickles (a keep-alive comment or a byte now and
+    # then) never trips the idle --request-timeout, so this ends it.
+    request_max_time: float = Field(1800.0, gt=0)
     no_continuous_usage: bool = False
     output: str
     detail: str | None = None
@@ -237,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--endpoint", choices=["chat", "completions"], help="chat: /v1/chat/completions; completions: /v1/completions")
     g("--api-key-env", help="environment variable holding the API key")
     g("--request-timeout", type=float, help="seconds without data before a request fails")
+    g("--request-max-time", type=float, help="seconds a request may take in all, however its data trickles")
     g(
         "--no-continuous-usage",
         action="store_true",
@@ -503,6 +507,7 @@ async def _run(cfg: ReplayConfig, state: RunState, job=None) -> dict:
         max_concurrency=cfg.max_concurrency,
         think_time_ms=cfg.think_time_ms,
         request_timeout_s=cfg.request_timeout,
+        request_max_time_s=cfg.request_max_time,
         ignore_eos=bool(cfg.ignore_eos or cfg.rounds),
         continuous_usage=not cfg.no_continuous_usage,
         metrics_urls=list(cfg.metrics_url),
@@ -536,8 +541,14 @@ async def _run(cfg: ReplayConfig, state: RunState, job=None) -> dict:
         else:  # this rank's share, warmed up, once every rank has set up
             pacing, plans, offsets, traced, meta = await job.set_up(_prepare(cfg, drv, rng, state), drv)
         state.metrics_start = await drv.snapshot()
-        if state.metrics_start is not None and not state.metrics_start.values:
-            meta["metrics_warning"] = f"no metrics read: {'; '.join(state.metrics_start.errors)}"
+        if state.metrics_start is not None and state.metrics_start.errors:  # said once; the run goes on
+            print(
+                f"{PROG}: warning: --metrics-url: {'; '.join(state.metrics_start.errors)}; the run goes on without "
+                "those metrics",
+                file=sys.stderr,
+            )
+            if not state.metrics_start.values:
+                meta["metrics_warning"] = f"no metrics read: {'; '.join(state.metrics_start.errors)}"
         scraper = asyncio.create_task(drv.scrape_loop()) if cfg.metrics_url else None
         show = not cfg.quiet and sys.stderr.isatty()
         prog = asyncio.create_task(_progress(state, stop, meta.get("target_rate"))) if show else None

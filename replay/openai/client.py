@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ ERROR_KINDS = (
     "malformed_sse",
     "stream_error",
     "incomplete_stream",
+    "overlong_stream",
     "no_content",
     "cancelled",
     "other",
@@ -36,6 +38,12 @@ ERROR_KINDS = (
 
 # One SSE event larger than this (no blank line to end it) is a broken stream, not something to buffer forever.
 MAX_EVENT_BYTES = 16 << 20
+
+
+def max_stream_tokens(max_tokens: int) -> int:
+    """Content tokens read before a stream counts as `overlong_stream`: the asked max_tokens plus a margin (a
+    server may count a final chunk or a stop string differently), so a stream that never ends is cut, not read on."""
+    return max_tokens + max(16, max_tokens // 10)
 
 
 def api_root(base_url: str) -> str:
@@ -194,10 +202,20 @@ async def send_streaming(
                 rec.first_byte_ns = clock()
                 return _fail(rec, f"http_{resp.status}", f"HTTP {resp.status}: {body}")
             done = False
+            # The run asks for identity; a server that compresses anyway is decoded (gzip or zlib "deflate").
+            encoding = resp.headers.get("Content-Encoding", "identity").lower()
+            inflate = zlib.decompressobj(32 + zlib.MAX_WBITS) if encoding in ("gzip", "x-gzip", "deflate") else None
+            asked = spec.payload.get("max_tokens")
+            token_cap = max_stream_tokens(asked) if isinstance(asked, int) and asked > 0 else None
             async for data in resp.content.iter_any():
                 now = clock()
                 if not rec.first_byte_ns:
                     rec.first_byte_ns = now
+                if inflate is not None:
+                    try:
+                        data = inflate.decompress(data, MAX_EVENT_BYTES)
+                    except zlib.error as exc:
+                        return _fail(rec, "malformed_sse", f"Content-Encoding {encoding}: not decodable ({exc})")
                 try:
                     events = reader.feed(data)
                 except _SSEError as exc:
@@ -229,6 +247,13 @@ async def send_streaming(
                             continuous = True
                         rec.chunk_tokens.append(k)
                         text_parts.append(piece)
+                        if token_cap is not None and max(prev_completion, len(rec.chunk_tokens)) > token_cap:
+                            rec.output_text = "".join(text_parts)
+                            return _fail(
+                                rec,
+                                "overlong_stream",
+                                f"more than {token_cap} tokens streamed for max_tokens {asked}: stopped reading",
+                            )
                     if usage:
                         if usage.get("prompt_tokens") is not None:
                             rec.prompt_tokens = int(usage["prompt_tokens"])
@@ -264,6 +289,9 @@ async def send_streaming(
         _fail(rec, "cancelled", "cancelled (run interrupted or aborted)")
         raise
     except TimeoutError:
+        limit = timeout.total if timeout is not None else None
+        if limit is not None and (clock() - rec.sent_ns) / 1e9 >= limit * 0.99:
+            return _fail(rec, "timeout", f"not finished within the request's {limit:g} s (--request-max-time)")
         return _fail(rec, "timeout", "no data within the request timeout")
     except aiohttp.ClientConnectorError as exc:
         return _fail(rec, "connection", f"cannot connect: {exc}")

@@ -43,6 +43,7 @@ class DriverOptions:
     max_concurrency: int | None = None
     think_time_ms: float = 0.0
     request_timeout_s: float = 600.0
+    request_max_time_s: float = 1800.0
     ignore_eos: bool = False
     temperature: float | None = 0.0
     continuous_usage: bool = True
@@ -99,11 +100,15 @@ class Driver:
         self.session: aiohttp.ClientSession | None = None
         path = "/v1/chat/completions" if opts.endpoint == "chat" else "/v1/completions"
         self._url = opts.base_url.rstrip("/") + path
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=opts.request_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            total=opts.request_max_time_s, sock_connect=10, sock_read=opts.request_timeout_s
+        )
 
     # ---------------------------------------------------------------- plumbing
     def open_session(self) -> aiohttp.ClientSession:
         headers = {"Authorization": f"Bearer {self.o.api_key}"} if self.o.api_key else {}
+        # aiohttp would advertise gzip and deflate; the run reads the stream as it comes, so it asks for it plain.
+        headers["Accept-Encoding"] = "identity"
         # One pool for the whole run; keep-alive connections are reused across requests and sessions.
         connector = aiohttp.TCPConnector(limit=self.o.max_concurrency or 0, keepalive_timeout=60, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(

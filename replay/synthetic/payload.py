@@ -20,7 +20,7 @@ from kvconnector.timed_io import aligned_buffer
 class RandomPayload:
     def __init__(self, size_mb: int = 256, seed: int | None = None) -> None:
         size = size_mb << 20
-        self._buf = aligned_buffer(size)
+        self._buf = aligned_buffer(size, huge=True)  # long-lived, carries every O_DIRECT write of the run
         gen = np.random.default_rng(seed)
         step = 16 << 20
         for pos in range(0, size, step):  # in pieces, so start-up does not need a second copy of the buffer

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +131,32 @@ def test_large_entries_corrupt_anywhere_are_refused(tmp_path, mode, where):
     os.truncate(path, PAGE + 2 * READ_PIECE_BYTES)  # ends between pieces
     with pytest.raises(CorruptEntryError, match="shorter"):
         read_entry(path, "k", n, mode)
+
+
+def _anon_huge_kb(view: memoryview) -> int:
+    """AnonHugePages of the mapping that holds `view`, from /proc/self/smaps."""
+    start = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        lines = smaps.readlines()
+    for line in lines:
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= start < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return 0
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="transparent huge pages disabled")
+def test_long_lived_buffers_are_on_huge_pages_and_others_are_not():
+    """O_DIRECT pins every page of a transfer: the buffers that carry them for a long time (a thread's scratch, the
+    benchmark's payload) ask for 2 MiB pages, so 512x fewer are pinned; short-lived ones keep 4 KiB pages."""
+    huge, small = aligned_buffer(16 << 20, huge=True), aligned_buffer(16 << 20)
+    assert _anon_huge_kb(huge) >= 8 << 10  # at least half of it, whatever the kernel could not compact
+    assert _anon_huge_kb(small) == 0
+    assert bytes(huge[:PAGE]) == bytes(PAGE)  # zero-filled like any anonymous memory
