@@ -741,6 +741,11 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def _same_path(a: str, b: str) -> bool:
+    """One file, existing or not: through a symlink, `./`, `..` or a hard link."""
+    return _same_file(a, b) or os.path.realpath(a) == os.path.realpath(b)
+
+
 def _check_writable(path: str) -> None:
     """Before any work, so one bad output path does not leave the other written."""
     parent = os.path.dirname(os.path.abspath(path))
@@ -797,7 +802,7 @@ def main(argv: list[str] | None = None, prog: str = "kvtier distill") -> int:
         for out in (args.output, args.dump_json):
             if out and _same_file(out, path):
                 raise DistillError(f"{out} is the input trace: refusing to overwrite it")
-        if args.output and args.dump_json and os.path.abspath(args.output) == os.path.abspath(args.dump_json):
+        if args.output and args.dump_json and _same_path(args.output, args.dump_json):
             raise DistillError("-o and --dump-json name the same file")
         for out in (args.output, args.dump_json):
             if out:
