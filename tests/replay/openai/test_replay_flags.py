@@ -130,6 +130,32 @@ def p_request_timeout(c: Ctx):
     assert took < 15
 
 
+@probe("--request-max-time")
+def p_request_max_time(c: Ctx):
+    # Tokens every 0.4 s never leave the stream idle for the 60 s --request-timeout; the whole request may take 1 s.
+    with FakeServer(FakeServerConfig(itl_ms=400, default_max_tokens=10)) as srv:
+        t0 = time.monotonic()
+        rc, s = replay(
+            srv,
+            c,
+            *SMALL,
+            "--num-requests",
+            "2",
+            "--max-tokens",
+            "10",
+            "--request-max-time",
+            "1",
+            "--request-timeout",
+            "60",
+            "--detail",
+            str(c.tmp / "d.jsonl"),
+        )
+        took = time.monotonic() - t0
+    rows = [json.loads(line) for line in (c.tmp / "d.jsonl").read_text().splitlines()]
+    assert rc == 1 and s["errors_by_kind"] == {"timeout": 2} and took < 15
+    assert all("--request-max-time" in r["error"] for r in rows), rows
+
+
 @probe("--no-continuous-usage")
 def p_no_continuous_usage(c: Ctx):
     with FakeServer() as srv:
