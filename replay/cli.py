@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "throttlefs": ("deploy.throttle.cli", "mount a FUSE passthrough that caps bandwidth and adds per-op latency"),
     "sweep": ("deploy.sweep.cli", "run bench or replay once per throttlefs bandwidth x latency point; heat maps"),
     "plan": ("replay.plan.cli", "predict per-round prefix hit rates of long sessions over tiers, and the collapse"),
+    "report": ("replay.outputs.html.cli", "one self-contained HTML report (tables, interactive plots) of result files"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
 }
 
@@ -30,7 +31,8 @@ USAGE = (
     + "\n\nexamples:\n"
     + "  kvtier bench --duration 30 --num-users 50 --cache-dir /mnt/nvme --output run.json\n"
     + "  kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --num-requests 100\n"
-    + "  kvtier compare a.json b.json"
+    + "  kvtier compare a.json b.json\n"
+    + "  kvtier report a.json b.json -o report.html"
 )
 
 

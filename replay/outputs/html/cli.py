@@ -1,0 +1,74 @@
+"""`kvtier report`: the HTML page of one or more result files."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvconnector.errors import ConfigError
+from replay.cli_common import OneLineParser, fail
+
+from ..paths import check_outputs, os_reason
+from .kinds import KIND_TITLES, ReportError, default_labels, load_run
+from .write import write_report
+
+PROG = "kvtier report"
+
+EPILOG = (
+    """\
+examples:
+  # one run: summary table, interactive plots (CDF of latency per tier, throughput, occupancy), configuration
+  kvtier report run.json -o run.html
+  # two runs overlaid, with each figure's ratio to the first run
+  kvtier report nvme.json nfs.json --labels nvme,nfs -o nvme-vs-nfs.html
+  # a replay, a plan (its capacity sweep with --trace), a sweep's heat maps, a storage trace
+  kvtier report replay.json -o replay.html
+  kvtier report sweep.json -o sweep.html
+  kvtier report trace.txt -o trace.html
+
+Kinds: """
+    + "; ".join(KIND_TITLES.values())
+    + """. Several files must be of one kind (kvtier bench, --trials and
+merge results go together). The page is one file: plotly's JavaScript is inside it, nothing is fetched when it is
+opened. A run that was cut short or failed its checks gets a banner at the top.
+
+exit status: 0 written; 2 a bad argument or a file that is not a result the report knows (one line).
+"""
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=PROG,
+        description="One self-contained HTML report (tables, interactive plots) of kvtier result files.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("results", nargs="+", metavar="RESULT", help="result JSON files of one kind (or storage traces)")
+    p.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    p.add_argument("--labels", help="comma-separated run names, one per file (default: the file names)")
+    p.add_argument("--title", help="the page's title (default: the kind and the labels)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        labels = a.labels.split(",") if a.labels else default_labels(a.results)
+        if len(labels) != len(a.results):
+            raise ReportError(f"--labels: {len(labels)} names for {len(a.results)} files")
+        check_outputs({"--output": a.output})
+        runs = [load_run(p) for p in a.results]
+        for run, label in zip(runs, labels):
+            run.label = label
+        write_report(a.output, runs, a.title)
+    except (ReportError, ConfigError) as exc:
+        return fail(PROG, str(exc))
+    except OSError as exc:
+        return fail(PROG, f"cannot write {a.output}: {os_reason(exc)}", 1)
+    print(f"report: {a.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Which kind of result a file holds, checked against the shape the report reads before anything is drawn.
+
+Every command writes its own document (a storage trace is bpftrace's output, text or JSON lines); the kind is told
+by the keys each writer sets (`kind` where there is one) and then validated with a pydantic model of just the parts
+the report uses: a file that looks like a kind but lacks or mistypes what the report reads is refused with one line
+naming the field, never half drawn. Extra keys are allowed (older and newer writers add sections).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from kvconnector.validation import describe_validation_error
+from replay.sources.base import open_regular
+
+# A report's section for each kind, in the words of the command that writes it.
+KIND_TITLES = {
+    "bench": "kvtier bench",
+    "trials": "kvtier bench --trials",
+    "merged": "kvtier merge",
+    "replay": "kvtier replay",
+    "plan": "kvtier plan",
+    "plan-trace": "kvtier plan --trace",
+    "sweep": "kvtier sweep",
+    "trace": "storage trace (tracing/storage_latency_stack.sh)",
+}
+# Kinds whose runs share a summary table (kvtier compare's rows) and can be overlaid in one report.
+FAMILY = {"bench": "bench", "trials": "bench", "merged": "bench"}
+
+
+class ReportError(Exception):
+    """A file the report cannot read: one line for the user."""
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+Number = float | int
+
+
+class _Latency(_Open):
+    count: int
+    p50: Number
+
+
+class _BenchSummary(_Open):
+    elapsed_time: Number
+    requests_per_second: Number
+    end_to_end_latency_ms: _Latency
+
+
+class BenchDoc(_Open):
+    status: str
+    summary: _BenchSummary
+    tiers: dict[str, dict[str, Any]] = {}
+    timeline: list[dict[str, Any]] = []
+    request_histograms: dict[str, str] = {}
+    environment: dict[str, Any] = {}
+    config: dict[str, Any] = {}
+
+
+class _TrialsSummary(_Open):
+    elapsed_time: Number
+    requests_per_second: Number
+
+
+class _Trial(_Open):
+    trial: int
+    status: str
+
+
+class TrialsDoc(_Open):
+    kind: str
+    status: str
+    trials_requested: int
+    trials_completed: int
+    summary: _TrialsSummary
+    per_trial: list[_Trial]
+    aggregate: dict[str, dict[str, Any]]
+
+
+class _ReplayRound(_Open):
+    round: int
+    hit_rate: Number | None
+    ideal_hit_rate: Number | None
+
+
+class ReplayDoc(_Open):
+    completed: int
+    failed: int
+    request_throughput: Number
+    ttft_ms: _Latency
+    e2el_ms: _Latency
+    histograms: dict[str, str] = {}
+    rounds: list[_ReplayRound] | None = None
+
+
+class _PlanRound(_Open):
+    round: int
+    predicted_hit_rate: Number
+    ideal_hit_rate: Number
+
+
+class _PlanConfig(_Open):
+    name: str
+    rounds: list[_PlanRound]
+    collapse_round: int | None
+
+
+class PlanDoc(_Open):
+    kind: str
+    status: str
+    workload: dict[str, Any]
+    configurations: list[_PlanConfig]
+
+
+class _CurvePoint(_Open):
+    capacity_tokens: Number
+    hit_rate: Number
+
+
+class _TraceTier(_Open):
+    name: str
+    capacity_tokens: Number
+    hit_rate: Number
+
+
+class _PlanTrace(_Open):
+    name: str
+    requests: int
+    prompt_tokens: int
+    max_hit_rate: Number
+    tiers: list[_TraceTier]
+    curve: list[_CurvePoint]
+
+
+class PlanTraceDoc(_Open):
+    kind: str
+    status: str
+    traces: list[_PlanTrace]
+
+
+class _SweepPoint(_Open):
+    bw: str
+    bw_bytes_s: Number
+    lat_ms: Number
+    runs: int
+    metrics: dict[str, Number | None]
+    relative: dict[str, Number | None]
+
+
+class _SweepRun(_Open):
+    exit_code: int
+
+
+class SweepDoc(_Open):
+    kind: str
+    driver: str
+    status: str
+    grid: dict[str, Any]
+    runs: list[_SweepRun]
+    points: list[_SweepPoint]
+    reference: dict[str, Number | None] | None = None
+
+
+MODELS: dict[str, type[BaseModel]] = {
+    "bench": BenchDoc,
+    "merged": BenchDoc,
+    "trials": TrialsDoc,
+    "replay": ReplayDoc,
+    "plan": PlanDoc,
+    "plan-trace": PlanTraceDoc,
+    "sweep": SweepDoc,
+}
+
+
+@dataclass
+class Run:
+    """One input of the report: its label, path, kind, and the document (or, for a trace, the parsed trace)."""
+
+    label: str
+    path: str
+    kind: str
+    doc: Any
+    raw: str = ""  # a trace's text, for its health lines
+
+
+def kind_of(doc: dict) -> str | None:
+    """The kind a results document claims by its keys, or None."""
+    declared = doc.get("kind")
+    if declared == "kvtier-bench-trials":
+        return "trials"
+    if declared == "kvtier plan":
+        return "plan"
+    if declared == "kvtier plan --trace":
+        return "plan-trace"
+    if declared == "kvtier sweep":
+        return "sweep"
+    if declared is not None:
+        return None
+    if "request_throughput" in doc and "ttft_ms" in doc:
+        return "replay"
+    if isinstance(doc.get("summary"), dict) and "elapsed_time" in doc["summary"]:
+        return "merged" if isinstance(doc.get("clients"), list) else "bench"
+    return None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open_regular(path) as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ReportError(f"{path}: is a directory, not a results file") from None
+    except OSError as exc:
+        raise ReportError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a kvtier result (not text)") from None
+
+
+def _load_trace(path: str, text: str) -> Run | None:
+    # imported here: tracing/ stands alone and the other kinds do not need it
+    from tracing.histparse import TraceParseError, parse_trace
+
+    try:
+        trace = parse_trace(text)
+    except TraceParseError:
+        return None
+    if not trace.maps:
+        return None
+    return Run(label="", path=path, kind="trace", doc=trace, raw=text)
+
+
+def load_run(path: str) -> Run:
+    """Read and validate one input; ReportError (one line) for anything the report cannot draw."""
+    text = _read_text(path)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):  # bpftrace's JSON output is one object per line; its text output is not JSON
+        run = _load_trace(path, text)
+        if run is None:
+            raise ReportError(f"{path}: not a kvtier result (not a JSON object, nor a storage trace)")
+        return run
+    kind = kind_of(doc)
+    if kind is None:
+        what = f"kind {doc['kind']!r}" if isinstance(doc.get("kind"), str) else "keys " + ", ".join(list(doc)[:5])
+        raise ReportError(f"{path}: not a kvtier result the report knows ({what})")
+    try:
+        MODELS[kind].model_validate(doc)
+    except ValidationError as exc:
+        raise ReportError(
+            f"{path}: a {KIND_TITLES[kind]} result the report cannot read: {describe_validation_error(exc)}"
+        ) from None
+    return Run(label="", path=path, kind=kind, doc=doc)
+
+
+def default_labels(paths: list[str]) -> list[str]:
+    """File names without their extension; where two collide, with their parent directory too."""
+
+    def name(p: str, depth: int) -> str:
+        parts = os.path.normpath(os.path.abspath(p)).split(os.sep)
+        stem = os.path.splitext(parts[-1])[0]
+        return "/".join([*parts[-depth:-1], stem]) if depth > 1 else stem
+
+    labels = [name(p, 1) for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [name(p, 2) for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
+    return labels
+
+
+def run_from_doc(doc: dict, path: str, label: str | None = None) -> Run:
+    """A document a command has just written, checked as `load_run` checks a file (for --html-output)."""
+    kind = kind_of(doc)
+    if kind is None:
+        raise ReportError(f"{path}: not a kvtier result the report knows")
+    try:
+        MODELS[kind].model_validate(doc)
+    except ValidationError as exc:
+        raise ReportError(f"{path}: {describe_validation_error(exc)}") from None
+    return Run(label=label or default_labels([path])[0], path=path, kind=kind, doc=doc)
