@@ -58,6 +58,16 @@ class BackendConfig(BaseModel):
     # JSON snapshot of all statistics written on close; "" = off, None = <disk_dir or shared_dir>/kvtier-stats.json.
     snapshot_path: str | None = None
 
+    @field_validator("disk_dir", "shared_dir")
+    @classmethod
+    def _a_directory(cls, v: str | None) -> str | None:
+        # An empty path would otherwise become the current directory (os.path.abspath("")), a tier nobody asked for.
+        if v is not None and not v.strip():
+            raise ValueError(
+                "must name a directory (an empty or blank path is not the current directory); leave it out for none"
+            )
+        return v
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str | None) -> str | None:

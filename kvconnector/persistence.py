@@ -8,16 +8,29 @@ kvtier touches only regular files whose names match its patterns exactly (entry_
 + ".kv"; entry_format.TEMP_NAME: its temp, spare and probe names). Anything else (other names, subdirectories,
 FIFOs, symlinks, even under one of our names) is left alone and counted (`left_alone`); symlinks are never followed.
 
+Who may use a tier directory at once: the process that opened it holds an advisory lock (flock) on the marker for as
+long as the tier is open; the kernel drops it when the process ends, however it ends, so a lock never outlives its
+owner and survives pid reuse. A private tier (`disk_dir`) holds it exclusively: one owner at a time, and a second
+opener gets one ConfigError naming the holder. A shared tier (`shared_dir`) holds it shared, so any number of instances
+open it together and neither kind can open the other's directory. A filesystem without flock is used unlocked, and
+that fallback is counted (`tier_lock_unavailable`).
+
 `rescan_dir` walks a claimed tier directory: every entry file's header is validated (magic, version, header checksum,
 file length; the name must be the hash of the key it holds; with `verify_payload` the payload checksum too). Valid
 entries are adopted by the store oldest first (so the LRU order survives the restart); corrupt, truncated or misnamed
 entry files are removed and counted, and so are temp files a crash left behind (in a shared directory only those
-older than `stale_tmp_s`, because younger ones may be another instance's write in flight). A copy of an entry that
-a lower tier (rescanned first) already holds, which a crash in the middle of a demotion leaves behind, is removed.
+older than `stale_tmp_s`, because younger ones may be another instance's write in flight; and never one a live
+writer holds: a shared tier's writer holds a lock on its temp file while it writes, and a file locked so is left and
+counted as `live_tmp_left`, whatever its age). What the adoption itself evicts to stay within capacity is counted
+too (`evicted`: removed; `demoted`: moved to the tier below), so the report accounts for every file it removed. A
+copy of an entry that a lower tier (rescanned first) already holds, which a crash in the middle of a demotion leaves
+behind, is removed.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 import time
@@ -32,9 +45,66 @@ from .timed_io import IOMode, read_entry, read_header
 _MARKER_WAIT_S = 2.0
 
 
-def claim_dir(directory: str) -> None:
-    """Make `directory` a kvtier tier (an empty one gets the marker) or check that it is one. Raises ConfigError for
-    a non-empty directory without the marker, or a marker that is not ours or names another entry format."""
+# What flock answers on a filesystem that has no such locks (some FUSE and network filesystems).
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+def claim_dir(directory: str, *, shared: bool = False) -> int | None:
+    """Make `directory` a kvtier tier and lock it for this process (see the module doc): returns the descriptor that
+    holds the lock (close it to release), or None on a filesystem without flock. Raises ConfigError for a non-empty
+    directory without the marker, a marker that is not ours or names another entry format, or a directory that
+    another live process holds (exclusively, or at all for a private tier)."""
+    _claim_marker(directory)
+    return _lock_marker(directory, shared)
+
+
+def _lock_marker(directory: str, shared: bool) -> int | None:
+    marker = os.path.join(directory, MARKER_NAME)
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"cannot open {marker}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holders = lock_holders(fd)
+        os.close(fd)
+        who = f"pid {', '.join(map(str, holders))}" if holders else "another process"
+        raise ConfigError(
+            f"cache dir {directory} is in use by {who}: "
+            + (
+                "it is a private tier (disk_dir), not a shared one"
+                if shared
+                else "a private tier (disk_dir) has one owner at a time; give each process its own directory, "
+                "or use shared_dir for one that several share"
+            )
+        ) from None
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in _NO_LOCKS:
+            return None
+        raise ConfigError(f"cannot lock {marker}: {exc.strerror}") from exc
+    return fd
+
+
+def lock_holders(fd: int) -> list[int]:
+    """The pids holding flock locks on the file open as `fd` (from /proc/locks; empty where it cannot tell). A pid is
+    the one that took the lock: a child that inherited it after a fork is not named."""
+    st = os.fstat(fd)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    try:
+        with open("/proc/locks") as fh:
+            for line in fh:
+                f = line.split()
+                if len(f) >= 6 and f[1] == "FLOCK" and f[5] == want and f[4].isdigit():
+                    pids.append(int(f[4]))
+    except OSError:
+        return []
+    return sorted(set(pids))
+
+
+def _claim_marker(directory: str) -> None:
     marker = os.path.join(directory, MARKER_NAME)
     with os.scandir(directory) as it:
         empty = next(it, None) is None
@@ -94,6 +164,24 @@ def _check_marker(marker: str, directory: str) -> None:
     raise ConfigError(f"cache dir {directory}: {MARKER_NAME} is not a kvtier marker; not a kvtier tier")
 
 
+def _held_by_a_writer(path: str) -> bool:
+    """Whether a live process holds a lock on the temp file `path` (a shared tier's write in flight). A filesystem
+    without flock cannot tell: then it is not held, and the age rule alone decides."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the lock it may have taken
+    return False
+
+
 @dataclass(slots=True)
 class RescanReport:
     tier: str
@@ -103,6 +191,9 @@ class RescanReport:
     stale_tmp_removed: int = 0
     no_room_removed: int = 0
     duplicate_removed: int = 0
+    evicted: int = 0  # adopted, then removed again to make room for newer ones (a private tier, no tier below)
+    demoted: int = 0  # adopted, then moved to the tier below to make room (not removed: served from there)
+    live_tmp_left: int = 0  # temp files a live writer holds (locked): never removed, whatever their age
     left_alone: int = 0  # names that are not kvtier's (or not regular files): never touched
     duration_ms: float = 0.0
 
@@ -138,8 +229,11 @@ def rescan_dir(
                 continue
             if temp:
                 if stale_tmp_s is None or now - st.st_mtime > stale_tmp_s:
-                    unlink_quietly(de.path)
-                    report.stale_tmp_removed += 1
+                    if _held_by_a_writer(de.path):
+                        report.live_tmp_left += 1
+                    else:
+                        unlink_quietly(de.path)
+                        report.stale_tmp_removed += 1
                 continue
             try:
                 hdr = read_header(de.path)
@@ -157,6 +251,8 @@ def rescan_dir(
     # tier holds other instances' entries too: it adopts the newest that fit its free room and never evicts for it,
     # so a node's rescan never deletes an entry another node wrote; then the LRU order is set oldest first.
     found.sort(key=lambda x: x[0], reverse=shared)
+    # Making room while adopting evicts entries adopted just before (counted by the store as the tier's events).
+    events_before = [s.events.copy() for s in store.stats]
     adopted = []
     for _, hdr in found:
         if store.adopt(t, hdr.key, hdr.payload_nbytes, hdr.shape, hdr.dtype, make_room=not shared):
@@ -178,6 +274,11 @@ def rescan_dir(
             report.duplicate_removed += 1
     if shared:
         store.touch(adopted[::-1])
+    # Evictions in the tiers below count too: room made there for what this tier demoted.
+    report.evicted = sum(
+        store.stats[i].events["evictions"] - events_before[i]["evictions"] for i in range(t, len(store.stats))
+    )
+    report.demoted = store.stats[t].events["demotions_out"] - events_before[t]["demotions_out"]
     for event in ("corrupt_removed", "stale_tmp_removed", "no_room_removed", "duplicate_removed", "left_alone"):
         if getattr(report, event):
             store.stats[t].count("rescan_" + event, getattr(report, event))

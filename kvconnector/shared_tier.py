@@ -2,7 +2,11 @@
 
 Safe sharing comes from the entry format and the write path, not from locks:
 - a writer writes a private temp file (pid and thread in its name), fdatasyncs it and renames it into place, so a
-  reader sees either no file or a whole one, never a partial file;
+  reader sees either no file or a whole one, never a partial file; it holds a lock (flock) on the temp file while it
+  writes, so another instance's rescan leaves it alone however slow the write, and removes it once its writer is dead
+  (and it is older than shared_stale_tmp_s: a filesystem whose locks one node cannot see from another is covered by
+  the age alone);
+- each instance holds a shared lock on the directory's marker, so no private tier (disk_dir) is opened on it;
 - a reader opens the file and then reads through its descriptor: if another instance unlinks (evicts) the entry
   meanwhile, POSIX keeps the open file alive and the read completes; if the file is gone before the open, the read is
   a miss (`EntryNotFound`), counted as `vanished`, never an error;
@@ -34,6 +38,7 @@ class SharedTier(Protocol):
 
 class SharedDirTier(DiskTier):
     kind = "shared_dir"
+    shared = True
 
     def __init__(
         self, directory: str, capacity_bytes: int, io_mode: IOMode | str = IOMode.BUFFERED, name: str = "shared"

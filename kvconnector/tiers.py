@@ -212,6 +212,9 @@ class DiskTier(Tier):
     """
 
     kind = "disk"
+    # Several instances write the directory at once (SharedDirTier): its lock is shared, and each write in flight
+    # holds a lock on its temp file so that another instance's rescan never removes it (persistence.py).
+    shared = False
 
     def __init__(
         self,
@@ -230,11 +233,19 @@ class DiskTier(Tier):
             raise ConfigError(f"cannot create cache dir {directory}: {exc.strerror}") from exc
         if not os.access(directory, os.W_OK | os.X_OK):
             raise ConfigError(f"cache dir {directory} is not writable")
-        # Before anything is written: a non-empty directory that kvtier did not make is refused, not mixed into.
-        claim_dir(directory)
-        if capacity_bytes <= 0:  # auto: what the filesystem has free now
-            capacity_bytes = shutil.disk_usage(directory).free
-        super().__init__(name, capacity_bytes)
+        # Before anything is written: a non-empty directory that kvtier did not make is refused, not mixed into, and
+        # one that another live process holds is refused (a private tier) or shared with it (a shared one).
+        self._dir_lock = claim_dir(directory, shared=self.shared)
+        try:
+            if capacity_bytes <= 0:  # auto: what the filesystem has free now
+                capacity_bytes = shutil.disk_usage(directory).free
+            super().__init__(name, capacity_bytes)
+        except BaseException:
+            self._release_dir()
+            raise
+        if self._dir_lock is None:
+            self.fallbacks["tier_lock_unavailable"] += 1
+            log.warning("%s: the filesystem under %s has no flock: the directory is used unlocked", name, directory)
         self.directory = directory
         self.io_mode = IOMode(io_mode)
         if self.io_mode is IOMode.DIRECT and not probe_direct(directory):
@@ -259,7 +270,9 @@ class DiskTier(Tier):
             if spare:
                 self._spare_bytes -= size
                 self.counters["spare_writes"] += 1
-        return write_entry(self.path_for(key), key, chunks, self.io_mode, shape, dtype, spare=spare)
+        return write_entry(
+            self.path_for(key), key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared
+        )
 
     def read(self, key, nbytes, dest=None):
         try:
@@ -319,6 +332,12 @@ class DiskTier(Tier):
                 os.unlink(p)
             except OSError:
                 pass
+        self._release_dir()
+
+    def _release_dir(self) -> None:
+        fd, self._dir_lock = self._dir_lock, None
+        if fd is not None:
+            os.close(fd)
 
 
 class GPUTier(Tier):

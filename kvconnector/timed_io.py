@@ -30,8 +30,10 @@ System calls and xxh3 release the GIL, so worker threads overlap I/O. Buffers ar
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import fcntl
 import mmap
 import os
 import stat
@@ -176,10 +178,12 @@ def write_entry(
     shape: tuple[int, ...] = (),
     dtype: str = "uint8",
     spare: str | None = None,
+    lock_tmp: bool = False,
 ) -> OpTiming:
     """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT.
     `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
-    it is consumed (renamed into place, or removed on failure)."""
+    it is consumed (renamed into place, or removed on failure). `lock_tmp`: hold a lock on the temp file until it is
+    renamed, so that other instances sharing the directory see a live writer's file (persistence.rescan_dir)."""
     t0 = perf_counter_ns()
     nbytes = sum(len(c) for c in chunks)
     payload = _payload_iov(chunks, nbytes, mode)
@@ -189,6 +193,8 @@ def write_entry(
     fd = -1
     try:
         fd = os.open(tmp, flags if spare else flags | os.O_CREAT | os.O_TRUNC, 0o600)
+        if lock_tmp:
+            _lock_quietly(fd)
         if not spare:
             d0 = perf_counter_ns()
             # Block allocation is storage work the write would otherwise do inside pwritev: device time.
@@ -203,10 +209,11 @@ def write_entry(
         d0 = perf_counter_ns()
         os.fdatasync(fd)
         device_ns += perf_counter_ns() - d0
-        os.close(fd)
-        fd = -1
+        # Renamed while still open: a lock on the temp file (lock_tmp) covers it until it has its final name.
         os.rename(tmp, path)
         tmp = path  # published: a failure from here removes the entry, which the caller does not count as stored
+        fd, done = -1, fd
+        os.close(done)
         # The entry counts as stored only once its name is durable. Device time: the wait is for the journal commit,
         # whichever writer's fsync it is.
         d0 = perf_counter_ns()
@@ -221,6 +228,12 @@ def write_entry(
         raise
     total = perf_counter_ns() - t0
     return OpTiming(host_ns=total - device_ns, device_ns=device_ns, nbytes=nbytes)
+
+
+def _lock_quietly(fd: int) -> None:
+    # A filesystem without flock: the temp file is then protected by its age alone (shared_stale_tmp_s).
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def _write_hashing_beside(fd: int, chunks, payload: list[memoryview], header: EntryHeader) -> int:
