@@ -50,6 +50,7 @@ _PER_RUN = {
     "output",
     "xlsx_output",
     "csv_output",
+    "html_output",
     "plots",
     "io_trace_log",
     "io_op_log",

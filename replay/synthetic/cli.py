@@ -59,9 +59,9 @@ The MLPerf reference's config.yaml is accepted as it is (its names are aliases, 
 qos_distribution are converted; its internal limits are accepted and named in a note).
 
 on bad input: one line on stderr naming the flag, variable or file, exit 2, nothing written. Every output path
-(--output, --xlsx-output, --csv-output, --io-trace-log, --io-op-log, --plots) is checked before the run starts; if
-the results cannot be written when the run ends, they go to results/ (or the temp directory) instead and the line
-says where.
+(--output, --xlsx-output, --csv-output, --html-output, --io-trace-log, --io-op-log, --plots) is checked before the
+run starts; if the results cannot be written when the run ends, they go to results/ (or the temp directory) instead
+and the line says where.
 A default results name is never reused: a second run in the same second gets results/<time>-2.json.
 
 exit status: 0 done; 1 run failed (e.g. filesystem full; partial results written); 2 bad arguments;
@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a real run's log: one CSV row per storage operation done, with its host and device ms (.zst compresses)",
     )
     o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
+    o("--html-output", help="a self-contained HTML report of the run (kvtier report's page: tables, interactive plots)")
     o("--keep-cache", action="store_true", help="leave the run's entries in the cache dir")
     o(
         "--enable-latency-tracing",

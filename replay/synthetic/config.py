@@ -389,6 +389,8 @@ class BenchConfig(_Section):
     # with the trace's (replay/synthetic/validation_trace.py).
     validation_trace: str | None = None
     plots: str | None = None
+    # kvtier report's page of this run (replay/outputs/html), written after the results JSON
+    html_output: str | None = None
     keep_cache: bool = False
     progress: bool = True
     enable_latency_tracing: bool = False

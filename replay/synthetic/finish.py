@@ -24,6 +24,7 @@ EXTRA_OUTPUTS = (
     ("xlsx_output", "--xlsx-output", "xlsx", "write_xlsx"),
     ("csv_output", "--csv-output", "csv_out", "write_csv"),
     ("plots", "--plots", "plots", "write_plots"),
+    ("html_output", "--html-output", "html", "write_html"),
 )
 
 
@@ -44,7 +45,8 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -
             continue
         write = getattr(importlib.import_module(f"..outputs.{module}", __package__), func)  # lazy: matplotlib, openpyxl
         try:
-            written = write(doc, path)
+            # the HTML page names the results file it shows
+            written = write(doc, path, output) if key == "html_output" else write(doc, path)
         except OSError as exc:  # the JSON holds everything; this output can be made from it later
             print(f"kvtier bench: {flag} {path}: not written ({exc.strerror or exc})", file=sys.stderr)
             continue

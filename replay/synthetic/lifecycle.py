@@ -96,13 +96,15 @@ def check_output_paths(cfg: BenchConfig, trials: int | None = None) -> tuple[str
         "--output": cfg.output,
         "--xlsx-output": cfg.xlsx_output,
         "--csv-output": cfg.csv_output,
+        "--html-output": cfg.html_output,
         "--io-trace-log": cfg.io_trace_log,
         "--io-op-log": cfg.io_op_log,
     }
     if trials:
         from .trials import trial_outputs  # the trials module runs through this one
 
-        files = {"--output": cfg.output, **trial_outputs(cfg, output, trials)}
+        # the trials' page is of the trials document, written once at the end
+        files = {"--output": cfg.output, "--html-output": cfg.html_output, **trial_outputs(cfg, output, trials)}
     inputs = {"--dataset-path": cfg.dataset_path, "--validation-trace": cfg.validation_trace}
     if cfg.use_burst_trace:
         inputs["--burst-trace-path"] = cfg.burst_trace_path

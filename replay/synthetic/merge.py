@@ -52,6 +52,7 @@ PER_SOURCE = (
     "output",
     "xlsx_output",
     "csv_output",
+    "html_output",
     "io_trace_log",
     "io_op_log",
     "validation_trace",

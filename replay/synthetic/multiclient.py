@@ -44,6 +44,7 @@ def share_config(cfg: BenchConfig, i: int, n: int, cache_dir: str | None, local_
         progress=False,
         xlsx_output=None,
         csv_output=None,
+        html_output=None,
         plots=None,
         max_requests=split(cfg.max_requests, n, i) if cfg.max_requests else 0,
         request_rate=cfg.request_rate / n,

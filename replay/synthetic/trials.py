@@ -223,6 +223,7 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
                     "output": trial_path(output, i),
                     "seed": cfg.seed + (i - 1 if vary_seed else 0),
                     "plots": os.path.join(cfg.plots, f"trial{i}") if cfg.plots else None,
+                    "html_output": None,  # one page, of the trials document (below)
                     **{key: _suffixed(getattr(cfg, key), i) for key, _ in KEYED_OUTPUTS},
                 }
             )
@@ -276,5 +277,14 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
         else:
             if plot:
                 print(f"{PROG}: trials figure: {plot}", file=sys.stderr)
+    if cfg.html_output:
+        from ..outputs.html import write_html
+
+        try:
+            write_html(doc, cfg.html_output, written)
+        except OSError as exc:  # as the figure: `kvtier report` makes it again from the trials document
+            print(f"{PROG}: --html-output {cfg.html_output}: not written ({exc.strerror or exc})", file=sys.stderr)
+        else:
+            print(f"{PROG}: report: {cfg.html_output}", file=sys.stderr)
     print(f"{PROG}: {doc['trials_completed']} of {trials} trials completed; medians in {written}", file=sys.stderr)
     return code

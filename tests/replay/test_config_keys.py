@@ -761,6 +761,13 @@ def p_plots(tmp):
     assert any(f.endswith(".png") for f in os.listdir(tmp / "plots"))
 
 
+@probe("html_output")
+def p_html_output(tmp):
+    run(tmp, duration=0.5, html_output=str(tmp / "r.html"))
+    page = (tmp / "r.html").read_text()
+    assert 'data-kind="bench"' in page and "out.json" in page  # the page of this run, naming its results file
+
+
 @probe("enable_latency_tracing")
 def p_enable_latency_tracing(tmp):
     import shutil

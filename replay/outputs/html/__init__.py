@@ -10,7 +10,7 @@ validates them, `sections` says what each shows, `page` lays it out with plotly'
 
 from .kinds import KIND_TITLES, ReportError, Run, default_labels, load_run, run_from_doc
 from .page import render_report
-from .write import write_report
+from .write import write_html, write_report
 
 __all__ = [
     "KIND_TITLES",
@@ -20,5 +20,6 @@ __all__ = [
     "load_run",
     "render_report",
     "run_from_doc",
+    "write_html",
     "write_report",
 ]
