@@ -185,6 +185,7 @@ class PlanConfig(BaseModel):
     configs: dict[str, ConfigEntry] = {}
     output: str | None = None
     plots: str | None = None
+    html_output: str | None = None
     quiet: bool = False
 
     @model_validator(mode="after")
@@ -297,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = group("outputs")
     g("--output", metavar="FILE", help="plan JSON: workload, then per configuration its rounds list and summary")
     g("--plots", metavar="DIR", help="write DIR/plan.png (hit rate per round per configuration, with the ideal)")
+    g("--html-output", metavar="FILE", help="a self-contained HTML report (kvtier report's page) of the plan")
     g("--quiet", action="store_true", default=None, help="no table")
     return ap
 
@@ -422,7 +424,8 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
 def _write(cfg, doc: dict) -> int:
     from .report import write_outputs, write_plan_plot  # matplotlib only when writing
 
-    return write_outputs(PROG, doc, cfg.output, cfg.plots, write_plan_plot if doc["configurations"] else None)
+    plot = write_plan_plot if doc["configurations"] else None
+    return write_outputs(PROG, doc, cfg.output, cfg.plots, plot, cfg.html_output)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -434,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
         kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs
-        claim = claim_outputs({"--output": cfg.output}, {"--plots": cfg.plots})
+        claim = claim_outputs({"--output": cfg.output, "--html-output": cfg.html_output}, {"--plots": cfg.plots})
     except ConfigError as exc:
         return fail(PROG, str(exc))
     with claim:

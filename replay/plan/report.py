@@ -236,11 +236,18 @@ def write_trace_plot(doc: dict, directory: str | os.PathLike) -> list[str]:
 
 
 def write_outputs(
-    prog: str, doc: dict, output: str | None, plots: str | None, plot: Callable[[dict, str], Any] | None
+    prog: str,
+    doc: dict,
+    output: str | None,
+    plots: str | None,
+    plot: Callable[[dict, str], Any] | None,
+    html: str | None = None,
 ) -> int:
-    """Write --output (the JSON; to the default place if its path fails now) and the figures under --plots (`plot`,
-    None when there is nothing to draw); 1 when one of them could not be written at all (said on stderr)."""
+    """Write --output (the JSON; to the default place if its path fails now), the figures under --plots (`plot`,
+    None when there is nothing to draw) and the --html-output page; 1 when one of them could not be written at all
+    (said on stderr)."""
     rc = 0
+    path = None
     if output:
         try:
             path, err = write_results(output, doc)
@@ -248,6 +255,13 @@ def write_outputs(
                 print(f"{prog}: {err}; wrote {path} instead", file=sys.stderr)
         except OSError as exc:
             rc = fail(prog, str(exc), 1)
+    if html:
+        from ..outputs.html import write_html  # plotly only when asked
+
+        try:
+            write_html(doc, html, path)
+        except OSError as exc:
+            rc = fail(prog, f"--html-output {html}: not written ({exc.strerror or exc})", 1)
     if plots and plot is not None:
         try:
             plot(doc, plots)

@@ -98,6 +98,7 @@ class TracePlanConfig(BaseModel):
     kv_bytes_per_token: Annotated[float, BeforeValidator(parse_size)] | None = None
     output: str | None = None
     plots: str | None = None
+    html_output: str | None = None
     quiet: bool = False
 
     @model_validator(mode="after")
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--config", dest="config", metavar="FILE.yaml", help="options from a YAML file; flags win over it")
     g("--output", metavar="FILE", help="JSON: per trace its tiers, maximum and capacity curve")
     g("--plots", metavar="DIR", help="write DIR/plan-trace.png")
+    g("--html-output", metavar="FILE", help="a self-contained HTML report (kvtier report's page): the capacity curve")
     g("--quiet", action="store_true", default=None, help="no tables")
     return ap
 
@@ -239,14 +241,19 @@ def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
 def _write(cfg, doc: dict) -> int:
     from .report import write_outputs, write_trace_plot  # matplotlib only when writing
 
-    return write_outputs(PROG, doc, cfg.output, cfg.plots, write_trace_plot if doc["traces"] else None)
+    plot = write_trace_plot if doc["traces"] else None
+    return write_outputs(PROG, doc, cfg.output, cfg.plots, plot, cfg.html_output)
 
 
 def main(argv: list[str]) -> int:
     try:
         cfg = load_config(argv)
         _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
-        claim = claim_outputs({"--output": cfg.output}, {"--plots": cfg.plots}, inputs={t: t for t in cfg.trace})
+        claim = claim_outputs(
+            {"--output": cfg.output, "--html-output": cfg.html_output},
+            {"--plots": cfg.plots},
+            inputs={t: t for t in cfg.trace},
+        )
     except (ConfigError, WorkloadError) as exc:
         return fail(PROG, str(exc))
     with claim:
