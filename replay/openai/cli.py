@@ -18,6 +18,7 @@ from kvconnector.errors import ConfigError
 from replay.openai.client import api_root
 from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.mpi_run import ReplaySteps, run_rank
+from replay.openai.prometheus_source import is_prometheus_url, parse_prometheus_url
 from replay.openai.report import build_summary, request_rows
 from replay.openai.schedule import arrival_offsets_ns, trace_offsets_ns
 from replay.openai.workload import (
@@ -51,6 +52,10 @@ EXAMPLES = """examples:
   # long sessions: 16 sessions x 20 rounds, 128 output tokens each, per-round hit-rate table
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --rounds 20 --concurrency 16 \\
       --output-len 128 --metrics-url http://127.0.0.1:8000/metrics --output long.json
+  # the server-side figures from a Prometheus that scrapes the servers (the one deploy/run-stack.sh starts, or
+  # yours: match= keeps the series of the servers this run drives)
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --num-requests 200 --request-rate 4 --output p.json \
+      --metrics-url 'prometheus+http://127.0.0.1:9090?match={job=~"vllm|lmcache|kvtier"}'
   # synthetic open loop, bursty (gamma, burstiness 0.5), SLO goodput
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --input-len 512 --output-len 64 \\
       --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
@@ -192,6 +197,14 @@ class ReplayConfig(BaseModel):
         self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
         if self.source == "sharegpt" and not self.dataset_path:
             raise ValueError("--source sharegpt needs --dataset-path FILE")
+        for url in self.metrics_url:
+            if is_prometheus_url(url):
+                parse_prometheus_url(url)  # a ValueError says what is wrong with it
+            elif not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"--metrics-url is a /metrics page (http://HOST:PORT/metrics) or a Prometheus "
+                    f"(prometheus+http://HOST:PORT), got {url!r}"
+                )
         if self.source == "burstgpt" and not self.trace_path:
             raise ValueError("--source burstgpt needs --trace-path FILE|DIR|GLOB")
         if self.source in FORMATS and not self.dataset_path:
@@ -307,7 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     g("--warmup", type=int, help="warm-up requests before the measured run (excluded)")
     g("--seed", type=int, help="seed for the schedule and sampling")
     g = group("metrics and outputs")
-    g("--metrics-url", action="append", help="Prometheus /metrics URL to scrape (repeatable)")
+    g(
+        "--metrics-url",
+        action="append",
+        help="a /metrics page to scrape (repeatable), or a Prometheus that scrapes the servers: "
+        'prometheus+http://HOST:PORT[?match={label="value"}] (its latest samples read through its HTTP API)',
+    )
     g("--metrics-interval", type=float, help="seconds between scrapes")
     g("--kv-bytes-per-token", type=float, help="turn lmcache:num_stored_tokens into bytes written")
     g("--kv-bytes-metric", help="counter of bytes written to the KV tier (default: kvtier/LMCache names)")

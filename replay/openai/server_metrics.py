@@ -6,6 +6,10 @@ add up (two vLLM instances behind one router report as one).
 
 Rates are always deltas of counters between two snapshots (never gauges a server overwrites), taken per series and
 then summed, so one series that went down (its server restarted) counts from zero without hiding the others' growth.
+A `--metrics-url prometheus+http://HOST:PORT` names a Prometheus that scrapes the servers instead of a page: its
+latest samples of the same series are read through its HTTP API (prometheus_source.py), so every figure below comes
+out the same from either source.
+
 A figure sums every series of its name unless it is asked per label: `prompt_tokens_by_source` per `source`, and
 kvtier's `kvtier_bytes_total` per `tier` and `op` (which tier the bytes went to, not only how many).
 """
@@ -18,6 +22,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from . import prometheus_source
 
 __all__ = [
     "KV_WRITTEN_BYTES_METRICS",
@@ -149,6 +155,12 @@ async def scrape(
 ) -> Snapshot:
     snap = Snapshot(time.perf_counter_ns())
     for url in urls:
+        if prometheus_source.is_prometheus_url(url):
+            values, errors = await prometheus_source.read(session, url, timeout_s)
+            for key, v in values.items():
+                snap.values[key] = snap.values.get(key, 0.0) + v
+            snap.errors += errors
+            continue
         try:
             # identity: the run's session does not decompress, and prometheus_client gzips when asked (kvtier's
             # exporter did, and the scrape failed on the gzip bytes)
