@@ -183,6 +183,7 @@ class ReplayConfig(BaseModel):
     detail: str | None = None
     csv: str | None = None
     plots: str | None = None
+    html_output: str | None = None
     quiet: bool = False
 
     @model_validator(mode="after")
@@ -340,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--detail", help="per-request JSONL file")
     g("--csv", help="per-request CSV file (and NAME.rounds.csv in long-session mode)")
     g("--plots", help="directory for PNG plots")
+    g("--html-output", help="a self-contained HTML report of the run (kvtier report's page: tables, interactive plots)")
     g(
         "--config",
         help=f"YAML file with the same keys (underscored); {ENV_PREFIX}<KEY> variables override it, flags both",
@@ -627,13 +629,20 @@ def write_outputs(cfg: ReplayConfig, summary: dict, rows: Callable[..., Iterable
         write_requests_csv(rows(), cfg.csv, summary.get("rounds"))
     if cfg.plots:
         summary["plots"] = write_replay_plots(summary, rows(), cfg.plots)
+    if cfg.html_output:
+        from ..outputs.html import write_html  # plotly only when asked
+
+        try:
+            write_html(summary, cfg.html_output, summary["results_path"])
+        except OSError as exc:  # the results JSON holds it all: `kvtier report` makes the page from it later
+            print(f"{PROG}: --html-output {cfg.html_output}: not written ({exc.strerror or exc})", file=sys.stderr)
     return summary
 
 
 def check_output_paths(cfg: ReplayConfig) -> OutputClaim:
     """Check and claim every output before the run (`claim_outputs`); the claim holds until released or exit."""
     return claim_outputs(
-        {"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv},
+        {"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv, "--html-output": cfg.html_output},
         {"--plots": cfg.plots},
         inputs={"--dataset-path": cfg.dataset_path, "--trace-path": cfg.trace_path},
     )

@@ -588,6 +588,15 @@ def p_plots(c: Ctx):
     assert "latency_cdf.png" in pngs and all(n.endswith(".png") for n in pngs)
 
 
+@probe("--html-output")
+def p_html_output(c: Ctx):
+    with FakeServer() as srv:
+        replay(srv, c, *SMALL, "--num-requests", "3", "--html-output", str(c.tmp / "r.html"))
+    page = (c.tmp / "r.html").read_text()
+    assert 'data-kind="replay"' in page
+    assert 'data-value="3" data-path="completed"' in page  # the page of this run: its 3 requests completed
+
+
 @probe("--config")
 def p_config(c: Ctx):
     cfg = c.tmp / "replay.yaml"
