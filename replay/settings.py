@@ -36,11 +36,30 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the base constructor says what is wrong
+                break
+            if first != key_node.start_mark.line + 1:
+                raise ConfigError(f"key {key!r} given twice (lines {first} and {key_node.start_mark.line + 1})")
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str) -> dict:
-    """The top-level mapping of a YAML config file; ConfigError (one line naming the file) for anything else."""
+    """The top-level mapping of a YAML config file; ConfigError (one line naming the file) for anything else, a key
+    given twice in one mapping included."""
     try:
         with open_regular(path) as f:
-            loaded = yaml.safe_load(f) or {}
+            loaded = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+    except ConfigError as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -54,9 +73,18 @@ def read_yaml(path: str) -> dict:
     return loaded
 
 
-def env_layer(model: type[BaseModel], prefix: str) -> dict[str, tuple[str, Any]]:
+def env_layer(
+    model: type[BaseModel], prefix: str, strict: bool = False, known_elsewhere: frozenset[str] = frozenset()
+) -> dict[str, tuple[str, Any]]:
     """`<prefix><TOP_LEVEL_KEY>=value` for the model's top-level keys, each parsed as a YAML scalar (so `50` is a
-    number and `true` a boolean; the model converts further). Returns {key: (source description, value)}."""
+    number and `true` a boolean; the model converts further). Returns {key: (source description, value)}.
+    `strict`: a variable of the prefix that names no key (nor one of `known_elsewhere`, keys of a sibling command
+    sharing the prefix) is a mistake, as an unknown key in the YAML file is (a misspelt variable would be ignored)."""
+    if strict:
+        keys = set(model.model_fields) | known_elsewhere
+        unknown = sorted(v for v in os.environ if v.startswith(prefix) and v[len(prefix) :].lower() not in keys)
+        if unknown:
+            raise ConfigError(f"environment {unknown[0]}: no such setting ({prefix}<KEY> for a key of --config)")
     out = {}
     for key in model.model_fields:
         var = prefix + key.upper()
@@ -64,6 +92,7 @@ def env_layer(model: type[BaseModel], prefix: str) -> dict[str, tuple[str, Any]]
         if raw is None:
             continue
         where = f"environment {var}={raw!r}"
+        _empty_string(where, raw)
         try:
             val = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
@@ -95,30 +124,65 @@ def load_settings(
     flags: Mapping[str, Any] | None = None,
     flag_paths: Mapping[str, tuple[str, ...]] | None = None,
     missing_hint: str = "",
+    strict_env: bool = False,
+    env_known_elsewhere: frozenset[str] = frozenset(),
 ) -> M:
     """Merge the layers and validate once. `flags` are the command line's values by argparse dest (only those the
     user gave); `flag_paths` maps a dest to the nested key it sets (`rag_top_k` -> ('rag', 'top_k')): it overrides
     that key of the section and keeps the section's others. Raises ConfigError with one line."""
     data: dict = {}
     origin: dict[tuple, str] = {}  # path of a value -> where it came from
+    overridden: list[tuple[str, Any, str]] = []  # (top-level key, the lower layer's value, that layer)
     if config_path:
         loaded = read_yaml(config_path)
+        for k, v in loaded.items():
+            _empty_string(f"--config {config_path}: {k}", v)
         data.update(loaded)
         origin.update({(k,): f"--config {config_path}" for k in loaded})
-    for key, (where, val) in (env_layer(model, env_prefix) if env_prefix else {}).items():
+    env = env_layer(model, env_prefix, strict_env, env_known_elsewhere) if env_prefix else {}
+    for key, (where, val) in env.items():
+        _empty_string(where, val)
+        if key in data:
+            overridden.append((key, data[key], origin[(key,)]))
         data[key] = val
         origin[(key,)] = where
     for dest, val in (flags or {}).items():
         path = (flag_paths or {}).get(dest, (dest,))
+        _empty_string(flag_name(dest), val)
+        if path[0] in data and not any(o[0] == path[0] for o in overridden):
+            overridden.append((path[0], data[path[0]], origin.get((path[0],), "--config")))
         _set_path(data, path, val)
         origin[path] = flag_name(dest)
     try:
-        return model(**data)
+        settings = model(**data)
     except ValidationError as exc:
         missing = [flag_name(str(e["loc"][0])) for e in exc.errors() if e["type"] == "missing" and len(e["loc"]) == 1]
         if missing:
             raise ConfigError(f"missing {', '.join(missing)}{missing_hint}") from None
         raise ConfigError(_blame(exc, origin)) from None
+    _check_overridden(model, settings, overridden)
+    return settings
+
+
+def _empty_string(where: str, value: Any) -> None:
+    """An empty flag or variable (`--output ''`) is a mistake, never "use the default": no setting means ''."""
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{where}: empty value")
+
+
+def _check_overridden(model: type[BaseModel], settings: BaseModel, overridden: list[tuple[str, Any, str]]) -> None:
+    """A value a later layer replaced is still checked on its own: a bad key in the YAML file is reported even when
+    a flag overrides it today (it would surface the day the flag is left off). Only the key's own checks count;
+    checks across keys hold for the merged values, which passed."""
+    for key, value, where in overridden:
+        if key not in model.model_fields:
+            continue
+        try:
+            model.__pydantic_validator__.validate_assignment(settings.model_copy(), key, value)
+        except ValidationError as exc:
+            errors = [e for e in exc.errors() if e["loc"] and e["loc"][0] == key]
+            if errors:
+                raise ConfigError(_blame(exc, {(key,): where})) from None
 
 
 def _blame(exc: ValidationError, origin: Mapping[tuple, str]) -> str:

@@ -321,6 +321,8 @@ def load_config(argv: list[str]) -> PlanConfig:
             raise ConfigError(f"--config: one YAML file at most ({yaml_path}, {value})")
         else:
             yaml_path = value
+    from .trace_cli import TracePlanConfig  # shares the variables' prefix
+
     return load_settings(
         PlanConfig,
         config_path=yaml_path,
@@ -328,6 +330,8 @@ def load_config(argv: list[str]) -> PlanConfig:
         flags=flags,
         flag_paths=flag_paths,
         missing_hint=f" (see '{PROG} --help')",
+        strict_env=True,
+        env_known_elsewhere=frozenset(TracePlanConfig.model_fields),
     )
 
 

@@ -150,12 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(argv: list[str]) -> TracePlanConfig:
     ns = build_parser().parse_args(argv)
     flags = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
+    from .cli import PlanConfig  # shares the variables' prefix
+
     return load_settings(
         TracePlanConfig,
         config_path=ns.config,
         env_prefix=ENV_PREFIX,
         flags=flags,
         missing_hint=f" (see '{PROG} --help')",
+        strict_env=True,
+        env_known_elsewhere=frozenset(PlanConfig.model_fields),
     )
 
 
