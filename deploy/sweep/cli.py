@@ -32,7 +32,8 @@ EPILOG = """\
 examples:
   # the in-process driver, its disk tier only (no CPU tier), 3 bandwidths x 4 latencies, each point twice
   kvtier sweep --bw 4GB/s,1GB/s,250MB/s --lat-ms 0,0.5,1,2 --repeat 2 --driver bench --output sweep.json \\
-      --plots sweep-plots -- --num-users 4 --duration 10 --cpu-mem-gb 0 --gpu-mem-gb 0 --storage-capacity-gb 2
+      --plots sweep-plots --html-output sweep.html \\
+      -- --num-users 4 --duration 10 --cpu-mem-gb 0 --gpu-mem-gb 0 --storage-capacity-gb 2
   # a live vLLM + LMCache + kvtier stack (deploy/run-stack.sh, started and stopped by the sweep, --kv-dir on the
   # mount); LMCache's L1 is cleared before every point so its hits come from the kvtier disk tier
   kvtier sweep --bw 1GB/s,250MB/s --lat-ms 0,1,2 --driver replay --output sweep.json --plots sweep-plots \\
@@ -63,6 +64,7 @@ def build_parser() -> OneLineParser:
     ap.add_argument("--driver", choices=("bench", "replay"), required=True, help="kvtier bench or kvtier replay")
     ap.add_argument("--output", help="sweep JSON (default results/<timestamp>.json)")
     ap.add_argument("--plots", help="directory for the heat-map PNGs")
+    ap.add_argument("--html-output", help="a self-contained HTML report (kvtier report's page: interactive heat maps)")
     ap.add_argument("--mount", help="mountpoint, an empty directory (default: a temporary one)")
     ap.add_argument("--backing", help="directory the mount passes through to (default: a temporary one in /var/tmp)")
     ap.add_argument("--stack", default="", help="replay: the arguments of deploy/run-stack.sh up (without --kv-dir)")
@@ -291,6 +293,15 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     if doc["points"]:
         print_table(a.driver, doc)
     print(f"results: {path}" + (f", plots in {a.plots}" if a.plots and doc["points"] else ""))
+    if a.html_output:
+        from replay.outputs.html import write_html  # plotly only when asked
+
+        try:
+            write_html(doc, a.html_output, path)
+            print(f"report: {a.html_output}")
+        except OSError as exc:  # the sweep JSON holds it all: `kvtier report` makes the page from it later
+            print(f"{PROG}: --html-output {a.html_output}: not written ({exc.strerror or exc})", file=sys.stderr)
+            code = code or 1
     return code
 
 
@@ -324,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--output {output}: {runs_dir_of(output)} exists (an earlier sweep's runs); give a new --output"
             )
         claim = claim_outputs(
-            {"--output": output},
+            {"--output": output, "--html-output": a.html_output},
             {"--plots": a.plots},
             replace=False,
             exists_hint="give a new --output (a sweep never replaces an earlier sweep's results)",
