@@ -19,6 +19,7 @@ The shared tier is rescanned with stale_tmp_s=0 here: this loop is its only writ
 because a younger temp file may be another instance's write in flight).
 
   python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash
+  python benchmarks/crash_loop.py --kills 20 --large
 """
 
 from __future__ import annotations
@@ -45,11 +46,28 @@ from kvconnector.store import TieredStore
 from kvconnector.tiers import DiskTier
 from kvconnector.timed_io import read_header
 
-# Mixed sizes: sub-page, page-aligned, unaligned, and a few repeated sizes so evicted files are reused as spares.
-SIZES = (1000, 4096, 10_000, 65_536, 65_536, 65_536, 200_001, 262_144, 262_144, 1_000_000)
-DISK_BYTES = 2_000_000
-SHARED_BYTES = 4_000_000
 SPARE_RATIO = 0.3
+
+
+@dataclass(frozen=True)
+class Profile:
+    sizes: tuple[int, ...]  # drawn per put; repeated sizes so evicted files are reused as spares
+    disk_bytes: int
+    shared_bytes: int
+    max_acks: int  # acknowledged puts before a kill: up to this many
+    kill_window_s: float  # the kill lands this long at most after the last acknowledgement: within the next put
+
+
+# Mixed small sizes: sub-page, page-aligned, unaligned.
+SMALL = Profile(
+    (1000, 4096, 10_000, 65_536, 65_536, 65_536, 200_001, 262_144, 262_144, 1_000_000), 2_000_000, 4_000_000, 40, 0.004
+)
+# --large: the paths only large entries take (timed_io): from 1 MiB the checksum is computed beside the payload's
+# write and its header page written last; from 64 MiB a read comes in pieces hashed behind the next, and a write in
+# several calls. 2 MiB + 1 and 32 MiB (an LMCache chunk of Llama-3.1-8B, 256 tokens), 80 MiB + 5.
+LARGE = Profile(
+    (65_536, 1_000_000, 2_097_153, 2_097_153, 33_554_432, 33_554_432, 83_886_085), 200_000_000, 400_000_000, 8, 0.15
+)
 
 
 def payload(key: str) -> bytes:
@@ -63,13 +81,13 @@ def modes(round_no: int) -> tuple[str, str]:
     return ("direct", "buffered") if round_no % 2 == 0 else ("buffered", "direct")
 
 
-def open_store(d: str, round_no: int, verify_payload: bool = True) -> tuple[TieredStore, list]:
+def open_store(d: str, round_no: int, verify_payload: bool = True, p: Profile = SMALL) -> tuple[TieredStore, list]:
     """The tiers on d, rescanned (bottom tier first, as the backend does), with payload verification."""
     disk_mode, shared_mode = modes(round_no)
     store = TieredStore(
         [
-            DiskTier(os.path.join(d, "disk"), DISK_BYTES, disk_mode, spare_ratio=SPARE_RATIO),
-            SharedDirTier(os.path.join(d, "shared"), SHARED_BYTES, shared_mode),
+            DiskTier(os.path.join(d, "disk"), p.disk_bytes, disk_mode, spare_ratio=SPARE_RATIO),
+            SharedDirTier(os.path.join(d, "shared"), p.shared_bytes, shared_mode),
         ]
     )
     reports = [
@@ -80,13 +98,13 @@ def open_store(d: str, round_no: int, verify_payload: bool = True) -> tuple[Tier
 
 
 # ---- the child: puts until it is killed ------------------------------------------------------------------------------
-def child(d: str, round_no: int, seed: int, log_path: str) -> None:
-    store, _ = open_store(d, round_no)
+def child(d: str, round_no: int, seed: int, log_path: str, p: Profile) -> None:
+    store, _ = open_store(d, round_no, p=p)
     rng = random.Random(seed)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     disk = store.tiers[0]
     for i in range(1_000_000):
-        key = f"r{round_no}-{i}-{rng.choice(SIZES)}"
+        key = f"r{round_no}-{i}-{rng.choice(p.sizes)}"
         r = store.put(key, [memoryview(payload(key))])
         if not r.stored:
             raise SystemExit(f"crash_loop child: put {key} refused: {r.reason}")
@@ -168,8 +186,10 @@ def corrupt_some(d: str, rng: random.Random, spare: str | None) -> int:
     return len(victims)
 
 
-def check_restart(d: str, round_no: int, f: Figures, last_acked: str | None, verify_payload: bool = True) -> None:
-    store, reports = open_store(d, round_no, verify_payload)
+def check_restart(
+    d: str, round_no: int, f: Figures, last_acked: str | None, verify_payload: bool = True, p: Profile = SMALL
+) -> None:
+    store, reports = open_store(d, round_no, verify_payload, p)
     try:
         f.adopted += sum(r.adopted for r in reports)
         f.corrupt_dropped += sum(r.corrupt_removed for r in reports)
@@ -200,10 +220,17 @@ def check_restart(d: str, round_no: int, f: Figures, last_acked: str | None, ver
 
 
 def run_loop(
-    d: str, kills: int, seed: int = 0, corrupt_every: int = 0, max_acks: int = 40, verify_payload: bool = True
+    d: str,
+    kills: int,
+    seed: int = 0,
+    corrupt_every: int = 0,
+    max_acks: int | None = None,
+    verify_payload: bool = True,
+    p: Profile = SMALL,
 ) -> Figures:
     """Kill a writing child `kills` times in d (which must be empty or absent), checking a restart after each.
     `verify_payload=False` restarts with header-only rescans: what the figures must show as a failure."""
+    max_acks = max_acks or p.max_acks
     rng = random.Random(seed)
     f = Figures()
     t0 = time.monotonic()
@@ -226,12 +253,13 @@ def run_loop(
                 str(seed * 100_003 + n),
                 "--log",
                 log_path,
+                *(["--large"] if p is LARGE else []),
             ]
         )
         deadline = time.monotonic() + 60
         while len(read_log(log_path)) < target and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
-        time.sleep(rng.uniform(0, 0.004))
+        time.sleep(rng.uniform(0, p.kill_window_s))
         if proc.poll() is not None:
             raise RuntimeError(f"crash_loop: the child exited by itself with status {proc.returncode}")
         os.kill(proc.pid, signal.SIGKILL)
@@ -243,7 +271,7 @@ def run_loop(
             f.spare_writes += acks[-1][1]
         if corrupt_every and (n + 1) % corrupt_every == 0:
             f.corrupt_injected += corrupt_some(d, rng, acks[-1][0] if acks else None)
-        check_restart(d, n + 1, f, acks[-1][0] if acks else None, verify_payload)
+        check_restart(d, n + 1, f, acks[-1][0] if acks else None, verify_payload, p)
     f.elapsed_s = round(time.monotonic() - t0, 1)
     return f
 
@@ -285,13 +313,16 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--corrupt-every", type=int, default=10, help="damage entries by hand before every Nth restart (0 = never)"
     )
+    ap.add_argument(
+        "--large", action="store_true", help="entries of 2 MiB to 80 MiB (the large-entry write and read paths)"
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        child(a.dir, a.round, a.seed, a.log)
+        child(a.dir, a.round, a.seed, a.log, LARGE if a.large else SMALL)
         return 0
     if a.kills < 1 or a.corrupt_every < 0:
         ap.error("--kills must be >= 1 and --corrupt-every >= 0")
@@ -300,7 +331,7 @@ def main(argv=None) -> int:
         return 2
     d = a.dir or tempfile.mkdtemp(prefix="kvtier-crash-", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
     try:
-        f = run_loop(d, a.kills, a.seed, a.corrupt_every)
+        f = run_loop(d, a.kills, a.seed, a.corrupt_every, p=LARGE if a.large else SMALL)
     finally:
         if not a.dir:
             shutil.rmtree(d, ignore_errors=True)
