@@ -165,7 +165,7 @@ bench-cpu: $(BASE_STAMP)
 
 bench-crash: $(BASE_STAMP)
 	$(BIN)/python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash-$$$$
-	$(BIN)/python benchmarks/crash_loop.py --kills 20 --large --dir /var/tmp/kvtier-crash-large-$$$$
+	$(BIN)/python benchmarks/crash_loop.py --kills 20 --large
 
 # Needs root (FUSE, losetup, cgroups); about 4 minutes here.
 bench-throttlefs: $(BASE_STAMP) system-deps
