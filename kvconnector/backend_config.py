@@ -19,21 +19,24 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
+from .units import GB
 from .validation import describe_validation_error
 
 PREFIX = "kvtier."
+# 10 PB: more than any one tier here; a larger number is a typo (1e300 overflowed on the way to bytes).
+MAX_CAPACITY_GB = 10_000_000
 
 
 class BackendConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # Local disk tier: one file per entry (4 KiB header with key and checksum, payload), timed O_DIRECT I/O.
     disk_dir: str | None = None
-    disk_capacity_gb: float = Field(4.0, ge=0)
+    disk_capacity_gb: float = Field(4.0, ge=0, le=MAX_CAPACITY_GB)
     io_mode: Literal["direct", "buffered"] = "direct"
     # Shared POSIX directory (NFS, Lustre, CephFS, GekkoFS) that several instances read and write at once.
     shared_dir: str | None = None
-    shared_capacity_gb: float = Field(4.0, gt=0)
+    shared_capacity_gb: float = Field(4.0, gt=0, le=MAX_CAPACITY_GB)
     shared_io_mode: Literal["direct", "buffered"] = "buffered"
     # Stale temp files in the shared directory older than this are removed on start (younger ones may be another
     # instance's write in flight).
@@ -41,7 +44,7 @@ class BackendConfig(BaseModel):
     # Redis / Valkey tier (redis-py URL, e.g. redis://127.0.0.1:6379/0; a Redis Cluster is
     # redis-cluster://host:port[,host:port...]).
     redis_url: str | None = None
-    redis_capacity_gb: float = Field(1.0, gt=0)
+    redis_capacity_gb: float = Field(1.0, gt=0, le=MAX_CAPACITY_GB)
     redis_namespace: str = Field("kvtier", min_length=1, max_length=64)
     # Waterfall policy.
     target_usage_ratio: float = Field(0.9, gt=0, le=1)
@@ -66,6 +69,14 @@ class BackendConfig(BaseModel):
             raise ValueError(
                 "must name a directory (an empty or blank path is not the current directory); leave it out for none"
             )
+        return v
+
+    @field_validator("disk_capacity_gb", "shared_capacity_gb", "redis_capacity_gb")
+    @classmethod
+    def _at_least_a_byte(cls, v: float) -> float:
+        # 1e-10 GB is 0 bytes once whole, and the disk tier's 0 means "all the free space": the opposite.
+        if v and v * GB < 1:
+            raise ValueError(f"{v:g} GB is less than one byte (0 means none)")
         return v
 
     @field_validator("redis_url")

@@ -13,7 +13,7 @@ run's notes. `mlperf_config.REFERENCE_KEYS` lists every reference key with what 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
@@ -237,17 +237,24 @@ class ValidationLimitsConfig(_Section):
     max_cpu_memory_gb: float | None = Field(None, ge=0)
 
 
+# A per-class or per-mode value (ms per token, a class's share): a time or a share is never negative.
+NonNegative = Annotated[float, Field(ge=0)]
+
+# The size keys whose 0 means "none" or "auto" (storage): any other value must be at least one byte.
+SIZE_KEYS = ("gpu_mem_gb", "cpu_mem_gb", "storage_capacity_gb", "precondition_size_gb")
+
+
 class DecodeConfig(_Section):
     batch_size: int = Field(32, ge=1)
 
 
 class GenerationConfig(_Section):
-    ms_per_token: dict[Literal["none", "fast", "realistic"], float] = Field(
+    ms_per_token: dict[Literal["none", "fast", "realistic"], NonNegative] = Field(
         default_factory=lambda: {"none": 0.0, "fast": 2.0, "realistic": 30.0}
     )
     # --prefix-model chained: simulated GPU time per prompt token the server computes (new tokens and every token it
     # recomputes after a prefix miss), by generation mode.
-    prefill_ms_per_token: dict[Literal["none", "fast", "realistic"], float] = Field(
+    prefill_ms_per_token: dict[Literal["none", "fast", "realistic"], NonNegative] = Field(
         default_factory=lambda: {"none": 0.0, "fast": 0.02, "realistic": 0.2}
     )
 
@@ -397,7 +404,7 @@ class BenchConfig(_Section):
     # ---- config.yaml sections
     user_templates: dict[str, UserTemplate] = Field(default_factory=lambda: dict(DEFAULT_USER_TEMPLATES))
     qos_profiles: dict[str, QoSProfile] = Field(default_factory=lambda: dict(DEFAULT_QOS))
-    qos_distribution: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_QOS_DISTRIBUTION))
+    qos_distribution: dict[str, NonNegative] = Field(default_factory=lambda: dict(DEFAULT_QOS_DISTRIBUTION))
     # How storage operations of different classes share the I/O workers: fair = weighted fair queuing (every class
     # with work waiting gets a share in proportion to its qos_profiles weight: priority, not starvation); strict =
     # the higher priority always first (lower classes can complete nothing while storage is saturated).
@@ -445,6 +452,14 @@ class BenchConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> BenchConfig:
         check_validation_limits(self)
+        for key in SIZE_KEYS:
+            size = getattr(self, key)
+            if size and self.size_bytes(size) < 1:  # 1e-12 would be 0 bytes, and 0 means the opposite
+                zero = "auto: the free space" if key == "storage_capacity_gb" else "none"
+                raise ValueError(
+                    f"--{key.replace('_', '-')} {size:g} is less than one byte (0 means {zero}); a tier that "
+                    "should hold nothing can be a few bytes"
+                )
         if not self.user_templates:
             raise ValueError("user_templates: at least one template is needed")
         if self.prefill_only and self.decode_only:

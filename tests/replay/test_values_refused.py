@@ -163,3 +163,54 @@ def test_work_beyond_the_bounds_is_refused_up_front(capsys, tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     refused(capsys, fn, argv, said)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- capacities: tiny (0 bytes once whole, and 0 means "auto"), huge, inf, nan; per-class values -------------------
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--storage-capacity-gb", "1e-12"], "--storage-capacity-gb 1e-12 is less than one byte (0 means auto"),
+        (["--storage-capacity-gb", "9e-10", "--size-unit", "GB"], "less than one byte"),
+        (["--storage-capacity-gb", "5e-10", "--size-unit", "GiB"], "less than one byte"),
+        (["--cpu-mem-gb", "1e-10"], "--cpu-mem-gb 1e-10 is less than one byte (0 means none)"),
+        (["--gpu-mem-gb", "1e-300"], "less than one byte"),
+        (["--precondition-size-gb", "1e-12"], "less than one byte"),
+        (["--storage-capacity-gb", "1e300"], "less than or equal to"),
+        (["--storage-capacity-gb", "Infinity"], "finite"),
+        (["--storage-capacity-gb=-inf"], "finite"),
+        (["--storage-capacity-gb", "nan"], "finite"),
+        (["--cpu-mem-gb", "1e309"], "finite"),
+    ],
+)
+def test_a_capacity_that_holds_nothing_or_cannot_be_is_refused(capsys, tmp_path, monkeypatch, argv, said):
+    monkeypatch.chdir(tmp_path)
+    refused(capsys, bench_main, [*argv, "--duration", "0.5"], said)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "yaml_text, said",
+    [
+        ("generation:\n  ms_per_token: {fast: -50}\n", "generation.ms_per_token.fast: Input should be greater"),
+        ("generation:\n  prefill_ms_per_token: {realistic: -0.1}\n", "prefill_ms_per_token.realistic"),
+        ("qos_distribution: {interactive: -1, batch: 2}\n", "qos_distribution.interactive"),
+        ("generation:\n  ms_per_token: {fast: .nan}\n", "not a finite number"),
+    ],
+)
+def test_a_negative_or_non_finite_per_class_value_is_refused(capsys, tmp_path, monkeypatch, yaml_text, said):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    refused(capsys, bench_main, ["--config", "c.yaml", "--duration", "0.5"], said)
+
+
+@pytest.mark.parametrize("key", ["disk_capacity_gb", "shared_capacity_gb", "redis_capacity_gb"])
+@pytest.mark.parametrize("value", [1e-10, 1e-300, 9.9e-10, 1e300, float("inf"), float("nan"), -1.0])
+def test_the_library_refuses_the_same_capacities(tmp_path, key, value):
+    from pydantic import ValidationError
+
+    from kvconnector.backend_config import BackendConfig
+
+    tiers = {"disk_dir": str(tmp_path / "d"), "shared_dir": str(tmp_path / "s"), "redis_url": "redis://127.0.0.1:1"}
+    with pytest.raises(ValidationError, match=key):
+        BackendConfig(**tiers, **{key: value})
+    BackendConfig(**tiers, **{key: 1e-9})  # one byte: a tier that holds nothing, as asked
