@@ -8,7 +8,7 @@ import sys
 from kvconnector.errors import ConfigError
 from replay.cli_common import OneLineParser, fail
 
-from ..paths import check_outputs, os_reason
+from ..paths import claim_outputs, os_reason
 from .kinds import KIND_TITLES, ReportError, default_labels, load_run
 from .write import write_report
 
@@ -57,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         labels = a.labels.split(",") if a.labels else default_labels(a.results)
         if len(labels) != len(a.results):
             raise ReportError(f"--labels: {len(labels)} names for {len(a.results)} files")
-        check_outputs({"--output": a.output})
-        runs = [load_run(p) for p in a.results]
-        for run, label in zip(runs, labels):
-            run.label = label
-        write_report(a.output, runs, a.title)
+        with claim_outputs({"--output": a.output}, inputs={p: p for p in a.results}):
+            runs = [load_run(p) for p in a.results]
+            for run, label in zip(runs, labels):
+                run.label = label
+            write_report(a.output, runs, a.title)
     except (ReportError, ConfigError) as exc:
         return fail(PROG, str(exc))
     except OSError as exc:

@@ -55,11 +55,21 @@ class _BenchSummary(_Open):
     end_to_end_latency_ms: _Latency
 
 
+class _Sample(_Open):
+    """One timeline sample: cumulative counters at t_s (replay/outputs/_common.timeline_series takes rates of them)."""
+
+    t_s: Number
+    requests: Number = 0
+    read_bytes: Number = 0
+    written_bytes: Number = 0
+    tiers: dict[str, dict[str, Number | None]] = {}
+
+
 class BenchDoc(_Open):
     status: str
     summary: _BenchSummary
     tiers: dict[str, dict[str, Any]] = {}
-    timeline: list[dict[str, Any]] = []
+    timeline: list[_Sample] = []
     request_histograms: dict[str, str] = {}
     environment: dict[str, Any] = {}
     config: dict[str, Any] = {}
@@ -105,6 +115,7 @@ class _PlanRound(_Open):
     round: int
     predicted_hit_rate: Number
     ideal_hit_rate: Number
+    bytes_written_total: Number | None = None
 
 
 class _PlanConfig(_Open):

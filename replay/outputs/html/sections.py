@@ -17,9 +17,9 @@ import plotly.graph_objects as go
 
 from kvconnector.units import GB
 
-from .._common import timeline_series
+from .._common import sla_verdict_text, timeline_series
 from ..plots import cdf_points
-from .kinds import Run
+from .kinds import ReportError, Run
 
 Getter = tuple[str, ...] | Callable[[Any], Any]
 
@@ -37,7 +37,12 @@ def value_at(doc: Any, get: Getter) -> Any:
         return get(doc)
     cur = doc
     for key in get:
-        if isinstance(cur, list) and isinstance(key, str) and key.isdigit() and int(key) < len(cur):
+        if (
+            isinstance(cur, list)
+            and isinstance(key, str)
+            and key.lstrip("-").isdigit()
+            and -len(cur) <= int(key) < len(cur)
+        ):
             cur = cur[int(key)]
         elif isinstance(cur, dict) and key in cur:
             cur = cur[key]
@@ -73,8 +78,11 @@ def _fig(title: str, xaxis: str, yaxis: str, *, logx: bool = False, yrange: list
     return fig
 
 
-def _cdf_trace(fig: go.Figure, encoded: str, name: str) -> None:
-    xs, ys, n = cdf_points(encoded)
+def _cdf_trace(fig: go.Figure, encoded: str, name: str, source: str) -> None:
+    try:
+        xs, ys, n = cdf_points(encoded)
+    except Exception as exc:  # hdrh's decoder raises its own exception types (and binascii's, zlib's) on bad input
+        raise ReportError(f"{source}: the {name} histogram cannot be decoded ({type(exc).__name__}: {exc})") from None
     if xs:
         fig.add_trace(
             go.Scatter(
@@ -132,17 +140,16 @@ def _bench_banners(run: Run) -> list[tuple[str, str]]:
         failed = [t.get("trial") for t in d["per_trial"] if t.get("status") != "completed"]
         if failed:
             out.append(("error", f"trials {', '.join(map(str, failed))} did not complete"))
-        check = d.get("submission_check")
-        if isinstance(check, dict) and check.get("passed") is False:
-            out.append(("error", "failed the submission check: " + "; ".join(map(str, check.get("failures", [])))))
         return out
     if status != "completed":
         why = d.get("error") or d.get("stop_signal") or ""
         out.append(("error", f"cut short: status {status}{f' ({why})' if why else ''}; these are partial results"))
     for cls, m in sorted(((d.get("summary") or {}).get("qos_metrics") or {}).items()):
-        sla = m.get("sla") if isinstance(m, dict) else None
-        if isinstance(sla, dict) and sla.get("met") is False:
-            out.append(("error", f"QoS class {cls} failed its SLA check"))
+        if isinstance(m, dict) and sla_verdict_text(m) == "missed":
+            sla = m.get("sla") or {}
+            out.append(
+                ("error", f"failed its SLA check: QoS class {cls} missed (p95 target {sla.get('target_p95_ms')} ms)")
+            )
     for note in d.get("notes") or []:
         out.append(("note", str(note)))
     return out
@@ -163,11 +170,11 @@ def _bench_figures(runs: list[Run]) -> list[go.Figure]:
             for op in ("read", "write"):
                 enc = (((t.get(op) or {}).get("histograms")) or {}).get("total") if isinstance(t, dict) else None
                 if isinstance(enc, str):
-                    _cdf_trace(tiers, enc, _name(run, f"{tier} {op}", many))
+                    _cdf_trace(tiers, enc, _name(run, f"{tier} {op}", many), run.path)
         for key, label in (("end_to_end", "end to end"), ("storage_io", "storage I/O"), ("queue_wait", "queue wait")):
             enc = (d.get("request_histograms") or {}).get(key)
             if isinstance(enc, str):
-                _cdf_trace(reqs, enc, _name(run, label, many))
+                _cdf_trace(reqs, enc, _name(run, label, many), run.path)
         ts = timeline_series(d) if run.kind != "trials" else None
         if ts:
             for key, label in (("read_gbps", "read"), ("write_gbps", "write")):
@@ -257,10 +264,10 @@ def _replay_figures(runs: list[Run]) -> list[go.Figure]:
         d = run.doc
         h = d.get("histograms") or {}
         if isinstance(h.get("ttft_ms"), str):
-            _cdf_trace(ttft, h["ttft_ms"], _name(run, "TTFT", many))
+            _cdf_trace(ttft, h["ttft_ms"], _name(run, "TTFT", many), run.path)
         for key, label in (("e2el_ms", "end to end"), ("itl_ms", "inter-token")):
             if isinstance(h.get(key), str):
-                _cdf_trace(lat, h[key], _name(run, label, many))
+                _cdf_trace(lat, h[key], _name(run, label, many), run.path)
         rows = d.get("rounds") or []
         if rows:
             xs = [r["round"] for r in rows]
@@ -276,27 +283,17 @@ def _replay_figures(runs: list[Run]) -> list[go.Figure]:
 
 
 def _plan_rows(runs: list[Run]) -> list[Row]:
-    names: list[str] = []
-    for run in runs:
-        names += [c["name"] for c in run.doc["configurations"] if c["name"] not in names]
+    """Per configuration of the first run (by position: runs of one plan command line up): its capacity, the round the
+    hit rate collapsed in, the last round's predicted and ideal hit rates, the bytes written."""
     rows = [Row("status", "", ("status",)), Row("rounds", "", ("workload", "rounds"))]
-
-    def by_name(name: str, key: str, last: bool = False) -> Callable[[dict], Any]:
-        def get(doc: dict) -> Any:
-            for c in doc["configurations"]:
-                if c["name"] == name:
-                    return c["rounds"][-1].get(key) if last and c["rounds"] else c.get(key)
-            return None
-
-        return get
-
-    for name in names:
+    for i, c in enumerate(runs[0].doc["configurations"]):
+        at = ("configurations", str(i))
         rows += [
-            Row(f"{name}: capacity", "bytes", by_name(name, "capacity_bytes")),
-            Row(f"{name}: collapse round", "", by_name(name, "collapse_round"), "higher"),
-            Row(f"{name}: hit rate, last round", "%", by_name(name, "predicted_hit_rate", last=True), "higher"),
-            Row(f"{name}: ideal, last round", "%", by_name(name, "ideal_hit_rate", last=True)),
-            Row(f"{name}: bytes written", "bytes", by_name(name, "bytes_written_total"), "lower"),
+            Row(f"{c['name']}: capacity", "bytes", (*at, "capacity_bytes")),
+            Row(f"{c['name']}: collapse round", "", (*at, "collapse_round"), "higher"),
+            Row(f"{c['name']}: hit rate, last round", "%", (*at, "rounds", "-1", "predicted_hit_rate"), "higher"),
+            Row(f"{c['name']}: ideal, last round", "%", (*at, "rounds", "-1", "ideal_hit_rate")),
+            Row(f"{c['name']}: bytes written", "bytes", (*at, "bytes_written_total"), "lower"),
         ]
     return rows
 

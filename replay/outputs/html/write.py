@@ -22,7 +22,6 @@ def write_html(doc: dict, path: str, results_path: str | None = None) -> str:
     command that wrote it, and its JSON is on disk for `kvtier report` anyway."""
     source = results_path or path
     try:
-        run = run_from_doc(doc, source)
+        return write_report(path, [run_from_doc(doc, source)])
     except ReportError as exc:
         raise OSError(f"the report cannot read the results ({exc})") from None
-    return write_report(path, [run])
