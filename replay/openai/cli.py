@@ -9,13 +9,14 @@ import os
 import random
 import signal
 import sys
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from kvconnector.errors import ConfigError
-from replay.openai.client import api_root
+from replay.openai.client import api_root, fd_limit_message
 from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.mpi_run import ReplaySteps, run_rank
 from replay.openai.prometheus_source import is_prometheus_url, parse_prometheus_url
@@ -120,6 +121,21 @@ Percentile = Annotated[float, Field(gt=0, lt=100)]
 SloKey = Literal["ttft_ms", "tpot_ms", "e2el_ms", "itl_ms"]
 
 
+def _check_url(flag: str, url: str) -> None:
+    """A URL a request can be sent to: a host, a port in 1..65535 when one is given, no query or fragment."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{flag} {url!r}: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"{flag} {url!r}: no host")
+    if port == 0:
+        raise ValueError(f"{flag} {url!r}: port 0 is no server's port")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{flag} {url!r}: the server root takes no query or fragment")
+
+
 class ReplayConfig(BaseModel):
     """Every option of a replay, validated once; loaded by replay.settings as bench's is (defaults < --config YAML <
     KVTIER_REPLAY_<KEY> environment < flags). Unknown keys are errors; inf and nan are no value's (request_rate's
@@ -190,6 +206,7 @@ class ReplayConfig(BaseModel):
     def _check(self) -> ReplayConfig:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"--base-url must start with http:// or https://, got {self.base_url!r}")
+        _check_url("--base-url", self.base_url)
         if self.base_url.rstrip("/").endswith("/completions"):
             raise ValueError(
                 f"--base-url is the server root (e.g. http://127.0.0.1:8000), not an endpoint: "
@@ -654,6 +671,9 @@ def report(cfg: ReplayConfig, summary: dict, code: int) -> int:
     if code == 0 and summary["run_failed"]:
         print(f"{PROG}: run failed: {summary['run_failed']}", file=sys.stderr)
         code = 1
+    if (summary.get("errors_by_kind") or {}).get("client_limit"):  # not the server's fault: say what to raise
+        n = summary["errors_by_kind"]["client_limit"]
+        print(f"{PROG}: {n} requests failed on the client's side: {fd_limit_message()}", file=sys.stderr)
     if not cfg.quiet:
         from rich.console import Console
 

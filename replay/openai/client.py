@@ -12,7 +12,9 @@ inter-token latencies; otherwise each content chunk counts as one token.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import resource
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ ERROR_KINDS = (
     "stream_error",
     "incomplete_stream",
     "overlong_stream",
+    "client_limit",
     "no_content",
     "cancelled",
     "other",
@@ -294,10 +297,16 @@ async def send_streaming(
             return _fail(rec, "timeout", f"not finished within the request's {limit:g} s (--request-max-time)")
         return _fail(rec, "timeout", "no data within the request timeout")
     except aiohttp.ClientConnectorError as exc:
+        if getattr(exc.os_error, "errno", None) in (errno.EMFILE, errno.ENFILE):  # this process's limit, not the server
+            return _fail(rec, "client_limit", fd_limit_message())
         return _fail(rec, "connection", f"cannot connect: {exc}")
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
         return _fail(rec, "disconnected", f"connection dropped: {type(exc).__name__}: {exc}")
     except aiohttp.ClientError as exc:
+        return _fail(rec, "other", f"{type(exc).__name__}: {exc}")
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return _fail(rec, "client_limit", fd_limit_message())
         return _fail(rec, "other", f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a request function never raises: anything else is recorded too
         return _fail(rec, "other", f"{type(exc).__name__}: {exc}")
@@ -306,6 +315,14 @@ async def send_streaming(
         return _fail(rec, "no_content", "stream finished with no content token")
     rec.success = True
     return rec
+
+
+def fd_limit_message() -> str:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (
+        f"this client is out of file descriptors (its limit, RLIMIT_NOFILE, is {soft}; hard limit {hard}): raise it "
+        "with `ulimit -n` before the run, or send fewer requests at once (--max-concurrency, --concurrency, --users)"
+    )
 
 
 class _SSEError(ValueError):

@@ -220,3 +220,48 @@ def test_a_signal_during_the_tokenize_probe_ends_the_run_at_once(tmp_path, sig):
     assert proc.returncode == 128 + sig, err
     assert took < 10, took  # not the probe's 30 s
     assert "Traceback" not in err and json.loads(out.read_text())["completed"] == 0
+
+
+# ---- the client's own limit is said to be the client's --------------------------------------------------------------
+def test_the_clients_fd_limit_is_reported_as_the_clients(tmp_path):
+    import resource
+
+    from replay.openai.fake_server import FakeServerConfig
+
+    out = tmp_path / "out.json"
+    with FakeServer(FakeServerConfig(ttft_ms=1500, default_max_tokens=2)) as srv:
+        cmd = [sys.executable, "-m", "replay.cli", "replay", "--base-url", srv.base_url, "--model", "m"]
+        r = subprocess.run(
+            [*cmd, "--output", str(out), *SMALL, "--users", "200", "--num-requests", "200"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),  # 200 sockets cannot open
+        )
+    s = json.loads(out.read_text())
+    assert s["errors_by_kind"].get("client_limit", 0) > 0 and "connection" not in s["errors_by_kind"], s
+    assert "server unreachable" not in r.stderr and "Traceback" not in r.stderr
+    assert "RLIMIT_NOFILE, is 64" in r.stderr and "ulimit -n" in r.stderr, r.stderr
+
+
+# ---- a --base-url no request can go to -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "url, said",
+    [
+        ("http://127.0.0.1:99999", "Port out of range"),
+        ("http://127.0.0.1:65536", "Port out of range"),
+        ("http://127.0.0.1:0", "port 0"),
+        ("http://127.0.0.1:-1", "Port could not be cast"),
+        ("http://127.0.0.1:abc", "Port could not be cast"),
+        ("http://:8000", "no host"),
+        ("http://[::1", "Invalid IPv6 URL"),
+        ("http://127.0.0.1:8000/?a=1", "no query or fragment"),
+        ("http://127.0.0.1:8000#x", "no query or fragment"),
+    ],
+)
+def test_a_base_url_no_request_can_reach_is_a_usage_error(tmp_path, capsys, url, said):
+    out = tmp_path / "out.json"
+    assert main(["--base-url", url, "--model", "m", "--output", str(out), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--base-url" in err[0] and said in err[0], err
+    assert not out.exists()
