@@ -50,7 +50,7 @@ _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1
 _NUM = r"-?\d+[KMGTPE]?"
 _BUCKET_RE = re.compile(
     rf"^\s*(?P<open>[\[(])\s*(?P<lo>{_NUM}|\.\.\.)\s*(?:,\s*(?P<hi>{_NUM}|\.\.\.)\s*)?(?P<close>[\])])"
-    r"\s+(?P<count>\d+)\s*(?:\|.*)?$"
+    r"\s+(?P<count>-?\d+)\s*(?:\|.*)?$"
 )
 _HEADER_RE = re.compile(r"^@(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:\[(?P<key>.*)\])?:\s*(?P<rest>.*)$")
 _STATS_RE = re.compile(r"^count (-?\d+), average (-?\d+), total (-?\d+)$")
@@ -250,7 +250,10 @@ def parse_text(text: str) -> Trace:
         if cur is not None:
             m = _BUCKET_RE.match(line)
             if m:
-                cur.buckets.append(_bucket_from_text(m))
+                bucket = _bucket_from_text(m)
+                if bucket.count < 0:  # a whole line with a bad number, not a cut one: said as such, as in JSON
+                    raise TraceParseError(f"{cur_name}: negative bucket count {bucket.count} in {line.strip()!r}")
+                cur.buckets.append(bucket)
                 continue
             if line.lstrip().startswith(("[", "(")):
                 tr.cut(f"cut bucket line in {cur_name}: {line.strip()!r}")

@@ -398,8 +398,10 @@ def run(cfg: PlanConfig, argv: list[str]) -> tuple[dict, list[PlanResult]]:
         tiers = [TierSpec(t.name, t.capacity_bytes) for t in entry.tiers]
         for t in tiers:
             if t.capacity_bytes < w.block_bytes:  # a tier of 400B where 400GB was meant: not a cache at all
+                # Named as the user gave it: --tier NAME=SIZE, or the tier of one --config NAME.
+                given = f"--config {name}: tier {t.name}" if cfg.configs else f"--tier {t.name}"
                 raise ConfigError(
-                    f"tier {t.name} ({human_bytes(t.capacity_bytes)}) of {name} holds no whole block "
+                    f"{given} ({human_bytes(t.capacity_bytes)}) holds no whole block "
                     f"({human_bytes(w.block_bytes)} = {w.block_size} tokens x {human_bytes(bpt)})"
                 )
         jobs.append((name, entry, w, tiers))

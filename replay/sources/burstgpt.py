@@ -128,7 +128,11 @@ def _read_file(path: Path, report: LoadReport, models, log_types):
         raise WorkloadError(f"{path}: empty file (expected a BurstGPT CSV header)") from None
     except csv.Error as exc:
         raise WorkloadError(f"{path}:1: malformed CSV: {exc}") from exc
-    col = {name.strip(): i for i, name in enumerate(header)}
+    names = [name.strip() for name in header]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    if twice:  # which of the two would be read is a guess: the file is refused instead
+        raise WorkloadError(f"{path}:1: column {twice[0]!r} appears {names.count(twice[0])} times in the header")
+    col = {name: i for i, name in enumerate(names)}
     missing = [c for c in _REQUIRED if c not in col]
     if missing:
         raise WorkloadError(

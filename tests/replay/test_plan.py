@@ -278,7 +278,7 @@ def test_model_flag_and_yaml_configs(tmp_path, capsys, monkeypatch):
         (["--tier", "a=1GB", "--block-size", "0"], "--block-size"),
         (["--tier", "a=1GB", "--config", "/nonexistent/plan.yaml"], "/nonexistent/plan.yaml"),
         (["--tier", "a=1GB", "--output", "/"], "--output"),
-        (["--tier", "a=10000B"], "tier a (10.0 KB) of a holds no whole block (16.0 KB = 16 tokens x 1.0 KB)"),
+        (["--tier", "a=10000B"], "--tier a (10.0 KB) holds no whole block (16.0 KB = 16 tokens x 1.0 KB)"),
     ],
 )
 def test_mistakes_are_one_line_and_write_nothing(extra, words, tmp_path, capsys, monkeypatch):

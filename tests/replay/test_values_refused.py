@@ -214,3 +214,23 @@ def test_the_library_refuses_the_same_capacities(tmp_path, key, value):
     with pytest.raises(ValidationError, match=key):
         BackendConfig(**tiers, **{key: value})
     BackendConfig(**tiers, **{key: 1e-9})  # one byte: a tier that holds nothing, as asked
+
+
+# ---- a BurstGPT header naming a column twice ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "header, twice",
+    [
+        ("Timestamp,Model,Request tokens,Response tokens,Request tokens,Log Type", "Request tokens"),
+        ("Timestamp,Timestamp,Model,Request tokens,Response tokens,Log Type", "Timestamp"),
+        ("Timestamp,Model,Request tokens,Response tokens, Response tokens ,Log Type", "Response tokens"),
+        ("Timestamp,Model,Model,Request tokens,Response tokens,Log Type", "Model"),
+    ],
+)
+def test_a_burstgpt_column_named_twice_is_refused(tmp_path, header, twice):
+    from replay.sources.base import WorkloadError
+    from replay.sources.burstgpt import load_burstgpt
+
+    path = tmp_path / "t.csv"
+    path.write_text(header + "\n" + "0,a,5,5,7,x\n")
+    with pytest.raises(WorkloadError, match=rf"t\.csv:1: column '{twice}' appears 2 times"):
+        load_burstgpt(path)
