@@ -18,7 +18,7 @@ from plotly.offline import get_plotlyjs
 
 from ..provenance import kvtier_version
 from .kinds import FAMILY, KIND_TITLES, ReportError, Run
-from .sections import VIEWS, Row, value_at
+from .sections import VIEWS, Row, overlay_style, value_at
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -137,6 +137,8 @@ def render_report(runs: list[Run], title: str | None = None) -> str:
     kind_title = " / ".join(dict.fromkeys(KIND_TITLES[r.kind] for r in runs))
     title = title or f"{kind_title}: {', '.join(r.label for r in runs)}"
     figs = view.figures(runs)
+    if len(runs) > 1:
+        overlay_style(figs, [r.label for r in runs])
     plots = "".join(
         '<div class="plot">'
         + pio.to_html(

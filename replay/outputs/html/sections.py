@@ -398,10 +398,11 @@ def _sweep_rows(runs: list[Run]) -> list[Row]:
 
 def _figure(key: str) -> str:
     """A sweep figure's key in words: service_p50_ms -> service p50 (ms)."""
-    for suffix, unit in (("_ms", "ms"), ("_per_s", "/s")):
-        if key.endswith(suffix):
-            return key[: -len(suffix)].replace("_", " ") + f" ({unit})"
-    return key.replace("_", " ")
+    if key.endswith("_ms"):
+        return key[:-3].replace("_", " ") + " (ms)"
+    if key.endswith("_per_s"):
+        return key[:-6].replace("_", " ") + "/s"
+    return key.replace("_", " ").replace("l2 ", "L2 ")
 
 
 def _unit(key: str) -> str:
@@ -425,29 +426,35 @@ def _sweep_banners(run: Run) -> list[tuple[str, str]]:
     return out
 
 
+# Heat-map colours are log2 of the ratio to the reference, so 2x slower and 2x faster sit as far from 1x; ratios beyond
+# 64x either way (and a figure that fell to 0) take the end colour.
+_LOG2_CLIP = 6
+_TICKS = (1 / 64, 1 / 16, 1 / 4, 0.5, 0.8, 1, 1.25, 2, 4, 16, 64)
+
+
+def _log2_ratio(r: float | None) -> float | None:
+    if r is None:
+        return None
+    return max(-_LOG2_CLIP, min(_LOG2_CLIP, math.log2(r))) if r > 0 else -_LOG2_CLIP
+
+
 def _sweep_figures(runs: list[Run]) -> list[go.Figure]:
     figs = []
     for run in runs:
         d = run.doc
         points = d["points"]
-        bws = [b for b in d["grid"].get("bw", [])] or sorted({p["bw"] for p in points})
+        bws = list(d["grid"].get("bw", [])) or sorted({p["bw"] for p in points})
         lats = sorted({p["lat_ms"] for p in points})
+        at = {(p["bw"], p["lat_ms"]): p for p in points}
         keys = [k for k in (d.get("reference") or {}) if any(p["relative"].get(k) is not None for p in points)]
         for k in keys:
-            z = [
-                [
-                    next((p["relative"].get(k) for p in points if p["bw"] == bw and p["lat_ms"] == lat), None)
-                    for bw in bws
-                ]
-                for lat in lats
-            ]
-            raw = [
-                [
-                    next((p["metrics"].get(k) for p in points if p["bw"] == bw and p["lat_ms"] == lat), None)
-                    for bw in bws
-                ]
-                for lat in lats
-            ]
+            cells = [[at.get((bw, lat)) for bw in bws] for lat in lats]
+            ratio = [[None if p is None else p["relative"].get(k) for p in row] for row in cells]
+            raw = [[None if p is None else p["metrics"].get(k) for p in row] for row in cells]
+            z = [[_log2_ratio(r) for r in row] for row in ratio]
+            # at least 0.5x..2x, so a few percent of noise stays pale
+            span = max([1.0, *(abs(v) for row in z for v in row if v is not None)])
+            ticks = [t for t in _TICKS if abs(math.log2(t)) <= span + 1e-9 and (span <= 2 or t not in (0.8, 1.25))]
             title = f"{_figure(k)} / unthrottled" + (f" ({run.label})" if len(runs) > 1 else "")
             fig = _fig(title, "bandwidth cap", "added latency per operation (ms)")
             fig.add_trace(
@@ -455,12 +462,16 @@ def _sweep_figures(runs: list[Run]) -> list[go.Figure]:
                     x=[str(b) for b in bws],
                     y=[f"{lat:g}" for lat in lats],
                     z=z,
+                    text=[["" if r is None else f"{r:.2f}x" for r in row] for row in ratio],
                     customdata=raw,
                     # centred on the reference (1x): red is worse than unthrottled, green better
                     colorscale="RdYlGn_r" if k.endswith("_ms") else "RdYlGn",
-                    zmid=1,
-                    texttemplate="%{z:.2f}x",
-                    hovertemplate="bw %{x}, +%{y} ms: %{z:.3f}x (%{customdata:.4g})<extra>" + k + "</extra>",
+                    zmid=0,
+                    zmin=-span,
+                    zmax=span,
+                    colorbar={"tickvals": [math.log2(t) for t in ticks], "ticktext": [f"{t:.2g}x" for t in ticks]},
+                    texttemplate="%{text}",
+                    hovertemplate="bw %{x}, +%{y} ms: %{text} (%{customdata:.4g})<extra>" + k + "</extra>",
                     name=k,
                 )
             )
@@ -585,3 +596,23 @@ VIEWS = {
     "trace": KindView(_trace_layer_rows, _storage_trace_banners, _storage_trace_figures, _trace_meta, lambda run: None),
 }
 VIEWS["trials"] = VIEWS["merged"] = VIEWS["bench"]
+
+
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+_PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff")
+
+
+def overlay_style(figs: list[go.Figure], labels: list[str]) -> None:
+    """Several runs in one plot: one colour per series (the same in every run), one dash per run (in label order),
+    so `a: disk read` and `b: disk read` read as one series of two runs."""
+    for fig in figs:
+        colours: dict[str, str] = {}
+        for t in fig.data:
+            if t.type != "scatter" or not t.name:
+                continue
+            run = next((i for i, lab in enumerate(labels) if t.name.startswith(f"{lab}: ")), None)
+            if run is None:
+                continue
+            series = t.name[len(labels[run]) + 2 :].split(" (n=")[0]
+            colour = colours.setdefault(series, _PALETTE[len(colours) % len(_PALETTE)])
+            t.update(line={"color": colour, "dash": _DASHES[run % len(_DASHES)]}, marker={"color": colour})

@@ -305,7 +305,7 @@ def test_plan_trace_capacity_curves(browser, work):
 def test_sweep_heat_maps_from_html_output(browser, work):
     out, page = work / "sweep.json", work / "sweep.html"
     kvtier(
-        "sweep", "--bw", "none,25MB/s", "--lat-ms", "0,1", "--driver", "bench", "--output", str(out),
+        "sweep", "--bw", "none,100MB/s", "--lat-ms", "0,2", "--driver", "bench", "--output", str(out),
         "--html-output", str(page), "--", "--num-users", "2", "--duration", "1.5", "--cpu-mem-gb", "0",
         "--gpu-mem-gb", "0", "--storage-capacity-gb", "0.5", "--max-context-tokens", "256", "--seed", "1",
     )  # fmt: skip
