@@ -137,9 +137,9 @@ def _bench_banners(run: Run) -> list[tuple[str, str]]:
         done, asked = d["trials_completed"], d["trials_requested"]
         if status != "completed" or done < asked:
             out.append(("error", f"cut short: status {status}, {done} of {asked} trials completed (partial results)"))
-        failed = [t.get("trial") for t in d["per_trial"] if t.get("status") != "completed"]
+        failed = [str(t.get("trial")) for t in d["per_trial"] if t.get("status") != "completed"]
         if failed:
-            out.append(("error", f"trials {', '.join(map(str, failed))} did not complete"))
+            out.append(("error", f"trial{'s' if len(failed) > 1 else ''} {', '.join(failed)} did not complete"))
         return out
     if status != "completed":
         why = d.get("error") or d.get("stop_signal") or ""
@@ -200,22 +200,26 @@ def _bench_figures(runs: list[Run]) -> list[go.Figure]:
 
 
 def _trial_traces(fig: go.Figure, run: Run, what: tuple[str, str], many: bool) -> None:
-    """Each completed trial's value (aggregate[key].values, in trial order) and their median as a dashed line."""
+    """Each completed trial's value (aggregate[key].values, in the order of the completed trials) and their median as
+    a dashed line of the same colour across the trials."""
     key, label = what
     agg = run.doc["aggregate"].get(key) or {}
     vals = agg.get("values") or []
     if not vals:
         return
-    xs = list(range(1, len(vals) + 1))
-    fig.add_trace(go.Scatter(x=xs, y=vals, name=_name(run, label, many), mode="markers", marker={"size": 10}))
+    done = [t.get("trial") for t in run.doc["per_trial"] if t.get("status") == "completed"]
+    xs = done if len(done) == len(vals) else list(range(1, len(vals) + 1))
+    colour = _PALETTE[len(fig.data) // 2 % len(_PALETTE)]
+    name = _name(run, label, many)
+    fig.add_trace(go.Scatter(x=xs, y=vals, name=name, mode="markers", marker={"size": 10, "color": colour}))
     if isinstance(agg.get("median"), int | float):
         fig.add_trace(
             go.Scatter(
-                x=[xs[0], xs[-1]],
+                x=[min(xs) - 0.3, max(xs) + 0.3],
                 y=[agg["median"]] * 2,
-                name=_name(run, f"{label} median", many),
+                name=f"{name} median",
                 mode="lines",
-                line={"dash": "dash"},
+                line={"dash": "dash", "color": colour},
             )
         )
 
@@ -530,6 +534,7 @@ def _storage_trace_figures(runs: list[Run]) -> list[go.Figure]:
     many = len(runs) > 1
     figs = []
     by_layer: dict[str, go.Figure] = {}
+    edges: dict[str, dict[str, float]] = {}  # per layer: bucket label -> its lower edge, to order the axis
     for run in runs:
         for layer, what, h in layer_rows(run.doc):
             fig = by_layer.get(layer)
@@ -537,8 +542,13 @@ def _storage_trace_figures(runs: list[Run]) -> list[go.Figure]:
                 fig = by_layer[layer] = _fig(f"{layer}: latency histogram", "latency (us, bucket)", "count")
                 fig.update_layout(barmode="group")
                 figs.append(fig)
-            labels = [f"{b.lo if b.lo is not None else ''}-{b.hi if b.hi is not None else ''}" for b in h.buckets]
+            labels = [f"{'' if b.lo is None else b.lo}-{'' if b.hi is None else b.hi}" for b in h.buckets]
+            for lab, b in zip(labels, h.buckets):
+                edges.setdefault(layer, {})[lab] = -math.inf if b.lo is None else b.lo
             fig.add_trace(go.Bar(x=labels, y=[b.count for b in h.buckets], name=_name(run, what, many)))
+    for layer, fig in by_layer.items():  # buckets of several histograms in one axis, in latency order
+        order = sorted(edges[layer], key=edges[layer].__getitem__)
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     return _kept(figs)
 
 
@@ -616,3 +626,5 @@ def overlay_style(figs: list[go.Figure], labels: list[str]) -> None:
             series = t.name[len(labels[run]) + 2 :].split(" (n=")[0]
             colour = colours.setdefault(series, _PALETTE[len(colours) % len(_PALETTE)])
             t.update(line={"color": colour, "dash": _DASHES[run % len(_DASHES)]}, marker={"color": colour})
+        # the runs' labels make long legend entries: below the plot, where they do not squeeze it
+        fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0}, height=560)
