@@ -9,6 +9,10 @@ Metrics are computed at scrape time from the backend's own statistics (nothing i
   `kvtier_fallbacks_total{tier,reason}` (O_DIRECT unavailable and other degradations);
 - `kvtier_backend_events_total{event}`: lookup_hits/misses, load_hits/misses, store_ok, store_refused_full, ...;
 - `kvtier_tier_used_bytes`, `kvtier_tier_capacity_bytes`, `kvtier_tier_entries{tier}`.
+
+The events a hit rate is computed from (`*_EVENTS_FROM_ZERO`) are exported at 0 before they first happen: Prometheus's
+rate() and increase() take a series' first sample as its start, so a counter that appears only at its first event
+loses that first increment (prometheus.io/docs/practices/instrumentation/, "Avoid missing metrics").
 """
 
 from __future__ import annotations
@@ -50,6 +54,11 @@ def _buckets(hist) -> tuple[list[tuple[str, float]], float]:
     return out, hist.mean_ms() * count / 1e3
 
 
+# per tier, and for the backend: the events deploy/prometheus/kvtier-rules.yml divides
+TIER_EVENTS_FROM_ZERO = ("hits",)
+BACKEND_EVENTS_FROM_ZERO = ("lookup_hits", "lookup_misses", "load_hits", "load_misses", "store_ok")
+
+
 class BackendCollector:
     def __init__(self, backend) -> None:
         self.backend = backend
@@ -74,7 +83,8 @@ class BackendCollector:
                     dur.add_metric([tier.name, op_name, part], buckets, sum_s)
                 ops.add_metric([tier.name, op_name], op.ops)
                 nbytes.add_metric([tier.name, op_name], op.nbytes)
-            for ev, n in sorted((st.events + tier.counters).items()):
+            tier_events = dict.fromkeys(TIER_EVENTS_FROM_ZERO, 0) | dict(st.events + tier.counters)
+            for ev, n in sorted(tier_events.items()):
                 events.add_metric([tier.name, ev], n)
             for reason, n in sorted(tier.fallbacks.items()):
                 fallbacks.add_metric([tier.name, reason], n)
@@ -82,7 +92,7 @@ class BackendCollector:
             used.add_metric([u["tier"]], u["used_bytes"])
             cap.add_metric([u["tier"]], u["capacity_bytes"])
             entries.add_metric([u["tier"]], u["entries"])
-        for ev, n in sorted(b.events_snapshot().items()):
+        for ev, n in sorted((dict.fromkeys(BACKEND_EVENTS_FROM_ZERO, 0) | dict(b.events_snapshot())).items()):
             bev.add_metric([ev], n)
         yield from (dur, ops, nbytes, events, fallbacks, used, cap, entries, bev)
 

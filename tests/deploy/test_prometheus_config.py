@@ -88,17 +88,22 @@ def test_bad_interval_is_one_line_and_exit_2(tmp_path, capsys):
     assert "--interval must be > 0" in capsys.readouterr().err
 
 
+def _served(backend) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BackendCollector(backend))
+    return generate_latest(registry).decode()
+
+
 def test_every_kvtier_series_the_rules_read_is_one_the_exporter_serves(tmp_path):
     """A rule over a misspelt name records nothing, silently: the names are checked against a real backend's
     exporter after a store and a load (vLLM's and LMCache's names are checked on a live stack, in the e2e test)."""
     b = KvtierBackend(BackendConfig(disk_dir=str(tmp_path / "disk"), disk_capacity_gb=0.01, snapshot_path=""))
     try:
+        before = _served(b)
         data = np.arange(4096, dtype=np.uint8)
         assert b.put("k", [memoryview(data)])
         assert b.get_into("k", memoryview(bytearray(4096)))
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(BackendCollector(b))
-        served = generate_latest(registry).decode()
+        served = _served(b)
     finally:
         b.close()
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
@@ -115,3 +120,8 @@ def test_every_kvtier_series_the_rules_read_is_one_the_exporter_serves(tmp_path)
     # the label values the rules select on
     assert 'kvtier_tier_events_total{event="hits",tier="disk"} 1.0' in served
     assert 'kvtier_backend_events_total{event="load_hits"} 1.0' in served
+    # and they are there, at 0, before the first event: rate() takes a series' first sample as its start, so a
+    # counter born at its first event would lose that event
+    assert 'kvtier_tier_events_total{event="hits",tier="disk"} 0.0' in before
+    for ev in ("lookup_hits", "lookup_misses", "load_hits", "load_misses", "store_ok"):
+        assert f'kvtier_backend_events_total{{event="{ev}"}} 0.0' in before
