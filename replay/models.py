@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error, error_path
 
+from .json_files import InputError, loads_json
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 
 
@@ -80,7 +82,9 @@ def resolve_model(name_or_path: str) -> ModelSpec:
             f"unknown model '{name_or_path}': choose from {', '.join(CATALOG)} or give a config.json path"
         )
     try:
-        cfg = json.loads(path.read_bytes())
+        cfg = loads_json(path.read_bytes())
+    except InputError as exc:
+        raise ConfigError(f"model config {path}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read model config {path}: {exc.strerror or exc}") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # json.loads takes UTF-8 (with or without BOM)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error
 
+from .json_files import InputError, check_input, too_deep
 from .sources.base import open_regular
 
 M = TypeVar("M", bound=BaseModel)
@@ -58,6 +59,11 @@ def read_yaml(path: str) -> dict:
     try:
         with open_regular(path) as f:
             loaded = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+        check_input(loaded)
+    except RecursionError:
+        raise ConfigError(f"--config {path}: {too_deep()}") from None
+    except InputError as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"--config {path}: {exc}") from None
     except OSError as exc:

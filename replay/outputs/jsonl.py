@@ -3,11 +3,11 @@ every request, for pandas (`pd.read_json(path, lines=True)`) or jq."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from typing import Any
 
+from ..json_files import dumps_json
 from .paths import atomic_path
 
 __all__ = ["write_jsonl"]
@@ -17,4 +17,4 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> None
     """Write the rows atomically (a temporary file in the same directory, then a rename), one object a line."""
     with atomic_path(path, suffix=".jsonl.tmp") as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for row in rows:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(dumps_json(row) + "\n")  # a non-finite float as null: JSON readers refuse NaN

@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import stat
 import tempfile
@@ -33,6 +32,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from kvconnector.errors import ConfigError
 from kvconnector.files import atomic_path
+
+from ..json_files import dumps_json
 
 RESULTS_DIR = "results"
 
@@ -270,8 +271,7 @@ def default_results_path(suffix: str = ".json") -> str:
 
 def _write_json_to(path: str, doc: dict, exclusive: bool) -> None:
     with atomic_path(path, suffix=".json.tmp", exclusive=exclusive) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, default=str)
-        f.write("\n")
+        f.write(dumps_json(doc, indent=2, default=str) + "\n")  # never a bare NaN: other JSON readers refuse it
 
 
 def write_results(

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from replay.json_files import InputError, loads_json
 from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines, read_text
 
 __all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]
@@ -117,9 +118,11 @@ def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> I
             continue
         where = f"{path}:{number}"
         try:
-            row = json.loads(line)
+            row = loads_json(line)
         except json.JSONDecodeError as exc:
             raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
+        except InputError as exc:
+            raise WorkloadError(f"{where}: {exc}") from None
         if not isinstance(row, dict):
             raise WorkloadError(f"{where}: expected a JSON object, found {type(row).__name__}")
         missing = [f for f in fields if f not in row]
@@ -196,9 +199,11 @@ def _read_weka(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
 
 def _weka_document(file: str, block: int) -> dict:
     try:
-        doc = json.loads(read_text(file, "Weka trace (JSON)"))
+        doc = loads_json(read_text(file, "Weka trace (JSON)"))
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
+    except InputError as exc:
+        raise WorkloadError(f"{file}: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
     if doc.get("block_size") != block:

@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from replay.json_files import InputError, raw_decode
 from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, read_text
 
 __all__ = ["default_token_counter", "estimate_tokens", "load_sharegpt"]
@@ -63,7 +64,6 @@ def default_token_counter() -> tuple[Callable[[str], int], str]:
 
 def _iter_items(text: str, path: Path, report: LoadReport):
     """Yield (index, item) for each top-level element of a JSON list; stop at the first damage and count the rest."""
-    decoder = json.JSONDecoder()
     pos = len(text) - len(text.lstrip())
     if pos >= len(text) or text[pos] != "[":
         raise WorkloadError(f"{path}: not a ShareGPT file (expected a JSON list, found {text[pos : pos + 20]!r})")
@@ -79,7 +79,9 @@ def _iter_items(text: str, path: Path, report: LoadReport):
         if text[pos] == "]":
             return
         try:
-            item, end = decoder.raw_decode(text, pos)
+            item, end = raw_decode(text, pos)
+        except InputError as exc:  # NaN, Infinity or nesting past the bound: not a damaged tail, a bad file
+            raise WorkloadError(f"{path}: item {index}: {exc}") from None
         except json.JSONDecodeError as exc:
             # A truncated file: the last item is cut. Everything before it was complete and is kept.
             line = text.count("\n", 0, exc.pos) + 1

@@ -16,11 +16,12 @@ silently compares with built-in numbers.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 
 from kvconnector.errors import ConfigError
+
+from ..json_files import loads_json
 
 __all__ = ["REQUIRED", "TOLERANCE_PCT", "load_validation_trace", "validate_run"]
 
@@ -34,7 +35,7 @@ def load_validation_trace(path: str) -> dict:
     where = f"--validation-trace {path}"
     try:
         with open(path, encoding="utf-8") as f:
-            records = json.load(f)
+            records = loads_json(f.read())
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror or exc}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
