@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cli_common import OneLineParser, fail
-from ..sources.base import open_regular
+from ..outputs.results_file import ResultsFileError, load_results_file
 
 PROG = "kvtier check"
 
@@ -85,13 +85,10 @@ def load_runs(paths: list[str]) -> list[dict]:
 
     for path in paths:
         try:
-            with open_regular(path) as fh:
-                doc = json.load(fh)
-        except OSError as exc:
-            raise BadInput(f"{path}: {exc.strerror or exc}") from exc
-        except ValueError as exc:
-            raise BadInput(f"{path}: not JSON ({exc})") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+            doc = load_results_file(path)
+        except ResultsFileError as exc:
+            raise BadInput(str(exc)) from None
+        if not isinstance(doc.get("config"), dict):
             raise BadInput(f"{path}: not a kvtier bench result (no config)")
         model = (doc.get("model") or {}).get("name") or doc["config"].get("model")
         if doc.get("kind") == "kvtier-bench-trials":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -13,9 +12,10 @@ from kvconnector.errors import ConfigError
 from kvconnector.units import GB
 
 from ..cli_common import OneLineParser, fail
+from ..json_files import dumps_json
 from ..outputs._common import sla_verdict_text
 from ..outputs.paths import atomic_path, claim_outputs
-from ..sources.base import open_regular
+from ..outputs.results_file import ResultsFileError, load_results_file
 
 EXAMPLES = """\
 examples:
@@ -186,25 +186,11 @@ def render(table: dict):
 
 
 def load_result(path: str) -> dict:
+    """A `kvtier bench` results file, validated (replay/outputs/results_file.py), or CompareError."""
     try:
-        with open_regular(path) as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise CompareError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise CompareError(f"{path}: is a directory, not a results file") from None
-    except OSError as exc:  # permission, a FIFO or device, ...
-        raise CompareError(f"{path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CompareError(f"{path}: not a kvtier result (not JSON: {exc})") from None
-    if not isinstance(doc, dict):
-        raise CompareError(f"{path}: not a kvtier result (not a JSON object)")
-    summary = doc.get("summary")
-    if not isinstance(summary, dict) or "elapsed_time" not in summary:
-        if "request_throughput" in doc and "ttft_ms" in doc:
-            raise CompareError(f"{path}: a `kvtier replay` summary; compare reads `kvtier bench` results")
-        raise CompareError(f"{path}: not a kvtier bench result (no summary.elapsed_time)")
-    return doc
+        return load_results_file(path)
+    except ResultsFileError as exc:
+        raise CompareError(str(exc)) from None
 
 
 def default_labels(paths: list[str]) -> list[str]:
@@ -261,8 +247,7 @@ def _compare(args: argparse.Namespace) -> int:
         if args.json_out:
             try:
                 with atomic_path(args.json_out, suffix=".json.tmp") as tmp, open(tmp, "w", encoding="utf-8") as fh:
-                    json.dump(table, fh, indent=2)
-                    fh.write("\n")
+                    fh.write(dumps_json(table, indent=2) + "\n")
             except OSError as exc:
                 raise CompareError(f"--json {args.json_out}: {exc.strerror or exc}") from None
     except CompareError as exc:

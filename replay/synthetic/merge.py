@@ -35,7 +35,7 @@ from kvconnector.validation import describe_validation_error
 from ..cli_common import OneLineParser, fail
 from ..merging import union_s
 from ..outputs.paths import claim_outputs, default_results_path, write_results
-from .compare import CompareError, load_result
+from ..outputs.results_file import ResultsFileError, load_results_file
 from .config import BenchConfig
 from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
@@ -79,11 +79,9 @@ class MergeError(Exception):
 def load_source(path: str) -> dict:
     """A `kvtier bench` results file with what a merge needs (histograms, tiers, config), or MergeError."""
     try:
-        doc = load_result(path)
-    except CompareError as exc:
+        doc = load_results_file(path, no_trials="a --trials document (medians); merge its per-trial files instead")
+    except ResultsFileError as exc:
         raise MergeError(str(exc)) from None
-    if doc.get("kind") == "kvtier-bench-trials":
-        raise MergeError(f"{path}: a --trials document (medians); merge its per-trial files instead")
     missing = [k for k in ("config", "model", "tiers", "request_histograms") if not isinstance(doc.get(k), dict)]
     if missing:
         raise MergeError(f"{path}: not a mergeable kvtier bench result (no {', '.join(missing)})")
