@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .cli_common import Interrupted, fail, stop_signals_raise
+from .cli_common import Interrupted, closed_stdout_is_fine, fail, stop_signals_raise
 
 SUBCOMMANDS = {
     "bench": ("replay.synthetic.cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
@@ -37,7 +37,11 @@ USAGE = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with closed_stdout_is_fine():  # `kvtier ... | head`: the reader's choice, not the command's failure
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

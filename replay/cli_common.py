@@ -4,15 +4,19 @@
 - SIGINT and SIGTERM mean the same thing: stop, write what was measured, clean up, exit 128 + the signal's number
   (130 for Ctrl-C, 143 for SIGTERM). Outside an event loop they raise `Interrupted`, a KeyboardInterrupt that knows
   its signal, so set-up and clean-up code unwinds through its `finally` blocks.
+- A closed stdout (`kvtier ... | head -1`) is not an error (`closed_stdout_is_fine`): the rest of the output is
+  dropped, the command carries on and writes its results files, and its exit status is its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -64,3 +68,53 @@ def stop_signals_raise() -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+class _DropAfterBrokenPipe:
+    """sys.stdout, until its reader goes away: then fd 1 becomes /dev/null, so this write, every later one and the
+    flush at exit succeed (Python ignores SIGPIPE, so a closed pipe is a BrokenPipeError at some write or flush)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _drop(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, self._stream.fileno())
+        finally:
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._drop()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._drop()
+            self._stream.flush()  # what was buffered goes to /dev/null now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def closed_stdout_is_fine() -> Iterator[None]:
+    """Within the block a reader that stops reading stdout (`| head`) costs the command nothing: no traceback, no
+    exit status of its own, the run goes on and writes its files. Only for a real stdout (a file descriptor)."""
+    stream = sys.stdout
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # captured by a test, or no stdout at all
+        yield
+        return
+    sys.stdout = _DropAfterBrokenPipe(stream)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stream
