@@ -40,6 +40,9 @@ examples:
       --stack '--device cpu --model /tmp/tiny --vllm-port 8000 --lmcache-port 5555 --lmcache-http-port 8090' \\
       -- --source synthetic --rounds 4 --concurrency 4 --output-len 16
 
+The replay driver's server-side figures come from every instance's vLLM /metrics page, or, when --stack has
+--prometheus, from the stack's Prometheus (its vLLM, LMCache and kvtier series); `-- --metrics-url URL` names
+others, a Prometheus among them: `-- --metrics-url prometheus+http://HOST:PORT` (see kvtier replay --help).
 Every point runs the driver as its own process (kvtier bench / kvtier replay with the arguments after --); the sweep
 owns the driver's --output (and bench's --cache-dir, replay's --base-url). The unthrottled point (no cap, no added
 latency) is the reference: it runs at the start of every pass and at the end, and the table and heat maps give each
@@ -97,7 +100,10 @@ def _driver_argv(driver: str, args: list[str], mount: str, out: str, stack: live
     extra = ["--base-url", ep["vllm"], "--quiet"]
     if "--model" not in args:
         extra += ["--model", ep["model"]]
-    if "--metrics-url" not in args:
+    if "--metrics-url" not in args and ep.get("prometheus"):
+        # the stack's own Prometheus (--stack '... --prometheus'): every instance's vLLM, LMCache and kvtier
+        extra += ["--metrics-url", "prometheus+" + ep["prometheus"]]
+    elif "--metrics-url" not in args:
         # every instance's vLLM, so the L2 hit share counts the whole stack
         extra += [a for inst in ep["instances"] for a in ("--metrics-url", inst["vllm"] + "/metrics")]
     return [*base, *extra]
