@@ -22,6 +22,9 @@ from ..plots import cdf_points
 from .kinds import ReportError, Run
 
 Getter = tuple[str, ...] | Callable[[Any], Any]
+# plotly's default colours, named so a series keeps one colour across runs; one dash per run when runs are overlaid
+_PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff")
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
 @dataclass(frozen=True)
@@ -33,10 +36,14 @@ class Row:
 
 
 def value_at(doc: Any, get: Getter) -> Any:
+    """The value a row shows: `get(doc)`, or the value at a path of keys (list indices as text, -1 the last); None
+    where the path is absent, and for a percentile of a latency summary of no requests (it reads 0, not "fast")."""
     if callable(get):
         return get(doc)
     cur = doc
     for key in get:
+        if isinstance(cur, dict) and cur.get("count") == 0 and key != "count":
+            return None
         if (
             isinstance(cur, list)
             and isinstance(key, str)
@@ -72,7 +79,7 @@ def _fig(title: str, xaxis: str, yaxis: str, *, logx: bool = False, yrange: list
     if xaxis in ("round", "trial"):
         fig.update_xaxes(dtick=1)
     if yrange:
-        fig.update_yaxes(range=yrange)
+        fig.update_yaxes(range=yrange, tickformat=".0%")
     elif not logx:
         fig.update_yaxes(rangemode="tozero")
     return fig
@@ -348,14 +355,17 @@ def _trace_rows(runs: list[Run]) -> list[Row]:
 def _trace_figures(runs: list[Run]) -> list[go.Figure]:
     many = len(runs) > 1
     fig = _fig("Prefix hit rate against cache capacity", "capacity (tokens, log)", "hit rate", logx=True)
+    fig.update_yaxes(tickformat=".1%")
     for run in runs:
         for t in run.doc["traces"]:
+            colour = _PALETTE[len(fig.data) // (1 + len(t["tiers"])) % len(_PALETTE)]
             fig.add_trace(
                 go.Scatter(
                     x=[p["capacity_tokens"] for p in t["curve"]],
                     y=[p["hit_rate"] for p in t["curve"]],
                     name=_name(run, t["name"], many),
                     mode="lines+markers",
+                    line={"color": colour},
                 )
             )
             for tier in t["tiers"]:
@@ -365,7 +375,7 @@ def _trace_figures(runs: list[Run]) -> list[go.Figure]:
                         y=[tier["hit_rate"]],
                         name=_name(run, f"{t['name']} tier {tier['name']}", many),
                         mode="markers",
-                        marker={"size": 12, "symbol": "diamond"},
+                        marker={"size": 12, "symbol": "diamond", "color": colour, "line": {"width": 1}},
                     )
                 )
     return _kept([fig])
@@ -606,10 +616,6 @@ VIEWS = {
     "trace": KindView(_trace_layer_rows, _storage_trace_banners, _storage_trace_figures, _trace_meta, lambda run: None),
 }
 VIEWS["trials"] = VIEWS["merged"] = VIEWS["bench"]
-
-
-_DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
-_PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff")
 
 
 def overlay_style(figs: list[go.Figure], labels: list[str]) -> None:
