@@ -138,7 +138,7 @@ def two_results(tmp_path_factory):
     return paths
 
 
-@pytest.mark.parametrize("force", [False, True])
+@pytest.mark.parametrize("force", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_concurrent_merges_into_one_file_give_one_winner_and_clear_errors(two_results, tmp_path, force):
     out = tmp_path / "X.json"
     cmd = [PY, "-m", "replay.cli", "merge", *two_results, "-o", str(out), *(["--force"] if force else [])]

@@ -258,6 +258,7 @@ def test_help_into_a_closed_pipe_is_no_error(argv):
     assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
 
 
+@pytest.mark.slow  # three real runs and a merge, about 15 s
 def test_bench_and_merge_into_a_closed_pipe_write_their_results_and_exit_0(results, tmp_path):
     cfg = write_config(tmp_path, duration=0.3)
     out = tmp_path / "b.json"
