@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 import tempfile
@@ -138,6 +139,8 @@ def check_outputs(
 
 def _claim_name(path: str) -> str:
     directory, name = os.path.split(os.path.abspath(path))
+    if len(os.fsencode(name)) > 200:  # the claim's name must fit NAME_MAX (255 bytes) too: shortened, kept unique
+        name = f"{os.fsdecode(os.fsencode(name)[:100])}-{hashlib.sha256(os.fsencode(name)).hexdigest()[:16]}"
     return os.path.join(directory, f".{name}.kvtier-claim")
 
 

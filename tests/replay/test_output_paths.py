@@ -239,3 +239,13 @@ def test_a_sweep_on_a_claimed_output_is_refused(tmp_path):
         r = subprocess.run(_sweep(tmp_path, "--output", str(out)), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"pid {os.getpid()}) is writing it" in r.stderr, r.stderr
     assert time.monotonic() - t0 < 100  # refused at once, not after waiting for the holder
+
+
+@pytest.mark.parametrize("name", ["x" * 250 + ".json", "é" * 121 + ".json", "with space & $sign.json", "-dash.json"])
+def test_any_name_a_file_can_have_can_be_claimed(tmp_path, name):
+    out = tmp_path / name
+    with claim_outputs({"--output": str(out)}):
+        with pytest.raises(ConfigError, match="is writing it"):
+            claim_outputs({"--output": str(out)})
+        out.write_text("x")
+    assert listing(tmp_path) == [name]
