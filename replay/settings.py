@@ -103,6 +103,8 @@ def env_layer(
             val = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{where}: not a valid value") from exc
+        except RecursionError:  # a value of nested brackets: not one value either
+            raise ConfigError(f"{where[:80]}...: expected a single value") from None
         if isinstance(val, (list, dict)):
             raise ConfigError(f"{where}: expected a single value")
         out[key] = (where, val)

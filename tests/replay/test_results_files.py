@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 
@@ -241,8 +242,6 @@ def test_replay_datasets_deep_or_non_finite_are_one_line(tmp_path, source, conte
 
 def _into_closed_pipe(argv, cwd=None):
     """Run `argv` with a stdout whose reader has gone (the read end closed before the command writes)."""
-    import os
-
     r, w = os.pipe()
     os.close(r)
     try:
@@ -272,3 +271,13 @@ def test_bench_and_merge_into_a_closed_pipe_write_their_results_and_exit_0(resul
     p = _into_closed_pipe([*KVTIER, "merge", *map(str, results), "-o", str(tmp_path / "m.json")])
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert json.loads((tmp_path / "m.json").read_text())["summary"]["num_clients"] == 2
+
+
+@pytest.mark.parametrize("value", ["[" * 50_000, "{a: " * 20_000, "[[1]]", ".nan", ".inf"])
+def test_a_kvtier_variable_deep_or_non_finite_is_one_line(tmp_path, value):
+    argv = [*KVTIER, "bench", "--config", write_config(tmp_path), "--output", str(tmp_path / "o.json")]
+    env = {**os.environ, "KVTIER_DURATION": value}
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("kvtier bench: environment KVTIER_DURATION=")
+    assert not (tmp_path / "o.json").exists()
