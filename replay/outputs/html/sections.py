@@ -169,6 +169,12 @@ def _bench_figures(runs: list[Run]) -> list[go.Figure]:
     thr = _fig("Throughput over time", "time (s)", "GB/s")
     occ = _fig("Tier occupancy over time", "time (s)", "GB held")
     rounds = _fig("Prefix hit rate per round", "round", "hit rate", yrange=[0, 1.05])
+    sources = _fig("Per source of the merge", "source", "requests/s")
+    sources.update_layout(
+        barmode="group",
+        yaxis2={"title": "end-to-end p95 (ms)", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        legend={"orientation": "h", "y": -0.3},
+    )
     trials_rate = _fig("Requests/s per trial", "trial", "requests/s")
     trials_lat = _fig("End-to-end latency per trial", "trial", "ms")
     for run in runs:
@@ -199,11 +205,21 @@ def _bench_figures(runs: list[Run]) -> list[go.Figure]:
                 ys = [r.get(key) for r in rows]
                 if any(y is not None for y in ys):
                     rounds.add_trace(go.Scatter(x=xs, y=ys, name=_name(run, label, many), line={"dash": dash}))
+        if run.kind == "merged":  # each source's own figures beside the merged ones
+            clients = [c for c in d["clients"] if isinstance(c, dict) and isinstance(c.get("summary"), dict)]
+            names = [str(c.get("source", c.get("client"))) for c in clients]
+            rate = [c["summary"].get("requests_per_second") for c in clients]
+            p95 = [(c["summary"].get("end_to_end_latency_ms") or {}).get("p95") for c in clients]
+            # side by side although on two axes (bars on different axes are grouped apart unless given offsets)
+            sources.add_trace(go.Bar(x=names, y=rate, name=_name(run, "requests/s", many), offsetgroup="rate"))
+            sources.add_trace(
+                go.Bar(x=names, y=p95, name=_name(run, "end-to-end p95 ms", many), yaxis="y2", offsetgroup="p95")
+            )
         if run.kind == "trials":
             _trial_traces(trials_rate, run, ("requests_per_second", "requests/s"), many)
             for q in ("p50", "p95", "p99"):
                 _trial_traces(trials_lat, run, (f"end_to_end_latency_ms.{q}", f"end to end {q}"), many)
-    return _kept([tiers, reqs, thr, occ, rounds, trials_rate, trials_lat])
+    return _kept([tiers, reqs, thr, occ, rounds, sources, trials_rate, trials_lat])
 
 
 def _trial_traces(fig: go.Figure, run: Run, what: tuple[str, str], many: bool) -> None:

@@ -206,6 +206,8 @@ def test_merged_page(browser, benches, work):
     doc = json.loads((work / "merged.json").read_text())
     got = load(browser, work / "merged.html", "merged")
     check_page(got, [doc], "merged", min_plots=3)
+    sources = next(p for p in got["plots"] if p["title"] == "Per source of the merge")
+    assert [t["n"] for t in sources["traces"]] == [len(doc["clients"])] * 2 == [2, 2]  # each source's figures
 
 
 def test_trials_cut_short_by_a_signal_say_so(browser, work):
