@@ -6,7 +6,8 @@ Per shared kind, one stack (its start-up is about a minute here):
 1. a prompt to node 1's vLLM is computed and stored in the shared tier (no local disk tier: puts go straight to it);
    node 1's LMCache L1 cleared; the same prompt to node 2's vLLM is an external prefix-cache hit there, loaded by
    node 2's kvtier from the shared tier, keys it never stored itself; the same greedy text;
-2. `down` leaves no namespace, bridge, mount or process of the stack or its shared tier behind.
+2. Prometheus (`--prometheus`, in the root namespace) scrapes every node's vLLM, LMCache and kvtier at its address;
+3. `down` leaves no namespace, bridge, mount or process of the stack or its shared tier behind.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -59,6 +62,8 @@ def nodes(request, tiny_model_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp(f"nodes-{kind}")
     state = base / "state"
     extra = ["--nodes", "2", "--shared", kind, "--disk-gb", "0", "--l1-gb", "0.5"]
+    if shutil.which("prometheus"):  # Prometheus in the root namespace scraping every node (its own test below)
+        extra += ["--prometheus", "--prometheus-interval", "1"]
     stack = up(state, tiny_model_dir, base / "kv", *extra, timeout_s=480)
     ctx = SimpleNamespace(kind=kind, tier=TIER[kind], state=state, stack=stack, model=tiny_model_dir)
     ctx.made = made_by(state)
@@ -148,6 +153,32 @@ def _fault(nodes) -> tuple[str, callable, callable]:
         cluster.wait_ok()
 
     return "one Redis master killed", lambda: cluster.kill(victim), restart
+
+
+def test_prometheus_scrapes_every_node(nodes):
+    prom = nodes.stack.endpoints.get("prometheus")
+    if not prom:
+        pytest.skip("prometheus not installed (deploy/install-system-deps.sh)")
+
+    def targets() -> list[dict]:
+        with urllib.request.urlopen(prom + "/api/v1/targets", timeout=10) as r:
+            return json.load(r)["data"]["activeTargets"]
+
+    assert wait_for(lambda: all(t["health"] == "up" for t in targets()), 60), targets()
+    seen = {(t["labels"]["job"], t["labels"]["stack_instance"], t["scrapeUrl"]) for t in targets()}
+    want = set()
+    for i, node in enumerate(nodes.stack.endpoints["nodes"]):
+        e = node["endpoints"]
+        want |= {("vllm", str(i), e["vllm"] + "/metrics"), ("lmcache", str(i), e["lmcache_metrics"])}
+        want.add(("kvtier", str(i), e["kvtier_metrics"]))
+    assert seen == want
+    # node 1 stored into the shared tier in the first test: Prometheus has its bytes, under its index
+    q = urllib.parse.urlencode(
+        {"query": f'sum by (stack_instance) (kvtier_bytes_total{{op="write",tier="{nodes.tier}"}})'}
+    )
+    with urllib.request.urlopen(f"{prom}/api/v1/query?{q}", timeout=10) as r:
+        written = {x["metric"]["stack_instance"]: float(x["value"][1]) for x in json.load(r)["data"]["result"]}
+    assert written["0"] > 0, written
 
 
 def test_requests_keep_completing_while_the_shared_tier_is_broken_and_it_recovers(nodes):
