@@ -54,8 +54,8 @@ def claim_dir(directory: str, *, shared: bool = False) -> int | None:
     holds the lock (close it to release), or None on a filesystem without flock. Raises ConfigError for a non-empty
     directory without the marker, a marker that is not ours or names another entry format, or a directory that
     another live process holds (exclusively, or at all for a private tier)."""
-    _claim_marker(directory)
-    return _lock_marker(directory, shared)
+    fd = _claim_marker(directory, shared)
+    return fd if fd is not None else _lock_marker(directory, shared)
 
 
 def _lock_marker(directory: str, shared: bool) -> int | None:
@@ -104,14 +104,16 @@ def lock_holders(fd: int) -> list[int]:
     return sorted(set(pids))
 
 
-def _claim_marker(directory: str) -> None:
+def _claim_marker(directory: str, shared: bool) -> int | None:
+    """Check the marker, or write it into an empty directory: then the lock is taken on the new file before its
+    first byte (so no other process ever sees this tier's marker unlocked) and its descriptor is returned."""
     marker = os.path.join(directory, MARKER_NAME)
     with os.scandir(directory) as it:
         empty = next(it, None) is None
     if not empty:
         if os.path.lexists(marker):  # ours (claimed earlier, or by another instance of a shared dir just now)
             _check_marker(marker, directory)
-            return
+            return None
         raise ConfigError(
             f"cache dir {directory} is not empty and is not a kvtier tier (no {MARKER_NAME}): "
             f"give a new or empty directory (kvtier never writes among files it did not make)"
@@ -120,17 +122,32 @@ def _claim_marker(directory: str) -> None:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except FileExistsError:  # another instance of a shared directory claimed it at the same moment
         _check_marker(marker, directory)
-        return
+        return None
     except OSError as exc:
         raise ConfigError(f"cannot write {marker}: {exc.strerror}") from exc
-    _write_marker(fd)
+    try:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            locked = True
+        except OSError as exc:
+            if exc.errno not in _NO_LOCKS:
+                raise ConfigError(f"cannot lock {marker}: {exc.strerror}") from exc
+            locked = False
+        _write_marker(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if locked:
+        return fd
+    os.close(fd)
+    return None
 
 
 def _write_marker(fd: int) -> None:
-    with os.fdopen(fd, "w") as fh:
-        fh.write(MARKER_TEXT)
-        fh.flush()
-        os.fsync(fh.fileno())
+    data = MARKER_TEXT.encode()
+    if os.pwrite(fd, data, 0) != len(data):
+        raise OSError(errno.EIO, "short write of the tier marker")
+    os.fsync(fd)
 
 
 def _check_marker(marker: str, directory: str) -> None:
@@ -150,7 +167,11 @@ def _check_marker(marker: str, directory: str) -> None:
         if time.monotonic() >= deadline:
             # Still a part of our own text: the instance that created it died while writing it. Complete it.
             try:
-                _write_marker(os.open(marker, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+                fd = os.open(marker, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    _write_marker(fd)
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 raise ConfigError(f"cannot write {marker}: {exc.strerror}") from exc
             return

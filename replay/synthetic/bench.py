@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import tempfile
 import time
 
@@ -17,6 +18,7 @@ from kvconnector.tiers import CPUTier, DiskTier, GPUTier, cuda_torch
 from kvconnector.units import GB, human_bytes
 from replay.models import ModelSpec, resolve_model
 
+from ..leftovers import keep, made_dirs, remove_dead, remove_empty
 from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo
@@ -106,9 +108,15 @@ def auto_disk_bytes(run_dir: str) -> int:
     return int(shutil.disk_usage(run_dir).free * AUTO_DISK_SHARE)
 
 
-def make_run_dir(cfg: BenchConfig) -> str:
-    """A fresh directory for this run's entries: inside --cache-dir when given, else a temporary one."""
-    stamp = f"kvtier-run-{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-"
+RUN_DIR_PREFIX = "kvtier-run-"
+
+
+def make_run_dir(cfg: BenchConfig, made: list[str] | None = None) -> str:
+    """A fresh directory for this run's entries: inside --cache-dir when given, else a temporary one. The missing
+    part of --cache-dir's path is created and listed in `made` (the run removes it at its end, if empty). What
+    dead runs left under the same base (their run directories, which name their owner: leftovers.py) is removed
+    first, in one line on stderr."""
+    stamp = f"{RUN_DIR_PREFIX}{dt.datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}-"
     if cfg.cache_dir:
         base = os.path.abspath(cfg.cache_dir)
         existing = base
@@ -116,16 +124,33 @@ def make_run_dir(cfg: BenchConfig) -> str:
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing):
             raise ConfigError(f"--cache-dir {cfg.cache_dir}: {existing} is not a directory")
+        if made is not None:
+            made.extend(made_dirs(base))
         try:
             os.makedirs(base, exist_ok=True)
+            _remove_dead_runs(base)
             return tempfile.mkdtemp(prefix=stamp, dir=base)
         except OSError as exc:
+            if made:
+                remove_empty(made)
             raise ConfigError(
                 f"--cache-dir {cfg.cache_dir}: cannot create a directory under {base} ({os_reason(exc)})"
             ) from exc
     # /var/tmp is disk-backed on most systems, where /tmp may be tmpfs.
-    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
+    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
+    _remove_dead_runs(base)
     return tempfile.mkdtemp(prefix=stamp, dir=base)
+
+
+def _remove_dead_runs(base: str) -> None:
+    dirs, nbytes = remove_dead(base, RUN_DIR_PREFIX)
+    if dirs:
+        print(
+            f"kvtier bench: removed {human_bytes(nbytes)} in {dirs} {RUN_DIR_PREFIX}* "
+            f"director{'y' if dirs == 1 else 'ies'} under {base} left by runs no longer alive",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def context_bound(cfg: BenchConfig, spec: ModelSpec) -> int | None:
@@ -153,6 +178,7 @@ class Bench:
         self.setup: dict = {}
         self.store = None
         self.run_dir = None
+        self.made_dirs: list[str] = []  # the missing part of --cache-dir's path, created by this run
 
     def prepare(self) -> None:
         cfg = self.cfg
@@ -189,11 +215,14 @@ class Bench:
                 + (f", skipped {dict(r.skipped)}" if r.skipped else "")
                 + (f", cut to {self.max_context_tokens} tokens {dict(r.truncated)}" if r.truncated else "")
             )
-        self.run_dir = make_run_dir(cfg)
+        self.run_dir = make_run_dir(cfg, self.made_dirs)
         try:
             self.tiers = build_tiers(cfg, self.run_dir, self.notes)
+            if cfg.keep_cache:
+                keep(self.run_dir)  # asked for: never a dead run's leftovers to remove, even if this run is killed
         except BaseException:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            remove_empty(self.made_dirs)
             raise
         self.notes.extend(f"{t.name}: fallback {k} x{v}" for t in self.tiers for k, v in t.fallbacks.items())
         if cfg.trace_only:
@@ -282,6 +311,7 @@ class Bench:
             self.store.close()
         if self.run_dir and not self.cfg.keep_cache:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        remove_empty(self.made_dirs)
 
     # ---- results -----------------------------------------------------------------------------------------------------
     def results(self, outcome: RunOutcome, env: dict, started, disk0, disk1) -> dict:

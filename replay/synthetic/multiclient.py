@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,13 +20,20 @@ import time
 
 import yaml
 
+from kvconnector.units import human_bytes
+
 from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
+from ..leftovers import OwnedDir, die_with_parent, made_dirs, remove_dead, remove_empty
 from ..mpi import split
 from ..outputs.paths import os_reason
 from .config import BenchConfig
 from .finish import bench_fail, finish
 from .merge import merge_results, print_sources
 from .view import STATUS_ENV, LiveView
+
+CLIENTS_PREFIX = "kvtier-clients-"
+# The clients' caches, when no --cache-dir is given: disk-backed on most systems, where /tmp may be tmpfs.
+CACHE_BASE = "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
 
 
 def share_config(cfg: BenchConfig, i: int, n: int, cache_dir: str | None, local_n: int | None = None) -> dict:
@@ -68,14 +74,31 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
 def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
     if cfg.seed is None:
         cfg = cfg.model_copy(update={"seed": int(time.time()) % 2**31})
-    workdir = tempfile.mkdtemp(prefix="kvtier-clients-")
-    cache_base = (
-        os.path.abspath(cfg.cache_dir) if cfg.cache_dir else tempfile.mkdtemp(prefix="kvtier-clients-", dir="/var/tmp")
-    )
+    # What a killed run left (its directories name their owner): removed before this run makes its own.
+    for base in {tempfile.gettempdir(), CACHE_BASE}:
+        dirs, nbytes = remove_dead(base, CLIENTS_PREFIX)
+        if dirs:
+            print(
+                f"kvtier bench: removed {human_bytes(nbytes)} in {dirs} {CLIENTS_PREFIX}* director"
+                f"{'y' if dirs == 1 else 'ies'} under {base} left by runs no longer alive",
+                file=sys.stderr,
+                flush=True,
+            )
+    owned = [OwnedDir(CLIENTS_PREFIX)]
+    workdir = owned[0].path
+    made = []
+    if cfg.cache_dir:
+        cache_base = os.path.abspath(cfg.cache_dir)
+        made = made_dirs(cache_base)
+    else:
+        owned.append(OwnedDir(CLIENTS_PREFIX, CACHE_BASE))
+        cache_base = owned[1].path
     try:  # the block device is looked up from the directory, so it must exist before the clients make it
         os.makedirs(cache_base, exist_ok=True)
     except OSError as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
+        for o in owned:
+            o.remove()
+        remove_empty(made)
         return bench_fail(f"--cache-dir {cfg.cache_dir}: cannot create it ({os_reason(exc)})")
     procs: list[subprocess.Popen] = []
     stop = {"signal": None}
@@ -96,6 +119,8 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.PIPE,
                         text=True,
+                        # Killed with the parent (SIGTERM: each removes its cache as on Ctrl-C).
+                        preexec_fn=die_with_parent(signal.SIGTERM),
                     )
                 )
         codes = _supervise(cfg, procs, workdir, stop)
@@ -115,9 +140,9 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
-        if not cfg.cache_dir:
-            shutil.rmtree(cache_base, ignore_errors=True)
+        for o in owned:
+            o.remove()
+        remove_empty(made)
     if not docs:
         msg = next((e.splitlines()[-1] for e in errors if e), "no client produced results")
         return bench_fail(f"clients failed: {msg}", max(codes) or 1)
