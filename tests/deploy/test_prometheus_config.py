@@ -125,3 +125,67 @@ def test_every_kvtier_series_the_rules_read_is_one_the_exporter_serves(tmp_path)
     assert 'kvtier_tier_events_total{event="hits",tier="disk"} 0.0' in before
     for ev in ("lookup_hits", "lookup_misses", "load_hits", "load_misses", "store_ok"):
         assert f'kvtier_backend_events_total{{event="{ev}"}} 0.0' in before
+
+
+@needs_promtool
+def test_the_rules_compute_what_they_say_on_known_series(tmp_path):
+    """promtool's rule unit tests (prometheus.io/docs/prometheus/latest/configuration/unit_testing_rules/): series
+    growing at known rates, every rule's value at 2m."""
+    s = 'stack_instance="0"'
+
+    def grow(series: str, per_15s: int) -> dict:
+        return {"series": series, "values": f"0+{per_15s}x12"}
+
+    inputs = [
+        grow(f'vllm:prompt_tokens_by_source_total{{{s},source="local_compute"}}', 30),
+        grow(f'vllm:prompt_tokens_by_source_total{{{s},source="local_cache_hit"}}', 0),
+        grow(f'vllm:prompt_tokens_by_source_total{{{s},source="external_kv_transfer"}}', 90),
+        grow(f"lmcache_mp_lookup_requested_tokens_total{{{s}}}", 100),
+        grow(f"lmcache_mp_lookup_hit_l1_tokens_total{{{s}}}", 20),
+        grow(f"lmcache_mp_lookup_hit_l2_tokens_total{{{s}}}", 50),
+        grow(f'kvtier_tier_events_total{{{s},event="hits",tier="disk"}}', 3),
+        grow(f'kvtier_tier_events_total{{{s},event="hits",tier="shared"}}', 1),
+        grow(f'kvtier_backend_events_total{{{s},event="load_hits"}}', 4),
+        grow(f'kvtier_backend_events_total{{{s},event="load_misses"}}', 4),
+        grow(f'kvtier_bytes_total{{{s},tier="disk",op="read"}}', 1500),
+        grow(f'kvtier_ops_total{{{s},tier="disk",op="read"}}', 15),
+    ]
+    # 20 reads per 15 s: 10 under 1 ms, 10 between 1 and 10 ms
+    hist = f'kvtier_op_duration_seconds_bucket{{{s},tier="disk",op="read",part="total"'
+    inputs += [grow(hist + ',le="0.001"}', 10), grow(hist + ',le="0.01"}', 20), grow(hist + ',le="+Inf"}', 20)]
+
+    def exp(record: str, value: float, **labels: str) -> dict:
+        """The rule's value within 1e-9 of `value` (promtool 2.42 compares samples exactly)."""
+        sel = ",".join([s, *(f'{k}="{v}"' for k, v in labels.items())])
+        expr = f"abs({record}{{{sel}}} - {value!r}) < bool 1e-9"
+        return {"expr": expr, "eval_time": "2m", "exp_samples": [{"labels": f"{{{sel}}}", "value": 1}]}
+
+    src, lm, kv = (
+        "stack_instance_source:vllm_prompt_tokens:ratio_rate1m",
+        "stack_instance_tier:lmcache_lookup_hit_tokens:ratio_rate1m",
+        "stack_instance_tier:kvtier_load_hits:ratio_rate1m",
+    )
+    q = "stack_instance_tier_op_part:kvtier_op_duration_seconds:quantile_rate1m"
+    lat = {"tier": "disk", "op": "read", "part": "total"}
+    tests = [
+        exp(src, 0.25, source="local_compute"),
+        exp(src, 0.0, source="local_cache_hit"),
+        exp(src, 0.75, source="external_kv_transfer"),
+        exp(lm, 0.2, tier="l1"),
+        exp(lm, 0.5, tier="l2"),
+        exp(kv, 0.375, tier="disk"),
+        exp(kv, 0.125, tier="shared"),
+        exp("stack_instance_tier_op:kvtier_bytes:rate1m", 100.0, tier="disk", op="read"),
+        exp("stack_instance_tier_op:kvtier_ops:rate1m", 1.0, tier="disk", op="read"),
+        exp(q, 0.001, **lat, quantile="0.5"),  # rank 10 of 20: the top of the first bucket
+        exp(q, 0.0082, **lat, quantile="0.9"),  # rank 18: 8/10 of the way through 1..10 ms
+    ]
+    spec = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": inputs, "promql_expr_test": tests}],
+    }
+    path = tmp_path / "rules_test.yml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    p = _promtool("test", "rules", str(path))
+    assert p.returncode == 0, p.stdout + p.stderr
