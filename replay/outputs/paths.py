@@ -11,7 +11,7 @@ The rules, for every command and every output file:
   to the same file counts as the same), none existing unless the command replaces files it is given (`replace`), and
   each claimed: a lock (`flock`) on `.<name>.kvtier-claim` beside it, held until the command ends, so a second
   command writing the same path at the same time gets one clear error instead of replacing the first's file. The
-  kernel drops the lock of a killed process; its claim file is taken over (and removed) by the next command.
+  kernel drops the lock of a killed process; the next command claiming in that directory removes its claim files.
 - A default name (`default_results_path`) never replaces an existing file: the name is taken with an exclusive link,
   and a `-2`, `-3`, ... suffix is added when two runs pick the same second.
 - If the requested path can no longer be written when the run ends (disk full, directory removed), the results go
@@ -137,11 +137,49 @@ def check_outputs(
             check_dir(path, what)
 
 
+CLAIM_SUFFIX = ".kvtier-claim"
+
+
+def _flock_now(fd: int, tries: int = 4) -> bool:
+    """Lock `fd` exclusively, without waiting for a holder: False if another process holds it. A few short retries:
+    a command removing a killed command's claim file (`_remove_dead_claims`) holds its lock for microseconds."""
+    for i in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if i + 1 < tries:
+                time.sleep(0.05)
+    return False
+
+
+def _remove_dead_claims(directory: str) -> None:
+    """Remove the claim files in `directory` that no live process holds (left by a killed command: the kernel dropped
+    its lock, the file stayed). A live holder's lock makes its file skipped."""
+    try:
+        entries = [e.path for e in os.scandir(directory) if e.name.startswith(".") and e.name.endswith(CLAIM_SUFFIX)]
+    except OSError:
+        return
+    for path in entries:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                os.unlink(path)  # under its lock: a command that opened it meanwhile finds it gone and makes a new one
+        except OSError:  # held by a live command, already gone, or no flock here
+            pass
+        finally:
+            os.close(fd)
+
+
 def _claim_name(path: str) -> str:
     directory, name = os.path.split(os.path.abspath(path))
     if len(os.fsencode(name)) > 200:  # the claim's name must fit NAME_MAX (255 bytes) too: shortened, kept unique
         name = f"{os.fsdecode(os.fsencode(name)[:100])}-{hashlib.sha256(os.fsencode(name)).hexdigest()[:16]}"
-    return os.path.join(directory, f".{name}.kvtier-claim")
+    return os.path.join(directory, f".{name}{CLAIM_SUFFIX}")
 
 
 class OutputClaim:
@@ -171,15 +209,15 @@ class OutputClaim:
         while True:
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+                locked = _flock_now(fd)
+            except OSError:  # a filesystem without flock: the claim cannot exclude anyone there
+                locked = True
+            if not locked:
                 owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
                 os.close(fd)
                 raise ConfigError(
                     f"{what} {path}: another kvtier command (pid {owner}) is writing it; give another path or wait"
-                ) from None
-            except OSError:  # a filesystem without flock: the exclusive-create check below is all there is
-                pass
+                )
             try:  # the previous holder may have removed the file between our open and our lock: lock the new one
                 same = os.path.samestat(os.fstat(fd), os.stat(name))
             except FileNotFoundError:
@@ -235,11 +273,16 @@ def claim_outputs(
     check_outputs(files, dirs, inputs)
     may_replace = (lambda what: replace) if isinstance(replace, bool) else (lambda what, r=set(replace): what in r)
     claim = OutputClaim()
+    swept: set[str] = set()
     try:
         for what, path in files.items():
             if not path:
                 continue
             claim._make_parent(path)
+            directory = os.path.dirname(os.path.abspath(path))
+            if directory not in swept:
+                swept.add(directory)
+                _remove_dead_claims(directory)
             try:
                 claim._lock(what, path)
             except OSError as exc:

@@ -128,6 +128,23 @@ def test_a_killed_holders_claim_is_taken_over(tmp_path):
     assert listing(tmp_path) == []
 
 
+def test_a_killed_commands_claims_are_removed_by_the_next_command_in_that_directory(tmp_path):
+    """Claims of outputs the next command does not write (a killed run's --csv-output) go too; a live one stays."""
+    killed = subprocess.Popen([PY, "-c", HOLD, str(tmp_path / "a.csv")], stdout=subprocess.PIPE, text=True)
+    live = subprocess.Popen([PY, "-c", HOLD, str(tmp_path / "b.json")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert killed.stdout.readline().strip() == "held" and live.stdout.readline().strip() == "held"
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+        with claim_outputs({"--output": str(tmp_path / "c.json")}):
+            assert listing(tmp_path) == [".b.json.kvtier-claim", ".c.json.kvtier-claim"]
+        with pytest.raises(ConfigError, match=rf"pid {live.pid}\) is writing it"):  # the live one still holds
+            claim_outputs({"--output": str(tmp_path / "b.json")})
+    finally:
+        live.send_signal(signal.SIGKILL)
+        live.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def two_results(tmp_path_factory):
     paths = []
