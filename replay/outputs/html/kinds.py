@@ -3,7 +3,9 @@
 Every command writes its own document (a storage trace is bpftrace's output, text or JSON lines); the kind is told
 by the keys each writer sets (`kind` where there is one) and then validated with a pydantic model of just the parts
 the report uses: a file that looks like a kind but lacks or mistypes what the report reads is refused with one line
-naming the field, never half drawn. Extra keys are allowed (older and newer writers add sections).
+naming the field, never half drawn. Extra keys are allowed (older and newer writers add sections). JSON is read as
+every results reader reads it (replay/json_files.py: finite numbers, bounded nesting), and a `kvtier bench` result
+(a run, a merge, --trials) passes replay/outputs/results_file.py's check first, as for merge, compare and check.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvconnector.validation import describe_validation_error
+from replay.json_files import loads_json
 from replay.sources.base import open_regular
+
+from ..results_file import ResultsFileError, validate_results
 
 # A report's section for each kind, in the words of the command that writes it.
 KIND_TITLES = {
@@ -255,9 +260,11 @@ def load_run(path: str) -> Run:
     """Read and validate one input; ReportError (one line) for anything the report cannot draw."""
     text = _read_text(path)
     try:
-        doc = json.loads(text)
+        doc = loads_json(text)
     except json.JSONDecodeError:
         doc = None
+    except ValueError as exc:  # json_files.InputError: NaN, Infinity, nested too deep
+        raise ReportError(f"{path}: not a kvtier result ({exc})") from None
     if not isinstance(doc, dict):  # bpftrace's JSON output is one object per line; its text output is not JSON
         run = _load_trace(path, text)
         if run is None:
@@ -267,13 +274,21 @@ def load_run(path: str) -> Run:
     if kind is None:
         what = f"kind {doc['kind']!r}" if isinstance(doc.get("kind"), str) else "keys " + ", ".join(list(doc)[:5])
         raise ReportError(f"{path}: not a kvtier result the report knows ({what})")
+    _validate(doc, kind, path)
+    return Run(label="", path=path, kind=kind, doc=doc)
+
+
+def _validate(doc: dict, kind: str, path: str) -> None:
     try:
+        if FAMILY.get(kind) == "bench":
+            validate_results(doc, path)
         MODELS[kind].model_validate(doc)
+    except ResultsFileError as exc:
+        raise ReportError(str(exc)) from None
     except ValidationError as exc:
         raise ReportError(
             f"{path}: a {KIND_TITLES[kind]} result the report cannot read: {describe_validation_error(exc)}"
         ) from None
-    return Run(label="", path=path, kind=kind, doc=doc)
 
 
 def default_labels(paths: list[str]) -> list[str]:
@@ -297,8 +312,5 @@ def run_from_doc(doc: dict, path: str, label: str | None = None) -> Run:
     kind = kind_of(doc)
     if kind is None:
         raise ReportError(f"{path}: not a kvtier result the report knows")
-    try:
-        MODELS[kind].model_validate(doc)
-    except ValidationError as exc:
-        raise ReportError(f"{path}: {describe_validation_error(exc)}") from None
+    _validate(doc, kind, path)
     return Run(label=label or default_labels([path])[0], path=path, kind=kind, doc=doc)

@@ -94,6 +94,7 @@ def test_a_bench_histogram_that_does_not_decode_is_one_line(tmp_path, capsys):
         ("[1, 2]", "not a JSON object, nor a storage trace"),
         ('{"a": 1}', "not a kvtier result the report knows (keys a)"),
         ('{"status": "completed", "summary": {"elapsed_time": "long"}}', "summary.elapsed_time"),
+        ('{"kind": "kvtier plan", "status": "done", "workload": {"rounds": NaN}}', "NaN"),
     ],
 )
 def test_files_that_are_not_results(tmp_path, capsys, content, message):
