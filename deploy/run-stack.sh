@@ -86,8 +86,9 @@
 #   their addresses) with STATE/prometheus/prometheus.yml, written by `python -m deploy.prometheus_config` from
 #   endpoints.json: jobs vllm, lmcache (mp only) and kvtier (--l2 kvtier only), one target per instance or node,
 #   each labelled stack_instance=<index>; the recording rules of deploy/prometheus/kvtier-rules.yml (hit rate per
-#   tier, bytes and operations per tier, latency quantiles per operation); its data in STATE/prometheus/data, kept
-#   across runs (remove the folder to start empty). endpoints.json "prometheus" and `status` give its URL; `down`
+#   tier, bytes and operations per tier, latency quantiles per operation); its data in STATE/prometheus/data, emptied
+#   by each `up` (a stopped Prometheus leaves its last samples current for 5 minutes: a restarted stack's queries
+#   would add up the old targets' series). endpoints.json "prometheus" and `status` give its URL; `down`
 #   stops it with the rest. deploy/grafana/kvtier-dashboard.json is a Grafana dashboard of the rules for a Grafana
 #   that has this Prometheus as a data source. `kvtier replay --metrics-url prometheus+http://127.0.0.1:P5` reads the
 #   run's server-side figures from it.
@@ -567,6 +568,7 @@ EOF
         "$prom_json" > "$STATE/endpoints.json"
     if [[ -n $prom ]]; then
         # started last, so `down` (which stops in reverse order) stops it first: no scrape errors of servers stopping
+        rm -rf "$STATE/prometheus/data"
         mkdir -p -m 700 "$STATE/prometheus/data"
         PYTHONPATH=$ROOT "$PY" -m deploy.prometheus_config "$STATE/endpoints.json" --interval "$prom_interval" \
             > "$STATE/prometheus/prometheus.yml"
