@@ -21,6 +21,7 @@ from typing import Any
 from deploy import stack as live
 from kvconnector.errors import ConfigError
 from replay.cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
+from replay.leftovers import die_with_parent
 from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
 from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, schedule
@@ -219,7 +220,8 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     stack = None
     code = 0
     try:
-        with Mount(mount, backing, ["--bw", "0", "--lat-ms", "0"]) as m:
+        # Should the sweep be killed, the server unmounts (or a watchdog unmounts it) and our directories go.
+        with Mount(mount, backing, ["--bw", "0", "--lat-ms", "0"], remove_after=made) as m:
             if a.driver == "replay":
                 state = tempfile.mkdtemp(prefix="kvtier-sweep-stack-")
                 print(f"{PROG}: starting the stack (deploy/run-stack.sh up, state {state})", file=sys.stderr)
@@ -230,7 +232,13 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
                 print(f"{PROG}: warm-up run (unthrottled, not measured)", file=sys.stderr, flush=True)
                 with open(os.path.join(runs_dir, "warmup.log"), "w") as log:
                     argv = _driver_argv(a.driver, driver_args, mount, warm, stack)
-                    subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=a.point_timeout)
+                    subprocess.run(
+                        argv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        timeout=a.point_timeout,
+                        preexec_fn=die_with_parent(),
+                    )
             for i, (rep, p) in enumerate(order, 1):
                 m.client.set(**p.changes())
                 if stack is not None:
@@ -243,7 +251,13 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
                 t0 = time.monotonic_ns()
                 with open(os.path.join(runs_dir, f"run-{i:03d}.log"), "w") as log:
                     try:
-                        rc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=a.point_timeout)
+                        rc = subprocess.run(
+                            argv,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            timeout=a.point_timeout,
+                            preexec_fn=die_with_parent(),  # a killed sweep's run ends too (and removes its cache)
+                        )
                         rc_code = rc.returncode
                     except subprocess.TimeoutExpired:
                         rc_code = 124

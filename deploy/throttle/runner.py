@@ -1,7 +1,14 @@
-"""Start and stop a throttlefs mount from Python (tests, benchmarks, `kvtier sweep`): the same command users run."""
+"""Start and stop a throttlefs mount from Python (tests, benchmarks, `kvtier sweep`): the same command users run.
+
+Nothing outlives the process that made the mount, even when it is killed: the server gets SIGTERM when its parent
+dies (PR_SET_PDEATHSIG; SIGTERM unmounts), and a watchdog in a session of its own (so that a kill of the parent's
+process group spares it) waits until both the parent and the server are gone, then unmounts a mount left dead (the
+server killed too, by SIGKILL of the group) and removes the directories the caller made for the mount (`remove_after`).
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import selectors
 import signal
@@ -10,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from replay.leftovers import die_with_parent
+
 from .control import Client
 
 _READY = re.compile(r"control (http://127\.0\.0\.1:\d+)")
@@ -17,6 +26,25 @@ _READY = re.compile(r"control (http://127\.0\.0\.1:\d+)")
 
 class MountError(RuntimeError):
     pass
+
+
+# Reads its stdin, a pipe whose write ends the parent and the server hold, until both are gone (EOF); then unmounts
+# what is still mounted there and removes the directories named after the mountpoint (a mount that would not go is
+# left with them: removing through it would reach the backing files).
+_WATCHDOG = """
+import os, shutil, subprocess, sys
+while sys.stdin.buffer.read(65536):
+    pass
+mnt, dirs = sys.argv[1], sys.argv[2:]
+def mounted():
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4].encode().decode("unicode_escape") == mnt for line in f)
+if mounted():
+    subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+if not mounted():
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+"""
 
 
 class Mount:
@@ -29,9 +57,14 @@ class Mount:
         args: list[str] | tuple[str, ...] = (),
         launcher: list[str] | tuple[str, ...] | None = None,
         cwd: str | None = None,
+        remove_after: list[str] | tuple[str, ...] = (),
     ):
-        """`launcher`: the command before the mountpoint (default: this Python, -m deploy.throttle)."""
+        """`launcher`: the command before the mountpoint (default: this Python, -m deploy.throttle). `remove_after`:
+        directories of the caller's (the mountpoint, the backing) that the watchdog removes once the mount is gone,
+        should the caller be killed before it removes them itself."""
         self.mountpoint = mountpoint
+        self.remove_after = [os.path.abspath(d) for d in remove_after]
+        self._hold = -1  # this process's write end of the watchdog's pipe
         self.backing = backing
         self.cwd = cwd
         launcher = list(launcher) if launcher else [sys.executable, "-m", "deploy.throttle"]
@@ -45,7 +78,32 @@ class Mount:
     def start(self, timeout_s: float = 60.0) -> Mount:
         # stderr to a file, not a pipe: the server writes its summary there at exit and must never block on it.
         self._err = tempfile.TemporaryFile("w+")  # closed in stop()
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._err, text=True, cwd=self.cwd)
+        r, self._hold = os.pipe()
+        try:
+            subprocess.Popen(
+                [sys.executable, "-c", _WATCHDOG, os.path.abspath(self.mountpoint), *self.remove_after],
+                stdin=r,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(r)
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=subprocess.PIPE,
+                stderr=self._err,
+                text=True,
+                cwd=self.cwd,
+                pass_fds=(self._hold,),
+                preexec_fn=die_with_parent(signal.SIGTERM),
+            )
+        except BaseException:
+            os.close(self._hold)
+            self._hold = -1
+            self._err.close()
+            raise
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout_s
@@ -81,6 +139,9 @@ class Mount:
             self.proc.wait()
             subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], check=False, capture_output=True, cwd=self.cwd)
         self.returncode = self.proc.returncode
+        if self._hold >= 0:  # the server is gone: the watchdog may finish (nothing left for it to do)
+            os.close(self._hold)
+            self._hold = -1
         self._err.seek(0)
         self.stderr = self._err.read()
         self._err.close()
