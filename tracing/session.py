@@ -19,6 +19,7 @@ saying what to run. Standard library only.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -131,7 +132,9 @@ class TraceSession:
         if self.json_output:
             cmd.append("--json")
         self._log = open(self.out_dir / "tracer.log", "w")
-        self._proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent()
+        )
         deadline = time.monotonic() + self.attach_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -237,3 +240,19 @@ class TraceSession:
                 self.result = self.stop()
             else:
                 self._kill()
+
+
+def _die_with_parent():
+    """Popen preexec_fn: the wrapper gets SIGTERM when this process dies, however it dies (prctl PR_SET_PDEATHSIG),
+    and stops bpftrace as on Ctrl-C; in its own session, nothing else would stop it. (tracing/ stands alone, so this
+    is its own copy of replay.leftovers.die_with_parent; through sudo, a setuid program, the kernel drops the request.)
+    """
+    parent = os.getpid()
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the request: the wrapper's parent is already another
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
