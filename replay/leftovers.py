@@ -11,6 +11,11 @@
   is dead; the next run on the same base calls it and says what it removed in one line. Only a directory holding
   one of those two files, which kvtier writes into a directory it has just made, is removed (a user's never is); an
   empty one of our prefix is removed once it is old enough not to be another run's in its first moment.
+- `watchdog(...)`: for what no signal reaches (a FUSE mount whose server was killed too, servers started as daemons):
+  a process in a session of its own (a kill of the run's process group spares it) that waits until every holder of a
+  pipe's write end is gone (the run, and whoever it passed the end to), then unmounts, runs the commands and removes
+  the directories it was given. The run closes its end once it has cleaned up itself; the watchdog then finds
+  nothing left to do.
 - `made_dirs(path)`: the directories a `makedirs(path)` would create, so a run removes them (when empty) at its end.
 """
 
@@ -19,9 +24,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -82,6 +90,51 @@ class OwnedDir:
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+# Reads its stdin until EOF (every write end closed), then: unmount argv[1] if it is a mount point (a mount that would
+# not go keeps the directories: removing through it would reach the backing files), run each JSON-encoded command,
+# remove the directories.
+_WATCHDOG = """
+import json, shutil, subprocess, sys
+while sys.stdin.buffer.read(65536):
+    pass
+mnt, commands, dirs = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+def mounted():
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4].encode().decode("unicode_escape") == mnt for line in f)
+if mnt and mounted():
+    subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+for argv in commands:
+    try:
+        subprocess.run(argv, capture_output=True, timeout=300)
+    except (OSError, subprocess.SubprocessError):
+        pass
+if not (mnt and mounted()):
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+"""
+
+
+def watchdog(*, unmount: str | None = None, run: list[list[str]] = (), remove: list[str] = ()) -> int:
+    """Start a watchdog (see the module doc); returns the write end of its pipe, to keep open (and to pass to the
+    children whose death it must also wait for) until the caller has cleaned up."""
+    r, w = os.pipe()
+    try:
+        subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, os.path.abspath(unmount) if unmount else "", json.dumps(list(run))]
+            + [os.path.abspath(d) for d in remove],
+            stdin=r,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return w
 
 
 def remove_dead(base: str, prefix: str) -> tuple[int, int]:

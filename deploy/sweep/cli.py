@@ -21,7 +21,7 @@ from typing import Any
 from deploy import stack as live
 from kvconnector.errors import ConfigError
 from replay.cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
-from replay.leftovers import die_with_parent
+from replay.leftovers import die_with_parent, watchdog
 from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
 from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, schedule
@@ -218,12 +218,17 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
         "runs": [],
     }
     stack = None
+    stack_hold = -1
     code = 0
     try:
         # Should the sweep be killed, the server unmounts (or a watchdog unmounts it) and our directories go.
         with Mount(mount, backing, ["--bw", "0", "--lat-ms", "0"], remove_after=made) as m:
             if a.driver == "replay":
                 state = tempfile.mkdtemp(prefix="kvtier-sweep-stack-")
+                made.append(state)
+                # The servers run as daemons, which no signal of ours reaches: should the sweep be killed, a
+                # watchdog takes the stack down.
+                stack_hold = watchdog(run=[["bash", str(live.RUN_STACK), "down", "--state-dir", state]], remove=[state])
                 print(f"{PROG}: starting the stack (deploy/run-stack.sh up, state {state})", file=sys.stderr)
                 stack = live.start(Path(state), *shlex.split(a.stack), "--kv-dir", mount)
                 # Warm-up, not measured: the same prompts every point, so the first point would be the only one
@@ -299,6 +304,8 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     finally:
         if stack is not None:
             live.down(stack.state_dir)
+        if stack_hold >= 0:
+            os.close(stack_hold)  # taken down here: nothing left for the watchdog
         for d in made:
             shutil.rmtree(d, ignore_errors=True)
     doc["loadavg_end"] = _loadavg()

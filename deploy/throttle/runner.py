@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from replay.leftovers import die_with_parent
+from replay.leftovers import die_with_parent, watchdog
 
 from .control import Client
 
@@ -26,25 +26,6 @@ _READY = re.compile(r"control (http://127\.0\.0\.1:\d+)")
 
 class MountError(RuntimeError):
     pass
-
-
-# Reads its stdin, a pipe whose write ends the parent and the server hold, until both are gone (EOF); then unmounts
-# what is still mounted there and removes the directories named after the mountpoint (a mount that would not go is
-# left with them: removing through it would reach the backing files).
-_WATCHDOG = """
-import os, shutil, subprocess, sys
-while sys.stdin.buffer.read(65536):
-    pass
-mnt, dirs = sys.argv[1], sys.argv[2:]
-def mounted():
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4].encode().decode("unicode_escape") == mnt for line in f)
-if mounted():
-    subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
-if not mounted():
-    for d in dirs:
-        shutil.rmtree(d, ignore_errors=True)
-"""
 
 
 class Mount:
@@ -78,17 +59,7 @@ class Mount:
     def start(self, timeout_s: float = 60.0) -> Mount:
         # stderr to a file, not a pipe: the server writes its summary there at exit and must never block on it.
         self._err = tempfile.TemporaryFile("w+")  # closed in stop()
-        r, self._hold = os.pipe()
-        try:
-            subprocess.Popen(
-                [sys.executable, "-c", _WATCHDOG, os.path.abspath(self.mountpoint), *self.remove_after],
-                stdin=r,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        finally:
-            os.close(r)
+        self._hold = watchdog(unmount=self.mountpoint, remove=self.remove_after)
         try:
             self.proc = subprocess.Popen(
                 self.argv,

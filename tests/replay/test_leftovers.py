@@ -156,3 +156,42 @@ def test_clients_die_with_their_parent(tmp_path, sig):
         parent.stderr.close()
     wait_for(lambda: not any(alive(k) for k in kids), "the clients to end")
     wait_for(lambda: not run_dirs_with_entries(tmp_path / "cache"), "the clients' caches to go")
+
+
+WATCHED = """
+import os, sys, time
+from replay.leftovers import watchdog
+hold = watchdog(run=[["touch", sys.argv[1]]], remove=sys.argv[2:])
+print("watched", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("kill", ["SIGKILL", "SIGKILL-group", "SIGTERM", "SIGINT-group"])
+@pytest.mark.parametrize("dirs", [1, 3])
+def test_a_watchdog_cleans_up_after_a_killed_run(tmp_path, kill, dirs):
+    """What no signal reaches (daemons, a dead mount) is cleaned up by the watchdog once its run is gone, also when
+    the run's whole process group is killed."""
+    done = tmp_path / "down-ran"
+    made = [tmp_path / f"made-{i}" for i in range(dirs)]
+    for d in made:
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "f").write_text("x")
+    p = subprocess.Popen(
+        [sys.executable, "-c", WATCHED, str(done), *map(str, made)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "watched"
+        assert not done.exists() and all(d.exists() for d in made)
+    finally:
+        sig = getattr(signal, kill.split("-")[0])
+        if kill.endswith("-group"):
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+        p.wait(30)
+        p.stdout.close()
+    wait_for(lambda: done.exists() and not any(d.exists() for d in made), "the watchdog to clean up", 60)
