@@ -130,6 +130,12 @@ def _bench_rows(runs: list[Run]) -> list[Row]:
         "block device read GB/s": ("block_device", "read_gbps"),
         "block device write GB/s": ("block_device", "write_gbps"),
     }
+    for run in runs:  # the rows compare builds per tier and per QoS class
+        for t in run.doc.get("tiers") or {}:
+            for op in ("read", "write"):
+                paths[f"{t} {op} p99"] = ("tiers", t, op, "latency_ms", "p99")
+        for c in run.doc["summary"].get("qos_metrics") or {}:
+            paths[f"QoS {c} service p99"] = ("summary", "qos_metrics", c, "service_latency_ms", "p99")
     return [
         Row(m, "%" if u == "" and "hit rate" in m else u, paths.get(m, g), b)
         for m, u, g, b in rows_for([r.doc for r in runs])
