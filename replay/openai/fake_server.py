@@ -377,7 +377,12 @@ class FakeServer:
             cmd.append("--no-role-chunk")
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self._proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        from replay.leftovers import die_with_parent  # here: this file also runs alone, as the server's script
+
+        # Dies with whoever started it (a killed test or benchmark leaves no server on the port).
+        self._proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent()
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

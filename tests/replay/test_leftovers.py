@@ -195,3 +195,24 @@ def test_a_watchdog_cleans_up_after_a_killed_run(tmp_path, kill, dirs):
         p.wait(30)
         p.stdout.close()
     wait_for(lambda: done.exists() and not any(d.exists() for d in made), "the watchdog to clean up", 60)
+
+
+FAKE = """
+import time
+from replay.openai.fake_server import FakeServer
+s = FakeServer(process=True).__enter__()
+print(s._proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_fake_server_dies_with_whoever_started_it():
+    p = subprocess.Popen([sys.executable, "-c", FAKE], stdout=subprocess.PIPE, text=True)
+    try:
+        server = int(p.stdout.readline())
+        assert alive(server)
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+    wait_for(lambda: not alive(server), "the fake server to end", 30)
