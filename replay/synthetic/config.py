@@ -196,7 +196,9 @@ class ConversationConfig(_Section):
     end_probability: float = Field(
         0.2, ge=0, le=1, validation_alias=_also("end_probability", "end_conversation_probability")
     )
-    max_turns: int = Field(64, ge=1, validation_alias=_also("max_turns", "max_turns_per_conv"))
+    # Turns are made as a run reaches them (replay/sources/synthetic_users.py), so a large cap costs nothing; 10^12
+    # is more than any run sends (a turn a microsecond for eleven days) and keeps a length a Python sequence holds.
+    max_turns: int = Field(64, ge=1, le=10**12, validation_alias=_also("max_turns", "max_turns_per_conv"))
     # The reference's cap on conversations it keeps state for. kvtier keeps none beyond each user's current
     # conversation (one per user, so never more than --num-users): accepted, noted, unused.
     max_conversations: int | None = Field(None, ge=1)

@@ -149,6 +149,7 @@ def test_a_bad_yaml_value_is_reported_though_a_variable_overrides_it(capsys, tmp
         (plan_main, [*PLAN, "--concurrency", "1000000", "--rounds", "1000"], "at most 100,000,000 simulated"),
         (bench_main, ["--trials", "1000000"], "--trials 1000000: give 1 to 1000"),
         (bench_main, ["--trials", "1001"], "give 1 to 1000"),
+        (bench_main, ["--config", "turns.yaml"], "conversation.max_turns: Input should be less than or equal to"),
         (replay_main, [*REPLAY, "--output", "o.json", "--input-len", "1000000000"], "over --max-prompt-tokens"),
         (replay_main, [*REPLAY, "--output", "o.json", "--input-len", "70000", "--turns", "2"], "140,128 tokens"),
         (replay_main, [*REPLAY, "--output", "o.json", "--prefix-len", "200000"], "over --max-prompt-tokens"),
@@ -161,8 +162,10 @@ def test_a_bad_yaml_value_is_reported_though_a_variable_overrides_it(capsys, tmp
 )
 def test_work_beyond_the_bounds_is_refused_up_front(capsys, tmp_path, monkeypatch, fn, argv, said):
     monkeypatch.chdir(tmp_path)
+    if "turns.yaml" in argv:
+        (tmp_path / "turns.yaml").write_text("conversation: {max_turns: 10000000000000, end_probability: 0}\n")
     refused(capsys, fn, argv, said)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] in ([], ["turns.yaml"])
 
 
 # ---- capacities: tiny (0 bytes once whole, and 0 means "auto"), huge, inf, nan; per-class values -------------------
