@@ -241,6 +241,11 @@ def _compare(args: argparse.Namespace) -> int:
             labels = [s.strip() for s in args.labels.split(",")]
             if len(labels) != len(args.results):
                 raise CompareError(f"--labels has {len(labels)} names for {len(args.results)} files")
+            if not all(labels):  # 'a,' or ',b': a column with no name
+                raise CompareError(f"--labels {args.labels!r}: name {labels.index('') + 1} is empty")
+            twice = sorted({x for x in labels if labels.count(x) > 1})
+            if twice:  # two columns of one name: the table and its JSON could not tell them apart
+                raise CompareError(f"--labels {args.labels!r}: {twice[0]!r} names two columns")
         else:
             labels = default_labels(args.results)
         table = build_table(docs, labels, args.results)

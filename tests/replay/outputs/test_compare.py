@@ -123,3 +123,22 @@ def test_through_the_kvtier_command(tmp_path, two_runs):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "missing.json: no such file" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "labels, said",
+    [
+        ("a,", "name 2 is empty"),
+        (",b", "name 1 is empty"),
+        (" ,b", "name 1 is empty"),
+        ("a,a", "'a' names two columns"),
+        ("a, a", "'a' names two columns"),
+        ("a,b,", "has 3 names for 2 files"),
+    ],
+)
+def test_labels_that_do_not_name_each_column_once_are_refused(two_runs, capsys, tmp_path, labels, said):
+    out = tmp_path / "t.json"
+    rc = main([*map(str, two_runs), "--labels", labels, "--json", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and said in err[0], err
+    assert not out.exists()
