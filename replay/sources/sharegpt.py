@@ -20,13 +20,14 @@ of the model's context length, not a 60 GB entry.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from replay.json_files import InputError, raw_decode
-from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, read_text
+from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, open_regular, read_text
 
 __all__ = ["default_token_counter", "estimate_tokens", "load_sharegpt"]
 
@@ -62,34 +63,113 @@ def default_token_counter() -> tuple[Callable[[str], int], str]:
     return (lambda text: len(enc.encode(text, disallowed_special=()))), "tiktoken:cl100k_base"
 
 
-def _iter_items(text: str, path: Path, report: LoadReport):
+# Read in pieces of this size (doubled while one item does not fit): memory holds the conversations kept and one
+# item's text, not the whole file as text (a 1 GB file peaked at 2.5 GB read whole).
+_READ_BYTES = 1 << 20
+
+
+class _Window:
+    """The file's text from the current item on: decoded piece by piece, what was parsed dropped."""
+
+    def __init__(self, fh, path: Path) -> None:
+        self.fh, self.path = fh, path
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.text = ""
+        self.eof = False
+        self.lines_before = 0  # newlines in the text already dropped (for line numbers)
+        self.first = True
+        self.want = _READ_BYTES
+
+    def more(self) -> bool:
+        """Append the next piece; False at the end of the file (a multi-byte character cut there is dropped)."""
+        if self.eof:
+            return False
+        data = self.fh.read(self.want)
+        if not data:
+            self.eof = True
+            return False
+        piece = self.decoder.decode(data)  # UnicodeDecodeError: the caller reports it with its line
+        if self.first:
+            piece = piece.removeprefix("\ufeff")
+            self.first = False
+        self.text += piece
+        return True
+
+    def drop(self, pos: int) -> int:
+        """Forget the text before `pos` once it is large; returns where `pos` is now."""
+        if pos < _READ_BYTES:
+            return pos
+        self.lines_before += self.text.count("\n", 0, pos)
+        self.text = self.text[pos:]
+        return 0
+
+
+def _incomplete(exc: json.JSONDecodeError, text: str) -> bool:
+    """The parse stopped because the text read so far ends inside the item (not because the item is damaged)."""
+    return exc.pos >= len(text) - 8 or exc.msg.startswith("Unterminated string")
+
+
+def _iter_items(w: _Window, report: LoadReport):
     """Yield (index, item) for each top-level element of a JSON list; stop at the first damage and count the rest."""
-    pos = len(text) - len(text.lstrip())
-    if pos >= len(text) or text[pos] != "[":
-        raise WorkloadError(f"{path}: not a ShareGPT file (expected a JSON list, found {text[pos : pos + 20]!r})")
+    path = w.path
+    pos = 0
+    while True:  # the opening bracket, after any whitespace
+        while pos < len(w.text) and w.text[pos] in " \t\r\n":
+            pos += 1
+        if pos < len(w.text) or not w.more():
+            break
+    if pos >= len(w.text) or w.text[pos] != "[":
+        raise WorkloadError(f"{path}: not a ShareGPT file (expected a JSON list, found {w.text[pos : pos + 20]!r})")
     pos += 1
     index = 0
-    n = len(text)
     while True:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= n:
+        while True:
+            while pos < len(w.text) and w.text[pos] in " \t\r\n,":
+                pos += 1
+            if pos < len(w.text) or not w.more():
+                break
+        if pos >= len(w.text):
             report.skip("truncated_file")
             return
-        if text[pos] == "]":
+        if w.text[pos] == "]":
             return
-        try:
-            item, end = raw_decode(text, pos)
-        except InputError as exc:  # NaN, Infinity or nesting past the bound: not a damaged tail, a bad file
-            raise WorkloadError(f"{path}: item {index}: {exc}") from None
-        except json.JSONDecodeError as exc:
-            # A truncated file: the last item is cut. Everything before it was complete and is kept.
-            line = text.count("\n", 0, exc.pos) + 1
-            report.skip(f"unreadable_tail_from_line_{line}")
-            return
+        while True:
+            try:
+                item, end = raw_decode(w.text, pos)
+                break
+            except InputError as exc:  # NaN, Infinity or nesting past the bound: not a damaged tail, a bad file
+                raise WorkloadError(f"{path}: item {index}: {exc}") from None
+            except json.JSONDecodeError as exc:
+                if _incomplete(exc, w.text) and w.more():
+                    w.want = min(w.want * 2, 256 << 20)  # a large item: fewer, larger reads (linear in all)
+                    continue
+                # A truncated file: the last item is cut. Everything before it was complete and is kept.
+                line = w.lines_before + w.text.count("\n", 0, exc.pos) + 1
+                report.skip(f"unreadable_tail_from_line_{line}")
+                return
         yield index, item
         index += 1
-        pos = end
+        w.want = _READ_BYTES
+        pos = w.drop(end)
+
+
+def _items(p: Path, report: LoadReport):
+    """The items of the file, read as they are parsed. A byte that is not UTF-8 is reported by `read_text`, which
+    names its line (the file is read whole only then)."""
+    try:
+        fh = open_regular(p)
+    except OSError as exc:
+        raise WorkloadError(f"{p}: cannot read ShareGPT file: {exc.strerror or exc}") from exc
+    with fh:
+        try:
+            yield from _iter_items(_Window(fh, p), report)
+            return
+        except UnicodeDecodeError:
+            pass
+        except OSError as exc:
+            raise WorkloadError(f"{p}: cannot read ShareGPT file: {exc.strerror or exc}") from exc
+    read_text(p, "ShareGPT file")  # raises the error with its line
+    raise WorkloadError(f"{p}: not UTF-8")
 
 
 def load_sharegpt(
@@ -119,10 +199,8 @@ def load_sharegpt(
     else:
         name = tokenizer_name or getattr(count_tokens, "__name__", "custom")
     report = LoadReport(source="sharegpt", tokenizer=name)
-    text = read_text(p, "ShareGPT file")
-
     conversations: list[Conversation] = []
-    for index, item in _iter_items(text, p, report):
+    for index, item in _items(p, report):
         if max_conversations is not None and len(conversations) >= max_conversations:
             break
         conv = _to_conversation(index, item, count_tokens, report, max_turn_tokens)

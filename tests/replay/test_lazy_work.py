@@ -167,3 +167,66 @@ def test_ticks_stop_only_once_nothing_is_evicted():
         outs.append([cache.serve_round(list(range(8)), r * 4, r * 5) for r in range(1, 8)])
     assert len(a.l1) >= len(b.l1)
     assert len(b.l1) < 0.5 * 100
+
+
+# ---- ShareGPT read as it is parsed ----------------------------------------------------------------------------------
+_LOAD_AND_MEASURE = """
+import resource, sys
+from replay.sources.sharegpt import estimate_tokens, load_sharegpt
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+convs, report = load_sharegpt(sys.argv[1], count_tokens=estimate_tokens)
+print(len(convs), report.turns, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_sharegpt_loading_peaks_near_what_it_keeps_not_a_multiple_of_the_file(tmp_path):
+    # 40 MB of conversations (non-ASCII text): read whole, the file's text, its parse and the kept conversations
+    # were all alive at once (1.6x here, 3.3x for 1 GB of the public file); read piece by piece, about what is kept.
+    convs = [
+        {
+            "id": str(i),
+            "conversations": [
+                {"from": "human", "value": f"{i} héllo wörld " * 200},
+                {"from": "gpt", "value": "answer text " * 200},
+            ],
+        }
+        for i in range(8000)
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(convs, ensure_ascii=False))
+    size = path.stat().st_size
+    r = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_MEASURE, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    n, turns, grew = map(int, r.stdout.split())
+    assert n == 8000 and turns == 8000
+    assert grew < 1.3 * size, (grew, size)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 1000, 2_000_000])
+def test_sharegpt_items_across_read_pieces_and_a_cut_tail(tmp_path, monkeypatch, cut):
+    # Small pieces: every item spans several reads; the file cut `cut` bytes before its end keeps what precedes it.
+    from replay.sources import sharegpt
+
+    monkeypatch.setattr(sharegpt, "_READ_BYTES", 7)
+    items = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": f"q{i} é" * (1 + i % 50)}, {"from": "gpt", "value": "a"}],
+        }
+        for i in range(300)
+    ]
+    data = ("\ufeff" + json.dumps(items, ensure_ascii=False, indent=1)).encode()
+    path = tmp_path / "sg.json"
+    path.write_bytes(data[: max(1, len(data) - cut)] if cut < len(data) else data[:10])
+    if cut >= len(data):
+        with pytest.raises(sharegpt.WorkloadError):
+            sharegpt.load_sharegpt(path, count_tokens=sharegpt.estimate_tokens)
+        return
+    convs, report = sharegpt.load_sharegpt(path, count_tokens=sharegpt.estimate_tokens)
+    whole = json.loads(data.decode("utf-8-sig")) if cut == 0 else items
+    assert [c.conversation_id for c in convs] == [it["id"] for it in whole[: len(convs)]]
+    assert [c.turns[0].text for c in convs] == [it["conversations"][0]["value"] for it in whole[: len(convs)]]
+    assert len(convs) >= 300 - 1 - cut // 40 and report.skipped
