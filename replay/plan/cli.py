@@ -22,6 +22,8 @@ from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
 from ..outputs.paths import claim_outputs
 from ..settings import documented, load_settings
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
+from .trace_cli import TracePlanConfig
+from .trace_cli import main as trace_main
 
 PROG = "kvtier plan"
 ENV_PREFIX = "KVTIER_PLAN_"
@@ -321,8 +323,6 @@ def load_config(argv: list[str]) -> PlanConfig:
             raise ConfigError(f"--config: one YAML file at most ({yaml_path}, {value})")
         else:
             yaml_path = value
-    from .trace_cli import TracePlanConfig  # shares the variables' prefix
-
     return load_settings(
         PlanConfig,
         config_path=yaml_path,
@@ -331,7 +331,7 @@ def load_config(argv: list[str]) -> PlanConfig:
         flag_paths=flag_paths,
         missing_hint=f" (see '{PROG} --help')",
         strict_env=True,
-        env_known_elsewhere=frozenset(TracePlanConfig.model_fields),
+        env_known_elsewhere=frozenset(TracePlanConfig.model_fields),  # plan --trace shares the variables' prefix
     )
 
 
@@ -437,9 +437,7 @@ def _write(cfg, doc: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--trace" or a.startswith("--trace=") for a in argv):  # a production trace instead of sessions
-        from .trace_cli import main as trace_main
-
-        return trace_main(argv)
+        return trace_main(argv, env_known_elsewhere=frozenset(PlanConfig.model_fields))
     try:
         cfg = load_config(argv)
         kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs

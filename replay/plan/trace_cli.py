@@ -147,10 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def load_config(argv: list[str]) -> TracePlanConfig:
+def load_config(argv: list[str], env_known_elsewhere: frozenset[str] = frozenset()) -> TracePlanConfig:
+    """`env_known_elsewhere`: the session plan's settings, whose variables share the prefix (kvtier plan gives them)."""
     ns = build_parser().parse_args(argv)
     flags = {k: v for k, v in vars(ns).items() if v is not None and k != "config"}
-    from .cli import PlanConfig  # shares the variables' prefix
 
     return load_settings(
         TracePlanConfig,
@@ -159,7 +159,7 @@ def load_config(argv: list[str]) -> TracePlanConfig:
         flags=flags,
         missing_hint=f" (see '{PROG} --help')",
         strict_env=True,
-        env_known_elsewhere=frozenset(PlanConfig.model_fields),
+        env_known_elsewhere=env_known_elsewhere,
     )
 
 
@@ -249,9 +249,9 @@ def _write(cfg, doc: dict) -> int:
     return write_outputs(PROG, doc, cfg.output, cfg.plots, plot, cfg.html_output)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], env_known_elsewhere: frozenset[str] = frozenset()) -> int:
     try:
-        cfg = load_config(argv)
+        cfg = load_config(argv, env_known_elsewhere)
         _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
         claim = claim_outputs(
             {"--output": cfg.output, "--html-output": cfg.html_output},

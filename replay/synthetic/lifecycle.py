@@ -26,6 +26,7 @@ from .bench import Bench
 from .config import BenchConfig
 from .finish import PROG, bench_fail, finish
 from .op_logs import attach_op_logs, detach_op_logs
+from .trial_paths import trial_outputs
 from .view import STATUS_ENV, LiveView, SetupProgress
 
 
@@ -101,8 +102,6 @@ def check_output_paths(cfg: BenchConfig, trials: int | None = None) -> tuple[str
         "--io-op-log": cfg.io_op_log,
     }
     if trials:
-        from .trials import trial_outputs  # the trials module runs through this one
-
         # the trials' page is of the trials document, written once at the end
         files = {"--output": cfg.output, "--html-output": cfg.html_output, **trial_outputs(cfg, output, trials)}
     inputs = {"--dataset-path": cfg.dataset_path, "--validation-trace": cfg.validation_trace}

@@ -35,6 +35,7 @@ from .config import BenchConfig
 from .finish import PROG, bench_fail
 from .lifecycle import run_single
 from .multiclient import run_clients
+from .trial_paths import KEYED_OUTPUTS, suffixed, trial_path
 
 # Figures shown in the closing table (the spec's metrics first); every numeric figure is in `aggregate`.
 TABLE_KEYS = (
@@ -50,18 +51,6 @@ TABLE_KEYS = (
 )
 # Parts of a summary that are not figures to aggregate: encoded histograms, and maps keyed by data.
 _SKIP = {"histograms", "requests_by_profile", "window"}
-
-
-def trial_path(output: str, i: int) -> str:
-    stem, ext = os.path.splitext(output)
-    return f"{stem}-trial{i}{ext or '.json'}"
-
-
-def _suffixed(path: str | None, i: int) -> str | None:
-    if not path:
-        return None
-    stem, ext = os.path.splitext(path.rstrip(os.sep))
-    return f"{stem}-trial{i}{ext}"
 
 
 def flatten(summary: dict, prefix: str = "") -> dict[str, float]:
@@ -192,25 +181,6 @@ def write_trials_plot(doc: dict, directory: str) -> str | None:
     return path
 
 
-def trial_outputs(cfg: BenchConfig, output: str, trials: int) -> dict[str, str | None]:
-    """The files the trials of `cfg` write, {what: path}: each trial's results and the outputs it was asked for."""
-    files: dict[str, str | None] = {}
-    for i in range(1, trials + 1):
-        files[f"trial {i} results"] = trial_path(output, i)
-        for key, flag in KEYED_OUTPUTS:
-            files[f"trial {i} {flag}"] = _suffixed(getattr(cfg, key), i)
-    return files
-
-
-# The per-trial file outputs: (config key, flag).
-KEYED_OUTPUTS = (
-    ("xlsx_output", "--xlsx-output"),
-    ("csv_output", "--csv-output"),
-    ("io_trace_log", "--io-trace-log"),
-    ("io_op_log", "--io-op-log"),
-)
-
-
 def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, vary_seed: bool = False) -> int:
     """Run `trials` trials of `cfg`, write each trial's results and the trials document; return the exit code."""
     if cfg.seed is None:  # one seed for every trial, chosen now and recorded
@@ -224,7 +194,7 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
                     "seed": cfg.seed + (i - 1 if vary_seed else 0),
                     "plots": os.path.join(cfg.plots, f"trial{i}") if cfg.plots else None,
                     "html_output": None,  # one page, of the trials document (below)
-                    **{key: _suffixed(getattr(cfg, key), i) for key, _ in KEYED_OUTPUTS},
+                    **{key: suffixed(getattr(cfg, key), i) for key, _ in KEYED_OUTPUTS},
                 }
             )
         )

@@ -179,7 +179,7 @@ def test_trials_zero_is_a_one_line_mistake(tmp_path, capsys):
     cfg = write_config(tmp_path)
     assert bench_main(["--config", cfg, "--trials", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["kvtier bench: --trials 0: give 1 or more"]
+    assert err == ["kvtier bench: --trials 0: give 1 to 1000"]
     assert not (tmp_path / "out.json").exists()
 
 
