@@ -100,6 +100,7 @@ def entries(d) -> list[str]:
     return [n for n in os.listdir(d) if ENTRY_NAME.fullmatch(n)]
 
 
+@pytest.mark.slow  # real processes: seconds each
 @pytest.mark.parametrize(
     "first,second",
     [("private", "private"), ("private", "shared"), ("shared", "private")],
@@ -132,6 +133,7 @@ def test_a_private_tier_has_one_owner_at_a_time(tmp_path, owners, first, second,
         b.close()
 
 
+@pytest.mark.slow  # real processes: seconds each
 @pytest.mark.parametrize("processes", [2, 3, 5])
 def test_processes_opening_one_new_private_tier_at_once_leave_one_owner_within_capacity(tmp_path, owners, processes):
     """Several processes open one new directory at the same moment and put until they are killed: exactly one
@@ -155,6 +157,7 @@ def test_processes_opening_one_new_private_tier_at_once_leave_one_owner_within_c
     assert 0 < on_disk <= cap_gb * (1 << 30) * file_nbytes(N) / N
 
 
+@pytest.mark.slow  # real processes: seconds each
 @pytest.mark.parametrize("old_cap_mb,new_cap_mb", [(4, 1), (4, 2), (2, 0.5), (3, 3)])
 def test_a_rescan_reports_every_file_it_removed(tmp_path, owners, old_cap_mb, new_cap_mb):
     """A tier filled by a process that is then killed is reopened with the same or less room: the files removed are
@@ -209,6 +212,7 @@ def _temp_of_a_stopped_writer(d, owners, deadline_s: float = 60) -> tuple[Owner,
     pytest.fail("no write in flight was caught")
 
 
+@pytest.mark.slow  # real processes: seconds each
 @pytest.mark.parametrize("age_s", [5, 3600, 30 * 86400])
 def test_a_shared_rescan_leaves_a_live_writers_temp_and_removes_a_dead_ones(tmp_path, owners, age_s):
     d = tmp_path / "shared"
