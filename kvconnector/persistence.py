@@ -69,7 +69,15 @@ def _lock_marker(directory: str, shared: bool) -> int | None:
     except BlockingIOError:
         holders = lock_holders(fd)
         os.close(fd)
-        who = f"pid {', '.join(map(str, holders))}" if holders else "another process"
+        # /proc/locks names the process that took the lock; a process it forked may hold it after it has ended.
+        who = (
+            "pid "
+            + ", ".join(
+                str(p) if os.path.exists(f"/proc/{p}") else f"{p} (ended; a process it forked)" for p in holders
+            )
+            if holders
+            else "another process"
+        )
         raise ConfigError(
             f"cache dir {directory} is in use by {who}: "
             + (

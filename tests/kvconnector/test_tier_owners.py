@@ -243,3 +243,44 @@ def test_an_empty_tier_directory_is_an_error_not_the_current_directory(tmp_path,
         BackendConfig.validated({key: value, "snapshot_path": ""})
     assert key in str(err.value) and "empty" in str(err.value)
     assert os.listdir(tmp_path) == []
+
+
+FORKER = """
+import os, sys, time
+from kvconnector.backend import KvtierBackend
+from kvconnector.backend_config import BackendConfig
+b = KvtierBackend(BackendConfig(disk_dir=sys.argv[1], disk_capacity_gb=0.01, snapshot_path="", io_mode="buffered"))
+if os.fork() == 0:  # the child inherits the descriptor holding the lock
+    time.sleep(600)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_lock_inherited_by_a_forked_child_names_the_ended_owner(tmp_path):
+    d = tmp_path / "tier"
+    p = subprocess.Popen([sys.executable, "-c", FORKER, str(d)], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        assert p.stdout.readline().strip() == "forked"
+        (child,) = [int(c) for c in open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()]
+        p.kill()
+        p.wait(30)
+        with pytest.raises(ConfigError, match=rf"in use by pid {p.pid} \(ended; a process it forked\)"):
+            backend("private", d)
+    finally:
+        p.kill()
+        p.wait(30)
+        p.stdout.close()
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+    end = time.monotonic() + 30
+    while True:
+        try:
+            backend("private", d).close()
+            break
+        except ConfigError:
+            assert time.monotonic() < end
+            time.sleep(0.1)
