@@ -179,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                 foreground=True,
                 direct_io=True,  # every open bypasses the kernel's page cache: the throttle sees every byte
                 use_ino=True,
-                # Worker threads: libfuse's multi-threaded loop (its default, up to 10). libfuse 3.14 prints "Ignoring
-                # invalid max threads value" when started through fuse_main_real, then keeps that default.
+                # Worker threads: libfuse's multi-threaded loop (up to 10). Idle threads kept: named, because libfuse
+                # 3.14.0 takes its own default for them (unset, UINT_MAX) for a bad value and prints "Ignoring invalid
+                # max threads value 4294967295" on every mount (3.14.1 stopped printing it).
+                max_idle_threads=10,
                 fsname=f"throttlefs:{back}",
                 subtype="kvtier-throttlefs",
             )

@@ -136,6 +136,11 @@ def test_fusermount_u_ends_it_with_exit_0(dirs):
     subprocess.run(["fusermount3", "-u", mnt], check=True)
     assert m.proc.wait(30) == 0
     assert m.stop() == 0 and "unmounted" in m.stderr
+    # Only kvtier's own lines: libfuse 3.14.0's "Ignoring invalid max threads value" is not printed.
+    assert all(
+        line.startswith(("kvtier throttlefs:", "op ", "read", "write", "fsync", "open", "mounted"))
+        for line in m.stderr.splitlines()
+    ), m.stderr
 
 
 def test_refuses_a_mountpoint_in_use_and_a_backing_inside_it(dirs, tmp_path):
