@@ -212,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         why = f": {failure[0]}" if failure else ""
         return fail(PROG, f"mounting {mnt} failed{why} (fusermount3's message above, if any)", 1)
     print(f"{PROG}: unmounted {mnt}" + (f" on {signal.Signals(signum).name}" if signum else ""), file=sys.stderr)
+    # An operation held for its cap or latency when the mount went is still counted: it finishes, then the table
+    # (waiting at most its longest added latency, plus 10 s of bandwidth holds).
+    s = throttle.settings
+    left = throttle.wait_idle(max(s.latency_ms(op) for op in OPS) / 1e3 + s.jitter_ms / 1e3 + 10)
+    if left:
+        print(f"{PROG}: {left} operation(s) still in flight, not in the table below", file=sys.stderr)
     print(summary_table(throttle.snapshot()), file=sys.stderr)
     return 128 + signum if signum else 0
 

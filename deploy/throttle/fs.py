@@ -68,6 +68,8 @@ class Throttle:
         self._lock = threading.Lock()
         self.counters: dict[str, dict[str, int]] = {op: dict.fromkeys(COUNTERS, 0) for op in OPS}
         self.direct_bounces = 0
+        self.in_flight = 0  # operations begun and not yet finished (counted when they finish)
+        self._idle = threading.Condition(self._lock)
         self.started_ns = time.monotonic_ns()
         self._late_ewma_ns = 0.0  # how late time.sleep wakes, on average of the last ~16 sleeps (updated racily: fine)
         self._rng = rng or random.Random()
@@ -78,6 +80,8 @@ class Throttle:
     def begin(self, op: str, nbytes: int) -> tuple[int, Settings]:
         """Before the real I/O: the pipe slot of a read or write (0 for others), and the settings to finish with."""
         s = self.settings
+        with self._lock:
+            self.in_flight += 1
         now = time.monotonic_ns()
         if op == "read":
             return self.pipes["read"].book(nbytes, now, s.read_bw_bytes_s, s.burst_bytes), s
@@ -112,6 +116,16 @@ class Throttle:
             c["hold_error_ns"] += late
             if failed:
                 c["errors"] += 1
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> int:
+        """Wait until every operation begun has finished (and is counted), at most timeout_s; returns how many are
+        still in flight."""
+        with self._lock:
+            self._idle.wait_for(lambda: not self.in_flight, timeout_s)
+            return self.in_flight
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

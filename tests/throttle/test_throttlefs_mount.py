@@ -187,3 +187,19 @@ def test_deploy_script_mounts_relative_paths_of_the_caller(tmp_path):
         assert (tmp_path / "m" / "seen").read_text() == "through the mount"
         assert m.client.settings()["read_lat_ms"] == 0
     assert m.returncode == 143 and not (tmp_path / "m").is_mount()
+
+
+def test_a_write_held_at_sigterm_is_in_the_final_stats(dirs):
+    """SIGTERM while a write is held for its added latency: the server waits for it before its summary, so the table
+    counts every operation the mount served (it was missing the write in flight)."""
+    mnt, back = dirs
+    m = Mount(mnt, back, ["--write-lat-ms", "1500"]).start()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", f"open({f'{mnt}/f'!r}, 'wb', buffering=0).write(b'z' * 8192)"],
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.5)  # the write is inside its 1.5 s hold
+    assert m.stop(signal.SIGTERM) == 128 + signal.SIGTERM
+    writer.wait(30)
+    write_row = next(line for line in m.stderr.splitlines() if line.startswith("write"))
+    assert write_row.split()[1:3] == ["1", "8192"], m.stderr
