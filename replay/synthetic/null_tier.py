@@ -5,10 +5,12 @@ A NullTier stands in for a GPU, CPU or disk tier with the same name, kind and ca
 tier, what to demote, what to evict) are those of a real run, every operation is reported to the store's op
 listener with its size, and no byte is copied, stored or written. A read returns in zero time without touching
 `dest`. Timings are zero, so the run's latencies say nothing about a device: the trace is for replaying elsewhere.
-A no-op CPU tier hands a demotion the entry's bytes "in place" (`view`), as the real CPU tier does (so the move logs
-a write and no read, as in a real run): a window of one anonymous mapping that nobody writes or reads, whose pages
-are never faulted in. A no-op GPU or disk tier has no view, as the real ones: a move out of it reads the entry into a
-buffer of the store's first (a read row, then a write row: the reference's Evict pair).
+A no-op CPU tier hands a demotion the entry's bytes "in place" (`view`) where the real CPU tier does, for an entry of
+whole pages (so the move logs a write and no read, as in a real run): a window of one anonymous mapping that nobody
+writes or reads, whose pages are never faulted in. An entry that ends in a partial page the real CPU tier keeps in two
+pieces and has no view of, so a move out of it reads first: the no-op tier does the same. A no-op GPU or disk tier
+has no view, as the real ones: a move out of it reads the entry into a buffer of the store's first (a read row, then
+a write row: the reference's Evict pair).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import mmap
 import threading
 
+from kvconnector.entry_format import PAGE
 from kvconnector.tiers import Tier
 from kvconnector.timed_io import OpTiming
 
@@ -37,7 +40,9 @@ class NullTier(Tier):
 
     def view(self, key):
         nbytes = self._sizes.get(key)
-        return None if nbytes is None or self.kind != "cpu" else _untouched(nbytes)
+        if nbytes is None or self.kind != "cpu" or nbytes % PAGE:  # as CPUTier.view: no view of a split entry
+            return None
+        return _untouched(nbytes)
 
     def delete(self, key):
         self._sizes.pop(key, None)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from replay.leftovers import KEPT_NAME
 from replay.outputs.io_trace import MLPERF_COLUMNS
 from replay.synthetic.cli import build_parser, config_from_args, main
 from replay.synthetic.config import REFERENCE_BURST_TRACE_PATH, BenchConfig
@@ -178,7 +179,7 @@ def test_trace_only_logs_the_real_runs_operations_and_does_none(tmp_path, small_
         for op in ("read", "write"):
             assert trace["tiers"][name][op]["bytes"] == real["tiers"][name][op]["bytes"]
     assert real["tiers"]["disk"]["write"]["device_ms"]["p50"] > 0 == trace["tiers"]["disk"]["write"]["device_ms"]["max"]
-    assert [f for _, _, files in os.walk(tmp_path / "trace") for f in files] == []
+    assert [f for _, _, files in os.walk(tmp_path / "trace") for f in files if f != KEPT_NAME] == []  # the keep mark
     assert trace["trace_only"] is True and real["trace_only"] is False
     assert any("trace-only mode" in n for n in trace["notes"])
 
