@@ -4,6 +4,7 @@ flattened key/value pairs), read from a results document with older files in min
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,3 +162,20 @@ def timeline_series(doc: dict) -> dict[str, Any] | None:
     if all(u is None for u in out["users"]):
         out["users"] = None
     return out if out["t_s"] else None
+
+
+def default_labels(paths: list[str]) -> list[str]:
+    """Labels for result files (kvtier compare, kvtier report): file names without their extension; where two collide,
+    with their parent directory too; where those still collide, numbered."""
+
+    def name(p: str, depth: int) -> str:
+        parts = os.path.normpath(os.path.abspath(p)).split(os.sep)
+        stem = os.path.splitext(parts[-1])[0]
+        return "/".join([*parts[-depth:-1], stem]) if depth > 1 else stem
+
+    labels = [name(p, 1) for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [name(p, 2) for p in paths]
+    if len(set(labels)) < len(labels):
+        labels = [f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
+    return labels

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +12,7 @@ from kvconnector.units import GB
 
 from ..cli_common import OneLineParser, fail
 from ..json_files import dumps_json
-from ..outputs._common import sla_verdict_text
+from ..outputs._common import default_labels, sla_verdict_text
 from ..outputs.paths import atomic_path, claim_outputs
 from ..outputs.results_file import ResultsFileError, load_results_file
 
@@ -191,22 +190,6 @@ def load_result(path: str) -> dict:
         return load_results_file(path)
     except ResultsFileError as exc:
         raise CompareError(str(exc)) from None
-
-
-def default_labels(paths: list[str]) -> list[str]:
-    """File names without .json; where two collide, with their parent directory too."""
-
-    def name(p: str, depth: int) -> str:
-        parts = os.path.normpath(os.path.abspath(p)).split(os.sep)
-        stem = parts[-1][:-5] if parts[-1].endswith(".json") else parts[-1]
-        return "/".join([*parts[-depth:-1], stem]) if depth > 1 else stem
-
-    labels = [name(p, 1) for p in paths]
-    if len(set(labels)) < len(labels):
-        labels = [name(p, 2) for p in paths]
-    if len(set(labels)) < len(labels):
-        labels = [f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
-    return labels
 
 
 def build_parser() -> argparse.ArgumentParser:

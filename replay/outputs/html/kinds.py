@@ -11,7 +11,6 @@ every results reader reads it (replay/json_files.py: finite numbers, bounded nes
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from kvconnector.validation import describe_validation_error
 from replay.json_files import loads_json
 from replay.sources.base import open_regular
 
+from .._common import default_labels
 from ..results_file import ResultsFileError, validate_results
 
 # A report's section for each kind, in the words of the command that writes it.
@@ -289,22 +289,6 @@ def _validate(doc: dict, kind: str, path: str) -> None:
         raise ReportError(
             f"{path}: a {KIND_TITLES[kind]} result the report cannot read: {describe_validation_error(exc)}"
         ) from None
-
-
-def default_labels(paths: list[str]) -> list[str]:
-    """File names without their extension; where two collide, with their parent directory too."""
-
-    def name(p: str, depth: int) -> str:
-        parts = os.path.normpath(os.path.abspath(p)).split(os.sep)
-        stem = os.path.splitext(parts[-1])[0]
-        return "/".join([*parts[-depth:-1], stem]) if depth > 1 else stem
-
-    labels = [name(p, 1) for p in paths]
-    if len(set(labels)) < len(labels):
-        labels = [name(p, 2) for p in paths]
-    if len(set(labels)) < len(labels):
-        labels = [f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
-    return labels
 
 
 def run_from_doc(doc: dict, path: str, label: str | None = None) -> Run:
