@@ -20,6 +20,7 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+from . import uring
 from .backend_config import BackendConfig
 from .errors import KvtierError, StorageFullError
 from .files import atomic_path
@@ -38,6 +39,7 @@ class KvtierBackend:
     def __init__(self, cfg: BackendConfig) -> None:
         self.cfg = cfg
         tiers = []
+        uring.set_pin_budget(int(cfg.io_uring_pin_gb * GB))
         if cfg.has_disk:
             tiers.append(DiskTier(cfg.disk_dir, int(cfg.disk_capacity_gb * GB), cfg.io_mode, name="disk"))
         if cfg.shared_dir:
@@ -215,6 +217,7 @@ class KvtierBackend:
                 for t, u, s in zip(self.store.tiers, self.store.usage(), self.store.stats)
             ],
             "store_events": dict(self.store.events),
+            "io_uring": uring.registry.describe(),
             "backend_events": self.events_snapshot(),
             "rescan": self.rescan_reports,
         }
@@ -243,3 +246,4 @@ class KvtierBackend:
         if self.exporter is not None:
             self.exporter.close()
         self.store.close()
+        uring.registry.withdraw_tagged(self)

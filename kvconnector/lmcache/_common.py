@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import uring
 from ..backend import KvtierBackend
 from ..backend_config import BackendConfig
 from ..errors import KvtierError
@@ -36,8 +37,16 @@ def config_or_refuse(source: dict | None, kind: str, who: str) -> BackendConfig:
         raise KvtierRefusedToRun(f"kvtier {who} refuses to run: {exc}") from exc
 
 
-def byte_view(obj) -> memoryview:
-    """An LMCache MemoryObj's bytes as a flat unsigned-byte memoryview (its byte_array has format '<B')."""
+def byte_view(obj, backend: KvtierBackend) -> memoryview:
+    """An LMCache MemoryObj's bytes as a flat unsigned-byte memoryview (its byte_array has format '<B'). The memory
+    behind it (LMCache's CPU buffer, allocated once when LMCache starts) is offered to io_uring on behalf of `backend`,
+    so O_DIRECT transfers from and to it need not pin its pages each time (kvconnector/uring.py); the backend withdraws
+    it when it closes, since LMCache frees that memory itself when it shuts down."""
+    storage = getattr(getattr(obj, "raw_data", None), "untyped_storage", None)
+    if storage is not None:
+        st = storage()
+        if st.device.type == "cpu":
+            uring.offer(st, st.data_ptr(), st.nbytes(), tag=backend)
     mv = obj.byte_array
     if not isinstance(mv, memoryview):
         mv = memoryview(mv)

@@ -159,7 +159,7 @@ class KvtierL2Adapter(L2AdapterInterface):
             pool.submit(fn, *item).add_done_callback(functools.partial(done, i))
 
     def _store_one(self, key, obj) -> int:
-        view = byte_view(obj)
+        view = byte_view(obj, self.backend)
         return len(view) if self.backend.put(object_key_str(key), [view]) else -1
 
     def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
@@ -223,7 +223,7 @@ class KvtierL2Adapter(L2AdapterInterface):
     def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
         tid = self._task_id()
         keys = list(keys)
-        items = [(object_key_str(k), byte_view(o)) for k, o in zip(keys, objects, strict=True)]
+        items = [(object_key_str(k), byte_view(o, self.backend)) for k, o in zip(keys, objects, strict=True)]
         self._fan_out(
             self.backend.read_pool, self.backend.get_into, items, lambda hits: self._finish_load(tid, keys, hits)
         )

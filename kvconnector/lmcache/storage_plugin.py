@@ -130,7 +130,8 @@ class KvtierStoragePlugin(StoragePluginInterface):
     def _put_one(self, key, skey: str, obj: MemoryObj, callback) -> bool:
         try:
             meta = obj.meta
-            ok = self.backend.put(skey, [byte_view(obj)], tuple(meta.shape), encode_dtype(meta.dtype, meta.fmt))
+            view = byte_view(obj, self.backend)
+            ok = self.backend.put(skey, [view], tuple(meta.shape), encode_dtype(meta.dtype, meta.fmt))
         except ValueError:
             self.backend.count("store_unsupported")
             ok = False
@@ -162,7 +163,7 @@ class KvtierStoragePlugin(StoragePluginInterface):
         if obj is None:
             self.backend.count("load_no_memory")
             return None
-        if not self.backend.get_into(skey, byte_view(obj)):
+        if not self.backend.get_into(skey, byte_view(obj, self.backend)):
             obj.ref_count_down()
             return None
         return obj
