@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import xxhash
 
+from kvconnector import uring
 from kvconnector.entry_format import ENTRY_NAME, PAGE, TEMP_NAME, file_name_for
 from kvconnector.persistence import rescan_dir
 from kvconnector.shared_tier import SharedDirTier
@@ -108,7 +109,7 @@ def child(d: str, round_no: int, seed: int, log_path: str, p: Profile) -> None:
         r = store.put(key, [memoryview(payload(key))])
         if not r.stored:
             raise SystemExit(f"crash_loop child: put {key} refused: {r.reason}")
-        os.write(fd, f"{key} {disk.counters['spare_writes']}\n".encode())
+        os.write(fd, f"{key} {disk.counters['spare_writes']} {uring.registry.fixed_ops}\n".encode())
         os.fsync(fd)  # acknowledged: from here the entry must survive a kill
 
 
@@ -130,6 +131,10 @@ class Figures:
     temp_survived: int = 0  # temp files left after a rescan: must be 0
     accounting_mismatch: int = 0  # restarts where a tier's accounted bytes differ from its files: must be 0
     o_direct_fallbacks: int = 0
+    # Transfers through io_uring's registered buffers (kvconnector/uring.py): the children's up to their last
+    # acknowledged put (the payloads are copied into a thread's registered scratch), and the restarts' reads.
+    uring_writes: int = 0
+    uring_reads: int = 0
     elapsed_s: float = 0.0
 
     @property
@@ -151,7 +156,7 @@ def read_log(path: str) -> list[tuple[str, int]]:
     except FileNotFoundError:
         return []
     # The last line may be cut short by the kill only if its write was: a line counts once it ends in a newline.
-    return [(k, int(s)) for k, s in (line.split() for line in lines[:-1])]
+    return [(k, int(s), int(u)) for k, s, u in (line.split() for line in lines[:-1])]
 
 
 def corrupt_some(d: str, rng: random.Random, spare: str | None) -> int:
@@ -234,6 +239,7 @@ def run_loop(
     rng = random.Random(seed)
     f = Figures()
     t0 = time.monotonic()
+    uring_reads_before = uring.registry.fixed_ops
     os.makedirs(d, exist_ok=True)
     log_path = os.path.join(d, "acks.log")
     for n in range(kills):
@@ -269,9 +275,11 @@ def run_loop(
         f.stores += len(acks)
         if acks:
             f.spare_writes += acks[-1][1]
+            f.uring_writes += acks[-1][2]
         if corrupt_every and (n + 1) % corrupt_every == 0:
             f.corrupt_injected += corrupt_some(d, rng, acks[-1][0] if acks else None)
         check_restart(d, n + 1, f, acks[-1][0] if acks else None, verify_payload, p)
+    f.uring_reads = uring.registry.fixed_ops - uring_reads_before
     f.elapsed_s = round(time.monotonic() - t0, 1)
     return f
 
@@ -294,6 +302,8 @@ def table(f: Figures) -> str:
         ("temp files after rescan", f.temp_survived),
         ("accounting mismatches", f.accounting_mismatch),
         ("O_DIRECT fallbacks", f.o_direct_fallbacks),
+        ("io_uring transfers, puts", f.uring_writes),
+        ("io_uring transfers, reads", f.uring_reads),
         ("elapsed (s)", f.elapsed_s),
     ]
     return "\n".join(f"{k:<28}{v:>10}" for k, v in rows) + f"\n{'result':<28}{'PASS' if f.ok else 'FAIL':>10}"

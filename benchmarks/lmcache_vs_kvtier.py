@@ -2,18 +2,24 @@
 """lmcache_vs_kvtier.py	store/load bandwidth and CPU cost: kvtier's disk tier vs LMCache's own disk path.
 
 usage: benchmarks/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 5]
-                                  [--io-workers N] [--lmcache-odirect both|on|off] [--huge-pages] [--no-drop-caches]
+                                  [--io-workers N] [--lmcache-odirect both|on|off] [--no-preadv-side] [--huge-pages]
+                                  [--no-drop-caches]
                                   [--json OUT]
 
 Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
 page-aligned memory objects, the same chunk size and the same number of chunks in flight (one key per task, a
 sliding window of --concurrency tasks; kvtier runs --io-workers threads per pool, as many as tasks by default, LMCache
 its asyncio loop's default executor), on the same directory's filesystem:
-- kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fdatasync, rename; loads verify a checksum);
+- kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fdatasync, rename; loads verify a checksum),
+  its transfers through io_uring with the memory objects registered (kvconnector/uring.py);
+- kvtier (direct, preadv): the same with every transfer through preadv/pwritev (--no-preadv-side leaves it out);
 - lmcache-fs: LMCache's FSL2Adapter ("fs" L2 adapter), buffered (its default: no fsync) and with use_odirect.
 Each side runs three passes: fill (n chunks into an empty directory), cold load of them, and steady state (n more
 chunks into the full cache: kvtier evicts its LRU entry per put and overwrites the evicted file in place; LMCache's
 fs adapter has no eviction, so its n old chunks are deleted inside the timed pass first, as an eviction would).
+Each side has one adapter for the whole run, as a server has for its life (kvtier registers the memory objects with
+io_uring the first time it moves them, so the first round pays that once); after each round every entry is deleted
+and kvtier's spare files removed, untimed, so every fill writes fresh files (checked: no fill reuses a spare).
 Loads are cold: `sync; echo 1 > /proc/sys/vm/drop_caches` before every pass (root), for every side.
 Every side runs --rounds times, the order alternating between rounds; the table gives medians.
 CPU is the process's user+system time (getrusage) over the pass, per GB moved. Bandwidth in GB/s (1e9 bytes).
@@ -40,6 +46,7 @@ import time
 from pathlib import Path
 
 from deploy.host import cpu_s, drop_caches
+from kvconnector import timed_io
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,16 +114,19 @@ def timed(fn) -> tuple[object, float, float]:
     return out, time.perf_counter() - t0, cpu_s() - c0
 
 
-def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurrency: int, drop: bool) -> dict:
-    """Three passes on one adapter: fill (n new entries into an empty directory), cold load of them, and steady
-    state (n more entries into the full cache: kvtier's LRU evicts one per put; LMCache's fs adapter has no eviction,
-    so its n old entries are deleted first, inside the timed pass, as its eviction controller would)."""
+def bench_side(name: str, adapter, directory: Path, keys, src, dst, concurrency: int, drop: bool) -> dict:
+    """Three passes on a long-lived adapter (a server's lives as long as the server: kvtier registers the memory it is
+    handed with io_uring once, not per round): fill (n new entries into an empty directory), cold load of them, and
+    steady state (n more entries into the full cache: kvtier's LRU evicts one per put; LMCache's fs adapter has no
+    eviction, so its n old entries are deleted first, inside the timed pass, as its eviction controller would). Then
+    every entry is deleted, untimed, and kvtier's spare files removed, so the next round fills an empty directory."""
     n = len(src)
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True, mode=0o700)
-    adapter = make_adapter(directory)
     kvtier = hasattr(adapter, "backend")
     nbytes = sum(o.get_size() for o in src)
+    left = [f for f in directory.rglob("*") if f.is_file() and f.stat().st_size >= nbytes // n]
+    if left:
+        raise RuntimeError(f"{name}: {len(left)} entries left from the previous round in {directory}")
+    spares = (lambda: adapter.backend.store.tiers[0].describe()["spare_writes"]) if kvtier else (lambda: 0)
 
     def steady():
         if not kvtier:  # no eviction of its own: make room by hand
@@ -125,7 +135,9 @@ def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurr
 
     try:
         drop_caches() if drop else None
+        spares_before = spares()
         stored, fill_s, fill_cpu = timed(lambda: run_window(adapter, "store", keys[:n], src, concurrency))
+        fill_spares = spares() - spares_before
         cold = drop_caches() if drop else False
         loaded, load_s, load_cpu = timed(lambda: run_window(adapter, "load", keys[:n], dst, concurrency))
         same = all(
@@ -135,10 +147,11 @@ def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurr
         )
         drop_caches() if drop else None
         steady_stored, steady_s, steady_cpu = timed(steady)
-        disk = adapter.backend.store.tiers[0].describe() if kvtier else {}
+        steady_spares = spares() - spares_before - fill_spares
     finally:
-        adapter.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        adapter.delete(keys)
+        if kvtier:
+            adapter.backend.store.tiers[0].drop_spares()
     gb = nbytes / 1e9
     return {
         "side": name,
@@ -152,7 +165,8 @@ def bench_side(name: str, make_adapter, directory: Path, keys, src, dst, concurr
         "load_cpu_s_per_gb": load_cpu / gb,
         "steady_store_gbps": gb / steady_s,
         "steady_store_cpu_s_per_gb": steady_cpu / gb,
-        "spare_writes": disk.get("spare_writes"),
+        "fill_spare_writes": fill_spares if kvtier else None,
+        "spare_writes": steady_spares if kvtier else None,
         "cold_loads": cold,
         "bytes_match": same,
     }
@@ -172,6 +186,12 @@ def main() -> int:
         "--io-workers", type=int, default=0, help="kvtier's I/O threads (each pool); 0: as many as --concurrency"
     )
     ap.add_argument("--lmcache-odirect", choices=["both", "on", "off"], default="both")
+    ap.add_argument(
+        "--no-preadv-side",
+        action="store_true",
+        help="leave out the side where kvtier moves every payload with preadv/pwritev (io_uring off), kept by default "
+        "to show what registered buffers change within the same run",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="repeat every side, alternating the order; medians")
     ap.add_argument("--huge-pages", action="store_true", help="memory objects on transparent huge pages (both sides)")
     ap.add_argument("--no-drop-caches", action="store_true")
@@ -228,25 +248,44 @@ def main() -> int:
         return lambda d: create_l2_adapter(FSL2AdapterConfig.from_dict({"base_path": str(d), "use_odirect": odirect}))
 
     sides = [("kvtier (direct)", kvtier, "yes (fdatasync)")]
+    if not a.no_preadv_side:
+        sides.append(("kvtier (direct, preadv)", kvtier, "yes (fdatasync)"))
     if a.lmcache_odirect in ("both", "off"):
         sides.append(("lmcache-fs (buffered)", lmfs(False), "no fsync"))
     if a.lmcache_odirect in ("both", "on"):
         sides.append(("lmcache-fs (use_odirect)", lmfs(True), "no fsync"))
     rounds: dict[str, list[dict]] = {name: [] for name, _, _ in sides}
-    for rnd in range(a.rounds):
-        # Alternate the order: the disk's speed drifts within a run, and the side that runs first would gain.
-        for name, make, durable in sides if rnd % 2 == 0 else sides[::-1]:
-            for o in dst:
-                o.raw_data[:4096].zero_()
-            r = bench_side(name, make, base / name.split()[0], keys, src, dst, a.concurrency, drop)
-            r["durable"] = durable
-            rounds[name].append(r)
-            print(
-                f"round {rnd + 1}/{a.rounds} {name}: fill {r['store_gbps']:.2f}, steady {r['steady_store_gbps']:.2f}, "
-                f"load {r['load_gbps']:.2f} GB/s",
-                file=sys.stderr,
-                flush=True,
-            )
+    adapters = {}
+    try:
+        for name, make, _ in sides:
+            d = base / name.replace(" ", "").replace("(", "-").replace(")", "").replace(",", "-")
+            shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True, mode=0o700)
+            adapters[name] = (make(d), d)
+        for rnd in range(a.rounds):
+            # Alternate the order: the disk's speed drifts within a run, and the side that runs first would gain.
+            for name, _, durable in sides if rnd % 2 == 0 else sides[::-1]:
+                for o in dst:
+                    o.raw_data[:4096].zero_()
+                adapter, d = adapters[name]
+                # The preadv side: the same kvtier with io_uring's registered buffers unused (a process-wide switch).
+                timed_io.fixed_buffers = "preadv" not in name
+                try:
+                    r = bench_side(name, adapter, d, keys, src, dst, a.concurrency, drop)
+                finally:
+                    timed_io.fixed_buffers = True
+                r["durable"] = durable
+                rounds[name].append(r)
+                print(
+                    f"round {rnd + 1}/{a.rounds} {name}: fill {r['store_gbps']:.2f}, "
+                    f"steady {r['steady_store_gbps']:.2f}, load {r['load_gbps']:.2f} GB/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        for adapter, d in adapters.values():
+            adapter.close()
+            shutil.rmtree(d, ignore_errors=True)
     results = [median_result(rs) for rs in rounds.values()]
     print(
         f"{n} chunks of {a.chunk_mib} MiB ({n * nbytes / 1e9:.2f} GB), concurrency {a.concurrency}, "
@@ -290,7 +329,9 @@ def median_result(rs: list[dict]) -> dict:
         "steady_store_cpu_s_per_gb",
     ):
         out[k] = statistics.median(r[k] for r in rs)
-    out["complete"] = all(r["bytes_match"] and r["stored"] == r["loaded"] == r["steady_stored"] for r in rs)
+    out["complete"] = all(
+        r["bytes_match"] and r["stored"] == r["loaded"] == r["steady_stored"] and not r["fill_spare_writes"] for r in rs
+    )
     return out
 
 

@@ -322,7 +322,8 @@ class DiskTier(Tier):
             "spare_bytes": self._spare_bytes,
         }
 
-    def close(self):
+    def drop_spares(self) -> None:
+        """Remove the spare files kept for reuse (the next writes allocate fresh blocks, as into an empty directory)."""
         with self._spare_lock:
             spares = [p for paths in self._spares.values() for p in paths]
             self._spares.clear()
@@ -332,6 +333,9 @@ class DiskTier(Tier):
                 os.unlink(p)
             except OSError:
                 pass
+
+    def close(self):
+        self.drop_spares()
         self._release_dir()
 
     def _release_dir(self) -> None:

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from benchmarks import crash_loop
+from kvconnector import uring
 from kvconnector.entry_format import ENTRY_NAME
 from kvconnector.timed_io import probe_direct
 
@@ -38,6 +39,8 @@ def test_kills_during_large_entries_serve_nothing_torn(tmp_path):
     assert f.corrupt_dropped >= f.corrupt_injected > 0
     assert f.corrupt_served == 0 and f.adopted_unreadable == 0 and f.verified == f.adopted > 0
     assert f.acked_lost == 0 and f.temp_survived == 0 and f.accounting_mismatch == 0 and f.ok
+    if uring.registry.ring() is not None:  # the puts and reads went through io_uring's registered buffers
+        assert f.uring_writes > 0 and f.uring_reads > 0
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ def test_entries_written_and_read_by_many_threads_through_the_ring(direct_dir, f
                 read_entry(path, f"k{t}-{i}", n, IOMode.DIRECT, dst[:n])
                 assert bytes(dst[:n]) == bytes(src[start : start + n]), (t, n)
                 read_entry(path, f"k{t}-{i}", n, IOMode.DIRECT)  # into this thread's scratch, checked there
-        except Exception as exc:  # noqa: BLE001 - handed to the main thread
+        except Exception as exc:  # handed to the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
