@@ -25,6 +25,7 @@ because a younger temp file may be another instance's write in flight).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -45,7 +46,7 @@ from kvconnector.persistence import rescan_dir
 from kvconnector.shared_tier import SharedDirTier
 from kvconnector.store import TieredStore
 from kvconnector.tiers import DiskTier
-from kvconnector.timed_io import read_header
+from kvconnector.timed_io import aligned_buffer, read_header
 
 SPARE_RATIO = 0.3
 
@@ -98,15 +99,27 @@ def open_store(d: str, round_no: int, verify_payload: bool = True, p: Profile = 
     return store, reports
 
 
+@functools.cache
+def registered_buffer(nbytes: int) -> memoryview:
+    """Memory as LMCache's CPU buffer is (4 KiB pages, long-lived: one per size and process), offered to io_uring as
+    the adapters offer that: puts and reads from and into it take the ring's registered-buffer paths."""
+    buf = aligned_buffer(nbytes)
+    uring.offer_view(buf)
+    return buf
+
+
 # ---- the child: puts until it is killed ------------------------------------------------------------------------------
 def child(d: str, round_no: int, seed: int, log_path: str, p: Profile) -> None:
     store, _ = open_store(d, round_no, p=p)
     rng = random.Random(seed)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     disk = store.tiers[0]
+    src = registered_buffer(max(p.sizes))
     for i in range(1_000_000):
         key = f"r{round_no}-{i}-{rng.choice(p.sizes)}"
-        r = store.put(key, [memoryview(payload(key))])
+        want = payload(key)
+        src[: len(want)] = want
+        r = store.put(key, [src[: len(want)]])
         if not r.stored:
             raise SystemExit(f"crash_loop child: put {key} refused: {r.reason}")
         os.write(fd, f"{key} {disk.counters['spare_writes']} {uring.registry.fixed_ops}\n".encode())
@@ -131,8 +144,8 @@ class Figures:
     temp_survived: int = 0  # temp files left after a rescan: must be 0
     accounting_mismatch: int = 0  # restarts where a tier's accounted bytes differ from its files: must be 0
     o_direct_fallbacks: int = 0
-    # Transfers through io_uring's registered buffers (kvconnector/uring.py): the children's up to their last
-    # acknowledged put (the payloads are copied into a thread's registered scratch), and the restarts' reads.
+    # Transfers through io_uring's registered buffers (kvconnector/uring.py): the children's puts up to their last
+    # acknowledged one, and the restarts' reads (both from and into a registered buffer, as LMCache's).
     uring_writes: int = 0
     uring_reads: int = 0
     elapsed_s: float = 0.0
@@ -201,10 +214,11 @@ def check_restart(
         f.temp_removed += sum(r.stale_tmp_removed for r in reports)
         f.duplicates_removed += sum(r.duplicate_removed for r in reports)
         f.o_direct_fallbacks += sum(t.fallbacks["o_direct_unavailable"] for t in store.tiers)
+        dest = registered_buffer(max(p.sizes))
         for keys in store.keys_by_tier().values():
             for key in keys:
                 want = payload(key)
-                out = memoryview(bytearray(len(want)))
+                out = dest[: len(want)]
                 if not store.get(key, out).hit:
                     f.adopted_unreadable += 1
                 elif out != want:

@@ -129,43 +129,20 @@ def is_aligned(view: memoryview) -> bool:
     return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0 if len(view) else True
 
 
-class _Offered:
-    """A thread's buffers offered to io_uring; withdrawn when replaced, and all of them when the thread ends (its
-    threading.local attributes, this among them, are dropped then)."""
-
-    def __init__(self) -> None:
-        self.views: list[memoryview] = []
-
-    def swap(self, new: memoryview, old: memoryview | None) -> memoryview:
-        if old is not None and any(v is old for v in self.views):
-            uring.withdraw_view(old)
-            self.views = [v for v in self.views if v is not old]
-        uring.offer_view(new)
-        self.views.append(new)
-        return new
-
-    def __del__(self) -> None:
-        try:
-            for view in self.views:
-                uring.withdraw_view(view)
-        except Exception:  # at interpreter exit the modules may already be gone
-            pass
-
-
 class Scratch(threading.local):
-    """Page-aligned buffers of this thread: a header page, a tail page, and a data buffer that grows on demand, all
-    offered to io_uring (registered when a transfer first uses them)."""
+    """Page-aligned buffers of this thread: a header page, a tail page, and a data buffer that grows on demand. They
+    are not offered to io_uring: the data buffers are on huge pages, whose pinning costs little per transfer (and
+    through the ring a read of them cost more CPU here, 0.077 against 0.069 CPU-s/GiB for 16 MiB entries)."""
 
     def __init__(self) -> None:
-        self.offered = _Offered()
-        pages = self.offered.swap(aligned_buffer(2 * PAGE), None)
-        self.header, self.tail = pages[:PAGE], pages[PAGE:]
+        self.header = aligned_buffer(PAGE)
+        self.tail = aligned_buffer(PAGE)
         self.data: memoryview | None = None
         self.pieces: list[memoryview] = []
 
     def data_buffer(self, nbytes: int) -> memoryview:
         if self.data is None or len(self.data) < nbytes:
-            self.data = self.offered.swap(aligned_buffer(nbytes, huge=True), self.data)
+            self.data = aligned_buffer(nbytes, huge=True)
         return self.data[:nbytes]
 
     def piece_buffer(self, slot: int, nbytes: int) -> memoryview:
@@ -173,7 +150,7 @@ class Scratch(threading.local):
         while len(self.pieces) <= slot:
             self.pieces.append(aligned_buffer(PAGE))
         if len(self.pieces[slot]) < nbytes:
-            self.pieces[slot] = self.offered.swap(aligned_buffer(nbytes, huge=True), self.pieces[slot])
+            self.pieces[slot] = aligned_buffer(nbytes, huge=True)
         return self.pieces[slot][:nbytes]
 
 

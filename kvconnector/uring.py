@@ -6,13 +6,16 @@ registered. Measured on this project's 2-core VM (8 transfers of 32 MiB in fligh
 virtio): pwritev from 8 threads 0.028-0.029 CPU-s/GB at 4.0 GB/s, io_uring WRITE_FIXED 0.005 at 5.2-5.5 GB/s;
 preadv 0.040-0.043 at 2.5 GB/s, READ_FIXED 0.004 at 2.6 (benchmarks/README.md has the benchmarks that use it).
 
-Only memory an owner offers is registered (`offer`): memory that lives as long as the process or as long as the owner
-says (LMCache's CPU buffers, the benchmark's payload, a thread's scratch). The registry keeps a reference to the
-owner object, so the memory cannot be freed (and its addresses handed to other pages) while the kernel holds its
-pages; `withdraw` gives it back. Offered memory is registered lazily, in pieces of up to 1 GiB (the kernel's limit per
-registered buffer) as transfers touch them, within a budget of pinned bytes (`set_pin_budget`); a transfer whose
-memory is not registered, or when the kernel refuses io_uring (seccomp profiles of container runtimes do, as does
-`kernel.io_uring_disabled`), goes through preadv/pwritev as before: `transfer` returns None and the caller does that.
+Only memory an owner offers is registered (`offer`): memory that lives as long as its owner says, on 4 KiB pages
+(LMCache's CPU buffers, through the adapters). kvtier's own long-lived buffers are on huge pages, whose pinning costs
+little per transfer, and go through preadv/pwritev. The registry keeps a reference to the owner object; an owner that
+frees the memory itself (LMCache does, at shutdown) must withdraw it first (`withdraw`, `withdraw_tagged`), or the
+kernel would go on using the old pages at addresses that now map others (a read that then fails its checksum is read
+again without the ring: timed_io.read_entry). Offered memory is registered lazily, in pieces of up to 1 GiB (the
+kernel's limit per registered buffer) as transfers touch them, within a budget of pinned bytes (`set_pin_budget`).
+A transfer that touches no registered memory, or any transfer where the kernel refuses io_uring (seccomp profiles of
+container runtimes do, as does `kernel.io_uring_disabled`), goes through preadv/pwritev as before: `transfer` returns
+None and the caller does that.
 
 One ring per process, shared by every thread: a thread fills its submission entries under a lock and submits them; a
 completion thread waits in io_uring_enter and hands each result to its waiter. The ring is driven through its three
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 _SYS_SETUP, _SYS_ENTER, _SYS_REGISTER = 425, 426, 427  # the same numbers on every architecture
-_OP_READ_FIXED, _OP_WRITE_FIXED = 4, 5
+_OP_READ_FIXED, _OP_WRITE_FIXED, _OP_READ, _OP_WRITE = 4, 5, 22, 23
 _ENTER_GETEVENTS = 1
 _REGISTER_BUFFERS2, _REGISTER_BUFFERS_UPDATE = 15, 16
 _RSRC_REGISTER_SPARSE = 1
@@ -114,9 +117,9 @@ class Ring:
 
     def run(self, write: bool, fd: int, ops: list[tuple[int, int, int, int]]) -> list[int]:
         """Submit (addr, nbytes, file offset, slot) transfers as one batch and wait for all; their results (bytes
-        moved, or -errno) in order."""
+        moved, or -errno) in order. Slot -1: memory not registered (a plain read or write, pinned for the transfer)."""
         waiter = _Waiter(len(ops))
-        op = _OP_WRITE_FIXED if write else _OP_READ_FIXED
+        fixed, plain = (_OP_WRITE_FIXED, _OP_WRITE) if write else (_OP_READ_FIXED, _OP_READ)
         head_i, tail_i, mask, array_i = self._sq
         with self._lock:
             for i, (addr, nbytes, offset, slot) in enumerate(ops):
@@ -128,6 +131,7 @@ class Ring:
                 self._next_id += 1
                 self._waiters[uid] = (waiter, i)
                 idx = tail & mask
+                op, slot = (fixed, slot) if slot >= 0 else (plain, 0)
                 sqe = (op, 0, 0, fd, offset, addr, nbytes, 0, uid, slot, 0, 0, 0, 0)
                 _SQE.pack_into(self._sqes, idx * _SQE.size, *sqe)
                 self._u32[array_i + idx] = idx
@@ -359,9 +363,9 @@ def set_pin_budget(nbytes: int) -> None:
 
 
 def transfer(write: bool, fd: int, iov: list[memoryview], offset: int) -> int | None:
-    """Move `iov` to or from `fd` at `offset` through the ring if every view lies in registered memory; returns
-    the bytes moved (fewer only at end of file), or None when the caller must use preadv/pwritev. Raises the OSError
-    of a failed transfer."""
+    """Move `iov` to or from `fd` at `offset` through the ring if any view lies in registered memory (the others, a
+    header page say, go in the same batch as plain reads or writes); returns the bytes moved (fewer only at end of
+    file), or None when the caller must use preadv/pwritev. Raises the OSError of a failed transfer."""
     reg = registry
     if not reg.budget or reg._broken or getattr(_local, "off", False):
         return None
@@ -370,12 +374,10 @@ def transfer(write: bool, fd: int, iov: list[memoryview], offset: int) -> int | 
     for v in iov:
         addr = address(v)
         slot = reg.slot_for(addr, len(v))
-        if slot is None or slot < 0:
-            return None
-        ops.append((addr, len(v), pos, slot))
+        ops.append((addr, len(v), pos, -1 if slot is None else slot))
         pos += len(v)
     ring = reg._ring
-    if ring is None:
+    if ring is None or all(op[3] < 0 for op in ops):
         return None
     results = ring.run(write, fd, ops)
     reg.fixed_ops += 1

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvconnector import uring
 from kvconnector.entry_format import PAGE
 from kvconnector.timed_io import aligned_buffer
 
@@ -22,7 +21,6 @@ class RandomPayload:
     def __init__(self, size_mb: int = 256, seed: int | None = None) -> None:
         size = size_mb << 20
         self._buf = aligned_buffer(size, huge=True)  # long-lived, carries every O_DIRECT write of the run
-        uring.offer_view(self._buf)  # so those writes need not pin its pages each time (kvconnector/uring.py)
         gen = np.random.default_rng(seed)
         step = 16 << 20
         for pos in range(0, size, step):  # in pieces, so start-up does not need a second copy of the buffer
