@@ -49,9 +49,9 @@ class BackendConfig(BaseModel):
     # Waterfall policy.
     target_usage_ratio: float = Field(0.9, gt=0, le=1)
     promote_on_hit: bool = False
-    # Memory kvtier may pin for io_uring's registered buffers (LMCache's CPU buffers and kvtier's own, registered in
-    # pieces as transfers use them; O_DIRECT transfers of registered memory skip pinning each page every time).
-    # 0: preadv/pwritev only. Without CAP_IPC_LOCK the kernel also holds it to RLIMIT_MEMLOCK.
+    # LMCache CPU memory kvtier may pin as io_uring registered buffers (in 1 GiB pieces, as transfers touch them;
+    # O_DIRECT transfers of registered memory skip pinning each page every time), for the whole process (the last
+    # backend made sets it). 0: preadv/pwritev only. Without CAP_IPC_LOCK the kernel also holds it to RLIMIT_MEMLOCK.
     io_uring_pin_gb: float = Field(16.0, ge=0, le=MAX_CAPACITY_GB)
     # Threads that run the I/O of store and load tasks.
     io_workers: int = Field(4, ge=1, le=256)

@@ -25,6 +25,9 @@ the fdatasync and the rename that follow both writes: a crash in between leaves 
 
 Large reads are pipelined the same way: piece k's checksum is computed on a hash thread while piece k+1 is read.
 
+Transfers of memory its owner registered with io_uring (LMCache's CPU buffers, through the adapters) go through the
+ring instead of preadv/pwritev, so their pages are not pinned again for every transfer (kvconnector/uring.py).
+
 System calls and xxh3 release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
 """
 
@@ -341,9 +344,9 @@ def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[me
 
 def _vectored_all(call, fd: int, iov: list[memoryview], offset: int, on_short) -> int:
     """os.preadv/os.pwritev in groups of at most CHUNK_BYTES/IOV_MAX, resuming after short transfers; `on_short()`
-    returns the exception for a call that moved nothing. A group whose views all lie in registered memory goes
-    through io_uring instead (uring.transfer; the rest of a short transfer then through the call). Returns the ns spent
-    inside the calls (device time)."""
+    returns the exception for a call that moved nothing. A group with a view in registered memory goes through
+    io_uring instead (uring.transfer; the rest of a short transfer then through the call). Returns the ns spent inside
+    the calls (device time)."""
     device_ns = 0
     for group in _groups(iov):
         want = sum(len(v) for v in group)

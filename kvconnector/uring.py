@@ -11,7 +11,8 @@ Only memory an owner offers is registered (`offer`): memory that lives as long a
 little per transfer, and go through preadv/pwritev. The registry keeps a reference to the owner object; an owner that
 frees the memory itself (LMCache does, at shutdown) must withdraw it first (`withdraw`, `withdraw_tagged`), or the
 kernel would go on using the old pages at addresses that now map others (a read that then fails its checksum is read
-again without the ring: timed_io.read_entry). Offered memory is registered lazily, in pieces of up to 1 GiB (the
+again without the ring: timed_io.read_entry; a write would store the old pages under the checksum of the new ones, an
+entry the first read drops as corrupt, never serves). Offered memory is registered lazily, in pieces of up to 1 GiB (the
 kernel's limit per registered buffer) as transfers touch them, within a budget of pinned bytes (`set_pin_budget`).
 A transfer that touches no registered memory, or any transfer where the kernel refuses io_uring (seccomp profiles of
 container runtimes do, as does `kernel.io_uring_disabled`), goes through preadv/pwritev as before: `transfer` returns
