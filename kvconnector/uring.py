@@ -71,12 +71,24 @@ def _sys(*args) -> int:
 
 
 class _Waiter:
-    __slots__ = ("event", "left", "results")
+    """The results of one batch, each set by the completion thread as it arrives (bytes moved, or -errno)."""
+
+    __slots__ = ("cond", "results")
 
     def __init__(self, n: int) -> None:
-        self.event = threading.Event()
-        self.left = n
-        self.results: list[int] = [0] * n
+        self.cond = threading.Condition(threading.Lock())
+        self.results: list[int | None] = [None] * n
+
+    def set(self, i: int, res: int) -> None:
+        with self.cond:
+            self.results[i] = res
+            self.cond.notify_all()
+
+    def wait(self, i: int) -> int:
+        with self.cond:
+            while self.results[i] is None:
+                self.cond.wait()
+            return self.results[i]
 
 
 class Ring:
@@ -116,9 +128,9 @@ class Ring:
         upd = struct.pack("<IIQQII", slot, 0, ctypes.addressof(iov), 0, 1, 0)  # struct io_uring_rsrc_update2
         _sys(_SYS_REGISTER, self.fd, _REGISTER_BUFFERS_UPDATE, ctypes.c_char_p(upd), len(upd))
 
-    def run(self, write: bool, fd: int, ops: list[tuple[int, int, int, int]]) -> list[int]:
-        """Submit (addr, nbytes, file offset, slot) transfers as one batch and wait for all; their results (bytes
-        moved, or -errno) in order. Slot -1: memory not registered (a plain read or write, pinned for the transfer)."""
+    def submit(self, write: bool, fd: int, ops: list[tuple[int, int, int, int]]) -> _Waiter:
+        """Submit (addr, nbytes, file offset, slot) transfers as one batch; the waiter has their results as they
+        complete. Slot -1: memory not registered (a plain read or write, pinned for the transfer)."""
         waiter = _Waiter(len(ops))
         fixed, plain = (_OP_WRITE_FIXED, _OP_WRITE) if write else (_OP_READ_FIXED, _OP_READ)
         head_i, tail_i, mask, array_i = self._sq
@@ -139,8 +151,7 @@ class Ring:
                 self._u32[tail_i] = (tail + 1) & 0xFFFFFFFF
                 self._unsubmitted += 1
             self._submit()
-        waiter.event.wait()
-        return waiter.results
+        return waiter
 
     def _submit(self) -> None:
         while self._unsubmitted:
@@ -174,10 +185,7 @@ class Ring:
                 if waiter is None:  # cannot happen unless the ring is misread; a waiter left waiting would hang
                     log.error("kvtier: io_uring completion for an unknown request %d", uid)
                     continue
-                waiter.results[i] = res
-                waiter.left -= 1  # only this thread counts down
-                if waiter.left == 0:
-                    waiter.event.set()
+                waiter.set(i, res)
 
 
 @dataclass
@@ -270,8 +278,9 @@ class Registry:
             self.pinned -= _piece_len(region, piece)
 
     def slot_for(self, addr: int, nbytes: int) -> int | None:
-        """The registered slot covering [addr, addr+nbytes), registering its piece if the budget allows; None if
-        the range is not offered memory, crosses a piece, or cannot be registered."""
+        """The registered slot covering [addr, addr+nbytes), registering its piece if the budget allows (which faults
+        in every page of the piece); None if the range is not offered memory, crosses a piece, or the budget or the
+        slots are spent; -1 for a piece the kernel refused to register."""
         with self._lock:
             i = bisect.bisect_right(self._bases, addr) - 1
             if i < 0:
@@ -363,10 +372,40 @@ def set_pin_budget(nbytes: int) -> None:
     registry.budget = nbytes if platform.machine() == "x86_64" else 0
 
 
-def transfer(write: bool, fd: int, iov: list[memoryview], offset: int) -> int | None:
-    """Move `iov` to or from `fd` at `offset` through the ring if any view lies in registered memory (the others, a
-    header page say, go in the same batch as plain reads or writes); returns the bytes moved (fewer only at end of
-    file), or None when the caller must use preadv/pwritev. Raises the OSError of a failed transfer."""
+class Batch:
+    """Transfers submitted together; each view's result can be waited for on its own (a reader hashes the first
+    pieces of an entry while the last ones are still on their way)."""
+
+    def __init__(self, waiter: _Waiter, sizes: list[int]) -> None:
+        self._waiter, self.sizes = waiter, sizes
+
+    def result(self, i: int) -> int:
+        """Bytes view i moved (fewer only at end of file), once it is done. Raises its OSError."""
+        res = self._waiter.wait(i)
+        if res < 0:
+            raise OSError(-res, os.strerror(-res))
+        return res
+
+    def wait_all(self) -> list[int]:
+        """Every raw result (-errno for a failure), once all are done: call it before the buffers or the file go."""
+        return [self._waiter.wait(i) for i in range(len(self.sizes))]
+
+    def moved(self) -> int:
+        """The bytes moved in order up to the first short transfer. Raises the OSError of a failed one."""
+        moved = 0
+        for nbytes, res in zip(self.sizes, self.wait_all()):
+            if res < 0:
+                raise OSError(-res, os.strerror(-res))
+            moved += res
+            if res < nbytes:  # a short transfer: the rest is the caller's (or end of file)
+                break
+        return moved
+
+
+def start(write: bool, fd: int, iov: list[memoryview], offset: int) -> Batch | None:
+    """Submit `iov` to or from `fd` at `offset` (view after view) through the ring if any view lies in registered
+    memory (the others, a header page say, go in the same batch as plain reads or writes); None when the caller must
+    use preadv/pwritev instead."""
     reg = registry
     if not reg.budget or reg._broken or getattr(_local, "off", False):
         return None
@@ -380,13 +419,12 @@ def transfer(write: bool, fd: int, iov: list[memoryview], offset: int) -> int | 
     ring = reg._ring
     if ring is None or all(op[3] < 0 for op in ops):
         return None
-    results = ring.run(write, fd, ops)
     reg.fixed_ops += 1
-    moved = 0
-    for (_, nbytes, _, _), res in zip(ops, results):
-        if res < 0:
-            raise OSError(-res, os.strerror(-res))
-        moved += res
-        if res < nbytes:  # a short transfer: the rest is the caller's (or end of file)
-            break
-    return moved
+    return Batch(ring.submit(write, fd, ops), [len(v) for v in iov])
+
+
+def transfer(write: bool, fd: int, iov: list[memoryview], offset: int) -> int | None:
+    """`start`, then wait: the bytes moved (fewer only at end of file), or None when the caller must use
+    preadv/pwritev. Raises the OSError of a failed transfer."""
+    batch = start(write, fd, iov, offset)
+    return None if batch is None else batch.moved()

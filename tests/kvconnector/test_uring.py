@@ -214,3 +214,27 @@ print("fixed", uring.registry.fixed_ops, "pinned", uring.registry.pinned)
     out = subprocess.run([*cmd, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "fixed 0 pinned 0" in out.stdout
+
+
+def test_a_damaged_or_short_entry_read_in_pieces_through_the_ring_is_refused(direct_dir, fresh_registry):
+    """12 MiB + 5 read into registered memory: submitted whole, each 4 MiB piece hashed as it lands. A flipped byte in
+    the last piece and a file cut short are both refused, never served."""
+    from kvconnector.errors import CorruptEntryError
+
+    n = (12 << 20) + 5
+    src, dst = _random(n, 7), aligned_buffer(n)
+    uring.offer_view(dst)
+    path = direct_dir / file_name_for("k")
+    write_entry(str(path), "k", [src[:n]], IOMode.DIRECT)
+    read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
+    assert bytes(dst[:n]) == bytes(src[:n]) and fresh_registry.fixed_ops == 1
+    with open(path, "r+b") as fh:
+        fh.seek(PAGE + (11 << 20))
+        b = fh.read(1)
+        fh.seek(PAGE + (11 << 20))
+        fh.write(bytes([b[0] ^ 1]))
+    with pytest.raises(CorruptEntryError, match="checksum"):
+        read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
+    os.truncate(path, PAGE + (6 << 20))
+    with pytest.raises(CorruptEntryError, match="shorter"):
+        read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
