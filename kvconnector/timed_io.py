@@ -19,15 +19,16 @@ trick).
 
 Large payloads are checksummed beside their own write: the payload goes to the device from the writer's thread while
 a hash thread computes the xxh3 and then writes the header page (the checksum is in it) into the same file, so the
-hash (about 1 ms per 4 MiB from memory here, over a quarter of a 16 MiB entry's time) is hidden under the payload's
-transfer instead of delaying it. Writing the header after the payload is safe because nothing reads the file before
-the fdatasync and the rename that follow both writes: a crash in between leaves a temp file, which a rescan removes.
+hash (about 1 ms per 32 MiB out of cache here, xxh3 at 31 GB/s) is hidden under the payload's transfer instead of
+delaying it. A payload in registered memory is submitted through io_uring and the writer's own thread hashes it.
+Writing the header after the payload is safe because nothing reads the file before the fdatasync and the rename that
+follow both writes: a crash in between leaves a temp file, which a rescan removes.
 
 Large reads are pipelined the same way: piece k's checksum is computed on a hash thread while piece k+1 is read.
 
 Transfers of memory its owner registered with io_uring (LMCache's CPU buffers, through the adapters) go through the
 ring instead of preadv/pwritev, so their pages are not pinned again for every transfer (kvconnector/uring.py). A read
-into such memory is submitted whole, in 4 MiB pieces, and each piece is hashed as soon as it lands while the device
+into such memory is submitted whole, in 16 MiB pieces, and each piece is hashed as soon as it lands while the device
 still has the later ones queued.
 
 System calls and xxh3 release the GIL, so worker threads overlap I/O. Buffers are per thread and reused.
@@ -74,7 +75,10 @@ OVERLAP_MIN_BYTES = 1 << 20
 PIPELINE_MIN_BYTES = 64 << 20
 READ_PIECE_BYTES = 16 << 20
 # A read into registered memory (io_uring) is submitted whole in pieces of this size, each hashed as soon as it lands.
-RING_PIECE_BYTES = 4 << 20
+# Each piece is a completion to hand over and a wake-up of its reader: 8 readers of 32 MiB entries, 4 rounds each
+# alternating in one process (benchmarks/lmcache_vs_kvtier.py's load pass), medians: 4 MiB pieces 0.079 CPU-s/GB at
+# 3.41 GB/s, 16 MiB 0.072 at 3.45; 16 MiB 0.068 at 3.35 against one piece (64 MiB) 0.068 at 3.30.
+RING_PIECE_BYTES = 16 << 20
 # More writers in flight than this (far more than any disk tier runs) wait for a hash thread.
 HASH_THREADS_MAX = 64
 # Transfers of registered memory go through io_uring (kvconnector/uring.py); False: always preadv/pwritev.
@@ -255,13 +259,28 @@ def _lock_quietly(fd: int) -> None:
 
 
 def _write_hashing_beside(fd: int, chunks, payload: list[memoryview], header: EntryHeader) -> int:
-    """The payload written at PAGE from this thread while a hash thread checksums `chunks` and writes the header page
+    """The payload written at PAGE while `chunks` are checksummed and the header page (the checksum is in it) written
     at 0. Returns the device time: the span during which either write was in the kernel (their union), so a hash that
-    outlasts the payload's write counts as host time, as it did before it was overlapped."""
+    outlasts the payload's write counts as host time, as it did before it was overlapped.
+    Payload in registered memory: submitted through io_uring, and this thread hashes while the device writes (no
+    second thread: handing the hash to one cost two thread switches per entry). Otherwise this thread writes with
+    pwritev while a hash thread checksums and writes the header."""
+    iov = [v for group in _groups(payload) for v in group]  # no view above CHUNK_BYTES (an SQE's length is 32 bits)
+    p0 = perf_counter_ns()
+    batch = uring.start(True, fd, iov, PAGE) if fixed_buffers else None
+    if batch is not None:
+        try:
+            h0, h1 = _hash_and_write_header(fd, chunks, header)
+        finally:
+            batch.wait_all()  # also on an error: the kernel reads the caller's memory and writes `fd` until done
+        p1, moved = batch.done_ns(), batch.moved()
+        if moved < sum(map(len, iov)):  # a short write: the rest through pwritev
+            p1 += _vectored_all(os.pwritev, fd, _skip(iov, moved), PAGE + moved, _short_write)
+        return (p1 - p0) + (h1 - h0) - max(0, min(p1, h1) - max(p0, h0))
     job = _hash_pool().submit(_hash_and_write_header, fd, chunks, header)
     p0 = perf_counter_ns()
     try:
-        payload_ns = _vectored_all(os.pwritev, fd, payload, PAGE, lambda: OSError(errno.EIO, "short write"))
+        payload_ns = _vectored_all(os.pwritev, fd, payload, PAGE, _short_write)
         p1 = perf_counter_ns()
     finally:
         # Waits, also on an error: the hash thread writes into `fd`, which must not be closed (and its number reused)
@@ -274,12 +293,13 @@ def _write_hashing_beside(fd: int, chunks, payload: list[memoryview], header: En
 
 
 def _hash_and_write_header(fd: int, chunks, header: EntryHeader) -> tuple[int, int]:
-    """Runs on a hash thread: the checksum, then the header page (this thread's own aligned page) written at 0.
+    """The checksum, then the header page (this thread's own aligned page) written at 0; on a hash thread, or on the
+    writer's own while io_uring writes the payload.
     Returns when that write began and ended."""
     page = scratch.header
     pack_header(page, dataclasses.replace(header, checksum=checksum(chunks)))
     h0 = perf_counter_ns()
-    _vectored_all(os.pwritev, fd, [page], 0, lambda: OSError(errno.EIO, "short write"))
+    _vectored_all(os.pwritev, fd, [page], 0, _short_write)
     return h0, perf_counter_ns()
 
 
@@ -370,8 +390,12 @@ def _vectored_all(call, fd: int, iov: list[memoryview], offset: int, on_short) -
     return device_ns
 
 
+def _short_write() -> OSError:
+    return OSError(errno.EIO, "short write")
+
+
 def _pwritev_all(fd: int, iov: list[memoryview]) -> int:
-    return _vectored_all(os.pwritev, fd, iov, 0, lambda: OSError(errno.EIO, "short write"))
+    return _vectored_all(os.pwritev, fd, iov, 0, _short_write)
 
 
 def _groups(iov: list[memoryview]):
@@ -488,7 +512,7 @@ def _read_entry(path: str, key: str, payload_nbytes: int, mode: IOMode, dest: me
 
 def _read_hashing_behind(fd, path, key, payload_nbytes, dest, into_dest, h) -> tuple[int, EntryHeader]:
     """Read the entry in pieces of READ_PIECE_BYTES; piece k is checksummed (and, when it was read into scratch,
-    copied to `dest`) on a hash thread while piece k+1 is read, so the hash (about 1 ms per 4 MiB here) hides under
+    copied to `dest`) on a hash thread while piece k+1 is read, so the hash (about 0.5 ms per 16 MiB here) hides under
     the transfer instead of following it. Pieces land in `dest` when `into_dest`, else in two scratch buffers used in
     turn (the hash of piece k-1 is done before piece k+1 overwrites its buffer). Returns the device time and the
     header; `h` holds the payload's hash."""

@@ -37,6 +37,7 @@ import os
 import platform
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -73,15 +74,18 @@ def _sys(*args) -> int:
 class _Waiter:
     """The results of one batch, each set by the completion thread as it arrives (bytes moved, or -errno)."""
 
-    __slots__ = ("cond", "results")
+    __slots__ = ("cond", "last_ns", "results")
 
     def __init__(self, n: int) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.results: list[int | None] = [None] * n
+        self.last_ns = 0  # when the latest result arrived (perf_counter_ns): the device time of a batch waited late
 
     def set(self, i: int, res: int) -> None:
+        now = time.perf_counter_ns()
         with self.cond:
             self.results[i] = res
+            self.last_ns = max(self.last_ns, now)
             self.cond.notify_all()
 
     def wait(self, i: int) -> int:
@@ -389,6 +393,10 @@ class Batch:
     def wait_all(self) -> list[int]:
         """Every raw result (-errno for a failure), once all are done: call it before the buffers or the file go."""
         return [self._waiter.wait(i) for i in range(len(self.sizes))]
+
+    def done_ns(self) -> int:
+        """When the last of the batch's results arrived (perf_counter_ns), after wait_all."""
+        return self._waiter.last_ns
 
     def moved(self) -> int:
         """The bytes moved in order up to the first short transfer. Raises the OSError of a failed one."""

@@ -217,24 +217,26 @@ print("fixed", uring.registry.fixed_ops, "pinned", uring.registry.pinned)
 
 
 def test_a_damaged_or_short_entry_read_in_pieces_through_the_ring_is_refused(direct_dir, fresh_registry):
-    """12 MiB + 5 read into registered memory: submitted whole, each 4 MiB piece hashed as it lands. A flipped byte in
-    the last piece and a file cut short are both refused, never served."""
+    """Two and a half pieces + 5 bytes read into registered memory: submitted whole, each piece hashed as it lands. A
+    flipped byte in the last piece and a file cut short are both refused, never served."""
+    from kvconnector import timed_io
     from kvconnector.errors import CorruptEntryError
 
-    n = (12 << 20) + 5
+    piece = timed_io.RING_PIECE_BYTES
+    n = 2 * piece + piece // 2 + 5
     src, dst = _random(n, 7), aligned_buffer(n)
     uring.offer_view(dst)
     path = direct_dir / file_name_for("k")
     write_entry(str(path), "k", [src[:n]], IOMode.DIRECT)
     read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
-    assert bytes(dst[:n]) == bytes(src[:n]) and fresh_registry.fixed_ops == 1
+    assert bytes(dst[:n]) == bytes(src[:n]) and fresh_registry.fixed_ops == 1  # the read, one batch
     with open(path, "r+b") as fh:
-        fh.seek(PAGE + (11 << 20))
+        fh.seek(PAGE + 2 * piece + 7)
         b = fh.read(1)
-        fh.seek(PAGE + (11 << 20))
+        fh.seek(PAGE + 2 * piece + 7)
         fh.write(bytes([b[0] ^ 1]))
     with pytest.raises(CorruptEntryError, match="checksum"):
         read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
-    os.truncate(path, PAGE + (6 << 20))
+    os.truncate(path, PAGE + piece + piece // 2)
     with pytest.raises(CorruptEntryError, match="shorter"):
         read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
