@@ -124,6 +124,17 @@ class BlockDevice(_Open):
     write_gbps: Amount | None = None
 
 
+class Process(_Open):
+    """`kvtier bench`'s own process over the run's window: CPU seconds and the bytes it moved through the block
+    layer (/proc/self/io)."""
+
+    cpu_user_s: Amount | None = None
+    cpu_system_s: Amount | None = None
+    read_bytes: Amount | None = None
+    written_bytes: Amount | None = None
+    cpu_s_per_gib_moved: Amount | None = None
+
+
 class TimelinePoint(_Open):
     t_s: Number
     requests: Amount | None = None
@@ -148,6 +159,7 @@ class ResultsFile(_Open):
     summary: Summary
     tiers: dict[str, Tier] | None = None
     block_device: BlockDevice | None = None
+    process: Process | None = None
     request_histograms: dict[str, str] | None = None
     timeline: list[TimelinePoint] | None = None
     storage_stats: dict[str, Any] | None = None

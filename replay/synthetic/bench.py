@@ -288,6 +288,7 @@ class Bench:
         started = dt.datetime.now(dt.UTC)
         env = sysinfo.environment(self.run_dir)
         disk0 = sysinfo.disk_counters(env["block_device"])
+        proc0 = sysinfo.process_counters()
         driver = SyntheticDriver(
             cfg,
             self.store,
@@ -304,7 +305,8 @@ class Bench:
             outcome = driver.run()
         finally:
             disk1 = sysinfo.disk_counters(env["block_device"])
-        return self.results(outcome, env, started, disk0, disk1)
+            proc = sysinfo.process_counters().minus(proc0)
+        return self.results(outcome, env, started, disk0, disk1, proc)
 
     def cleanup(self) -> None:
         if self.store is not None:
@@ -314,7 +316,7 @@ class Bench:
         remove_empty(self.made_dirs)
 
     # ---- results -----------------------------------------------------------------------------------------------------
-    def results(self, outcome: RunOutcome, env: dict, started, disk0, disk1) -> dict:
+    def results(self, outcome: RunOutcome, env: dict, started, disk0, disk1, proc: dict) -> dict:
         cfg = self.cfg
         elapsed = outcome.elapsed_s
         req = outcome.requests
@@ -393,6 +395,8 @@ class Bench:
             "tiers": tiers,
             "store_events": dict(self.store.events),
             "block_device": block,
+            # this process over the run's window (set-up excluded): its CPU per GiB it moved through the block layer
+            "process": proc,
             "fallbacks": fallbacks(tiers),
             "request_histograms": request_histograms(req),
             "autoscaling_stats": outcome.autoscaling,

@@ -1,10 +1,12 @@
 """What the run ran on: CPU, memory, the filesystem and block device under the cache dir, and that device's own
-counters (/proc/diskstats), so anyone can check that the reads kvtier reports really reached the device."""
+counters (/proc/diskstats), so anyone can check that the reads kvtier reports really reached the device; and what this
+process itself spent and moved (getrusage, /proc/self/io), the CPU cost of the storage work."""
 
 from __future__ import annotations
 
 import os
 import platform
+import resource
 from dataclasses import dataclass
 
 SECTOR = 512
@@ -71,6 +73,39 @@ def disk_counters(device: str | None) -> DiskCounters | None:
     except OSError:
         pass
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessCounters:
+    """This process's CPU time (all its threads) and the bytes it sent to or fetched from the block layer
+    (/proc/self/io: O_DIRECT and io_uring transfers count, page-cache hits do not)."""
+
+    user_s: float
+    system_s: float
+    read_bytes: int
+    written_bytes: int
+
+    def minus(self, start: ProcessCounters) -> dict:
+        cpu = (self.user_s - start.user_s) + (self.system_s - start.system_s)
+        moved = (self.read_bytes - start.read_bytes) + (self.written_bytes - start.written_bytes)
+        return {
+            "cpu_user_s": round(self.user_s - start.user_s, 3),
+            "cpu_system_s": round(self.system_s - start.system_s, 3),
+            "read_bytes": self.read_bytes - start.read_bytes,
+            "written_bytes": self.written_bytes - start.written_bytes,
+            "cpu_s_per_gib_moved": round(cpu / (moved / 2**30), 4) if moved else None,
+        }
+
+
+def process_counters() -> ProcessCounters:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    io = {}
+    try:
+        with open("/proc/self/io") as f:
+            io = {k: int(v) for k, v in (line.split(":") for line in f if ":" in line)}
+    except OSError:  # not Linux, or no task I/O accounting: CPU only
+        pass
+    return ProcessCounters(r.ru_utime, r.ru_stime, io.get("read_bytes", 0), io.get("write_bytes", 0))
 
 
 def environment(cache_dir: str) -> dict:

@@ -184,6 +184,15 @@ def summary_tables(doc: dict) -> list[Table]:
             f"read {blk['read_bytes'] / GB:.2f} GB ({blk['read_gbps']:.2f} GB/s), "
             f"written {blk['written_bytes'] / GB:.2f} GB ({blk['write_gbps']:.2f} GB/s)",
         )
+    proc = doc.get("process")
+    if proc:
+        moved = (proc["read_bytes"] + proc["written_bytes"]) / 2**30
+        per_gib = proc.get("cpu_s_per_gib_moved")
+        run.add_row(
+            "this process: CPU, block I/O",
+            f"{proc['cpu_user_s'] + proc['cpu_system_s']:.1f} CPU-s ({proc['cpu_system_s']:.1f} system), "
+            f"{moved:.2f} GiB" + (f": {per_gib:.3f} CPU-s/GiB" if per_gib is not None else ""),
+        )
 
     lat = Table(title="request latency (ms)")
     for col in ("", "mean", "p50", "p95", "p99", "p99.9"):

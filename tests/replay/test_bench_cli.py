@@ -83,11 +83,18 @@ def test_short_run_results_schema_and_accounting(tmp_path, small_model, capsys):
     else:
         assert doc["block_device"]["device"] == dev
         assert doc["block_device"]["read_bytes"] >= 0.9 * disk["read"]["bytes"] > 0
+        # this process's own block I/O is the disk tier's (O_DIRECT: every byte goes to the device), and its CPU per
+        # GiB is that CPU over those bytes
+        proc = doc["process"]
+        assert proc["read_bytes"] >= 0.9 * disk["read"]["bytes"] and proc["written_bytes"] >= disk["write"]["bytes"]
+        cpu = proc["cpu_user_s"] + proc["cpu_system_s"]
+        moved = (proc["read_bytes"] + proc["written_bytes"]) / 2**30
+        assert cpu > 0 and proc["cpu_s_per_gib_moved"] == pytest.approx(cpu / moved, rel=0.01)
     assert doc["config"]["seed"] == 3 and doc["environment"]["filesystem"]["fs_type"]
     assert doc["timeline"] and doc["timeline"][-1]["requests"] == s["total_requests"]
     assert not (tmp_path / "cache").exists()  # the run's entries are removed, and the directory it made for them
     out = capsys.readouterr().out
-    assert "request latency" in out and "tier operations" in out
+    assert "request latency" in out and "tier operations" in out and "this process: CPU, block I/O" in out
 
 
 @pytest.mark.slow
