@@ -149,7 +149,6 @@ class Scratch(threading.local):
         self.header = aligned_buffer(PAGE)
         self.tail = aligned_buffer(PAGE)
         self.data: memoryview | None = None
-        self.pieces: list[memoryview] = []
 
     def data_buffer(self, nbytes: int) -> memoryview:
         if self.data is None or len(self.data) < nbytes:
@@ -161,12 +160,10 @@ class Scratch(threading.local):
         return self.data[:nbytes]
 
     def piece_buffer(self, slot: int, nbytes: int) -> memoryview:
-        """One of two buffers a pipelined read alternates between (one is read into while the other is hashed)."""
-        while len(self.pieces) <= slot:
-            self.pieces.append(aligned_buffer(PAGE))
-        if len(self.pieces[slot]) < nbytes:
-            self.pieces[slot] = aligned_buffer(nbytes, huge=True)
-        return self.pieces[slot][:nbytes]
+        """One of two buffers a pipelined read alternates between (one is read into while the other is hashed): the
+        two halves of the data buffer, so a thread holds one scratch buffer, not three (each new one is zeroed)."""
+        span = READ_PIECE_BYTES + PAGE
+        return self.data_buffer(2 * span)[slot * span : slot * span + nbytes]
 
 
 # Per thread: what the tiers read into when a caller gives no destination.

@@ -160,3 +160,27 @@ def test_long_lived_buffers_are_on_huge_pages_and_others_are_not():
     assert _anon_huge_kb(huge) >= 8 << 10  # at least half of it, whatever the kernel could not compact
     assert _anon_huge_kb(small) == 0
     assert bytes(huge[:PAGE]) == bytes(PAGE)  # zero-filled like any anonymous memory
+
+
+def test_a_threads_scratch_grows_in_few_steps_and_holds_the_read_pieces():
+    """Every new scratch buffer is zeroed by the kernel (on this VM first-touched huge pages cost up to 2.4 CPU-s per
+    GiB), so a thread meeting ever larger entries grows its buffer at least twofold, and the two buffers a pipelined
+    read alternates between are the halves of that one buffer, disjoint."""
+    from kvconnector.timed_io import Scratch
+
+    sc = Scratch()
+    made = []
+    for n in (17 << 20, 20 << 20, 25 << 20, 30 << 20, 34 << 20):
+        buf = sc.data_buffer(n)
+        assert len(buf) == n
+        if not made or made[-1] is not sc.data:
+            made.append(sc.data)
+    assert len(made) == 2 and len(made[1]) >= 34 << 20  # 17 MiB, then 34: not one buffer per size
+    a, b = sc.piece_buffer(0, PAGE + READ_PIECE_BYTES), sc.piece_buffer(1, READ_PIECE_BYTES)
+    a[:] = b"\x01" * len(a)
+    b[:] = b"\x02" * len(b)
+    assert set(bytes(a)) == {1} and set(bytes(b)) == {2}
+    base = np.frombuffer(sc.data, dtype=np.uint8).ctypes.data
+    for view in (a, b):
+        addr = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        assert base <= addr and addr + len(view) <= base + len(sc.data)
