@@ -64,6 +64,29 @@ def test_offered_memory_goes_through_the_ring_and_back(direct_dir, fresh_registr
     assert (direct_dir / "f").read_bytes() == bytes(src)
 
 
+def test_an_entry_written_from_offered_memory_is_hashed_on_the_writers_thread(direct_dir, fresh_registry, monkeypatch):
+    """A put of registered memory: the payload goes through the ring and the writer's own thread hashes it meanwhile
+    (no hash thread); the entry reads back verified, and the device time lies within the write's span."""
+    from kvconnector import timed_io
+
+    n = 32 << 20
+    src, dst = _random(n, 11), aligned_buffer(n)
+    uring.offer_view(src)
+    hashed_on = []
+    real = timed_io._hash_and_write_header
+
+    def spy(*a):
+        hashed_on.append(threading.get_ident())
+        return real(*a)
+
+    monkeypatch.setattr(timed_io, "_hash_and_write_header", spy)
+    t = write_entry(str(direct_dir / file_name_for("k")), "k", [src[:n]], IOMode.DIRECT)
+    assert hashed_on == [threading.get_ident()] and fresh_registry.fixed_ops == 1
+    assert t.device_ns > 0 and t.host_ns >= 0 and t.nbytes == n  # host = the span - device: device never exceeds it
+    read_entry(str(direct_dir / file_name_for("k")), "k", n, IOMode.DIRECT, dst[:n])
+    assert bytes(dst[:n]) == bytes(src[:n])
+
+
 def test_memory_not_offered_or_over_budget_is_left_to_preadv(direct_dir, fresh_registry):
     buf = _random(4 << 20, 2)
     fd = os.open(direct_dir / "f", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
