@@ -293,6 +293,20 @@ def _merged_timeline(docs: Sequence[dict], intervals: Sequence[tuple[float, floa
     return out
 
 
+def _merged_process(docs: Sequence[dict]) -> dict | None:
+    """Each source's own process counters, summed (every source is a process of its own), and the CPU per GiB of
+    the sum; None when no source has them (files written before they existed)."""
+    procs = [d["process"] for d in docs if d.get("process")]
+    if not procs:
+        return None
+    keys = ("cpu_user_s", "cpu_system_s", "read_bytes", "written_bytes")
+    total = {k: sum(p.get(k) or 0 for p in procs) for k in keys}
+    total["cpu_user_s"], total["cpu_system_s"] = round(total["cpu_user_s"], 3), round(total["cpu_system_s"], 3)
+    moved = total["read_bytes"] + total["written_bytes"]
+    cpu = total["cpu_user_s"] + total["cpu_system_s"]
+    return total | {"cpu_s_per_gib_moved": round(cpu / (moved / 2**30), 4) if moved else None}
+
+
 # ---- the merge -------------------------------------------------------------------------------------------------------
 def merge_results(
     docs: Sequence[dict],
@@ -380,6 +394,7 @@ def merge_results(
         "tiers": tiers,
         "store_events": events,
         "block_device": block_device if block_device is not None else _merged_block_device(runs, intervals, wall_s),
+        "process": _merged_process(runs),
         "fallbacks": fallbacks(tiers),
         "request_histograms": request_histograms(req),
         "autoscaling_stats": [dict(s, client=i) for i, d in enumerate(docs) for s in d.get("autoscaling_stats") or []],

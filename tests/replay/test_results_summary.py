@@ -80,6 +80,11 @@ def test_merged_counts_are_the_clients_sums(clients):
     assert s["prefix_cache_stats"]["hits"] == sum(p["prefix_cache_stats"]["hits"] for p in parts) > 0
     for name, q in s["qos_metrics"].items():
         assert q["requests"] == sum(p["qos_metrics"][name]["requests"] for p in parts)
+    # every client is a process of its own: the merged process counters are their sums
+    proc = _merged(clients)["process"]
+    for k in ("read_bytes", "written_bytes"):
+        assert proc[k] == sum(c["process"][k] for c in clients)
+    assert proc["cpu_user_s"] == pytest.approx(sum(c["process"]["cpu_user_s"] for c in clients), abs=0.002)
     pooled = LatencyHistogram()
     for c in clients:
         pooled.merge(LatencyHistogram.decode(c["request_histograms"]["storage_io"]))
