@@ -29,7 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .stack import free_port_block, wait_for
+from replay.ports import all_free, free_port_block
+
+from .stack import wait_for
 
 HOST = "127.0.0.1"
 STATE_FILE = "redis-cluster.json"
@@ -154,11 +156,11 @@ def start(
         raise ClusterError(f"a cluster from {state_dir} is still up ({old.startup_nodes}): run down first")
     if not _bindable(host):
         raise ClusterError(f"--bind {host}: not an address of this host")
-    base = port if port is not None else _free_base(masters, host)
+    base = port if port is not None else free_port_block(masters, host, offsets=(0, BUS_OFFSET))
     ports = list(range(base, base + masters))
     if not (0 < base and ports[-1] + BUS_OFFSET <= 65535):
         raise ClusterError(f"--port {base}: ports and their cluster bus ports (+{BUS_OFFSET}) must be below 65536")
-    if not _free([*ports, *(p + BUS_OFFSET for p in ports)], host):
+    if not all_free([*ports, *(p + BUS_OFFSET for p in ports)], host):
         raise ClusterError(f"--port {base}: ports {base}-{ports[-1]} or their bus ports (+{BUS_OFFSET}) are in use")
     state_dir.mkdir(parents=True, exist_ok=True)
     nodes = RedisClusterNodes(state_dir, ports, host=host)
@@ -198,32 +200,6 @@ def _cli(port: int | None, *args: str, check: bool = True, host: str = HOST) -> 
     if check and p.returncode != 0:
         raise ClusterError(f"redis-cli {' '.join(args[:2])} failed: {(p.stderr or p.stdout).strip()[-300:]}")
     return p.stdout
-
-
-def _free_base(n: int, host: str = HOST) -> int:
-    """A base port with n free ports on 127.0.0.1 (and host) whose bus ports are free too."""
-    for _ in range(50):
-        base = free_port_block(n)
-        if base + n - 1 + BUS_OFFSET <= 65535 and _free(
-            [*range(base, base + n), *range(base + BUS_OFFSET, base + BUS_OFFSET + n)], host
-        ):
-            return base
-    raise ClusterError("no free block of ports for the cluster")
-
-
-def _free(ports, host: str = HOST) -> bool:
-    socks = []
-    try:
-        for p in ports:
-            s = socket.socket()
-            socks.append(s)
-            s.bind((host, p))
-        return True
-    except OSError:
-        return False
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _bindable(host: str) -> bool:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -17,27 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from replay.openai.server_metrics import Series, parse_prometheus
+from replay.ports import free_port_block
 
 from . import RUN_STACK
-
-
-def free_port_block(n: int) -> int:
-    """A base port with n consecutive free ports on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randint(20000, 55000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 @dataclass

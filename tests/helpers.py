@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from deploy import stack
-from replay.openai.fake_server import free_port
+from replay.ports import free_port
 
 __all__ = ["free_port", "wait_for"]
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from replay.ports import free_port
+
 __all__ = ["FakeServer", "FakeServerConfig", "make_app"]
 
 STATE_KEY: web.AppKey[_State] = web.AppKey("fake_state")  # set below, after _State
@@ -276,14 +278,6 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app[STATE_KEY] = state
     return app
-
-
-def free_port() -> int:
-    """A port nothing listens on right now on 127.0.0.1 (the kernel's pick); a server started on it soon after gets
-    it. The one such helper: the tests take it from here too."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeServer:

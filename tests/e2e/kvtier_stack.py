@@ -18,7 +18,6 @@ from deploy.stack import (  # noqa: F401  (the tests use them through this modul
     clear_l1,
     complete,
     down,
-    free_port_block,
     group_pids,
     kvtier_event,
     metric,

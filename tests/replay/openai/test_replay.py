@@ -23,7 +23,8 @@ from helpers import wait_for
 from deploy.stack import metric, metrics
 from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
-from replay.openai.fake_server import FakeServer, FakeServerConfig, free_port
+from replay.openai.fake_server import FakeServer, FakeServerConfig
+from replay.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -24,6 +24,7 @@ import pytest
 
 from replay.openai.cli import main
 from replay.openai.fake_server import FakeServer
+from replay.ports import free_port
 
 SMALL = ("--source", "synthetic", "--input-len", "4", "--output-len", "4", "--quiet")
 
@@ -168,9 +169,7 @@ def test_metrics_url_problems_warn_once_and_the_run_goes_on(tmp_path, capsys, me
 
 
 def test_metrics_url_refused_warns_and_the_run_goes_on(tmp_path, capsys):
-    with socket.socket() as s0:  # a port nothing listens on
-        s0.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{s0.getsockname()[1]}/metrics"
+    dead = f"http://127.0.0.1:{free_port()}/metrics"  # a port nothing listens on
     with FakeServer() as srv:
         rc, s = _replay(srv.base_url, tmp_path, "--num-requests", "2", "--metrics-url", dead)
     err = capsys.readouterr().err
