@@ -39,6 +39,7 @@ from ..outputs.results_file import ResultsFileError, load_results_file
 from .config import BenchConfig
 from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
+from .sysinfo import process_figures
 from .validation_trace import validate_run
 
 PROG = "kvtier merge"
@@ -300,11 +301,7 @@ def _merged_process(docs: Sequence[dict]) -> dict | None:
     if not procs:
         return None
     keys = ("cpu_user_s", "cpu_system_s", "read_bytes", "written_bytes")
-    total = {k: sum(p.get(k) or 0 for p in procs) for k in keys}
-    total["cpu_user_s"], total["cpu_system_s"] = round(total["cpu_user_s"], 3), round(total["cpu_system_s"], 3)
-    moved = total["read_bytes"] + total["written_bytes"]
-    cpu = total["cpu_user_s"] + total["cpu_system_s"]
-    return total | {"cpu_s_per_gib_moved": round(cpu / (moved / 2**30), 4) if moved else None}
+    return process_figures(*(sum(p.get(k) or 0 for p in procs) for k in keys))
 
 
 # ---- the merge -------------------------------------------------------------------------------------------------------
