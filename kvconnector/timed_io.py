@@ -134,10 +134,7 @@ def aligned_buffer(nbytes: int, huge: bool = False) -> memoryview:
 
 
 def is_aligned(view: memoryview) -> bool:
-    # ctypes would import a lot for one address; numpy's interface gives it cheaply.
-    import numpy as np
-
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data % PAGE == 0 if len(view) else True
+    return uring.address(view) % PAGE == 0
 
 
 class Scratch(threading.local):

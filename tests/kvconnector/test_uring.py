@@ -263,3 +263,15 @@ def test_a_damaged_or_short_entry_read_in_pieces_through_the_ring_is_refused(dir
     os.truncate(path, PAGE + piece + piece // 2)
     with pytest.raises(CorruptEntryError, match="shorter"):
         read_entry(str(path), "k", n, IOMode.DIRECT, dst[:n])
+
+
+def test_the_address_of_writable_read_only_sliced_and_empty_views():
+    """uring.address takes ctypes' quick way for writable memory and numpy's for read-only: both give where the
+    view's bytes are (an offset view included), which the ring hands to the kernel."""
+    m = mmap.mmap(-1, 2 * PAGE)
+    ro = bytes(range(256)) * 64
+    for view in (memoryview(m), memoryview(m)[PAGE + 3 :], memoryview(ro), memoryview(ro)[17:]):
+        assert uring.address(view) == np.frombuffer(view, dtype=np.uint8).ctypes.data
+    assert ctypes.string_at(uring.address(memoryview(ro)[17:]), 4) == ro[17:21]
+    assert uring.address(memoryview(m)[:0]) == 0
+    m.close()  # no export of the mmap's buffer outlives the call
