@@ -9,6 +9,7 @@ that once. Outside the range only a server's explicit bind can take a port."""
 
 from __future__ import annotations
 
+import functools
 import random
 import socket
 from collections.abc import Iterable
@@ -32,14 +33,19 @@ def free_port_block(n: int = 1, host: str = "127.0.0.1", offsets: Iterable[int] 
     outside the kernel's source-port range (offsets: a Redis node's cluster bus listens on its port + 10000)."""
     offsets = tuple(offsets)
     eph = ephemeral_range()
-    top = 65535 - max(offsets) - n + 1  # the highest base whose every port exists
-    bases = [b for b in range(LOWEST, top + 1) if all(b + o + n <= eph.start or b + o >= eph.stop for o in offsets)]
+    bases = _bases(n, offsets, eph)
     if not bases:
         raise RuntimeError(f"no block of {n} ports outside the source-port range {eph.start}-{eph.stop - 1}")
     for base in random.sample(bases, min(200, len(bases))):  # random, so that concurrent runs rarely pick alike
         if all_free([base + o + i for o in offsets for i in range(n)], host):
             return base
     raise RuntimeError(f"no free block of {n} ports on {host} outside the source-port range {eph.start}-{eph.stop - 1}")
+
+
+@functools.cache
+def _bases(n: int, offsets: tuple[int, ...], eph: range) -> list[int]:
+    top = 65535 - max(offsets) - n + 1  # the highest base whose every port exists
+    return [b for b in range(LOWEST, top + 1) if all(b + o + n <= eph.start or b + o >= eph.stop for o in offsets)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
