@@ -15,7 +15,7 @@ import socket
 from collections.abc import Iterable
 from pathlib import Path
 
-LOWEST = 10000  # below: well-known and registered services people run on fixed ports
+LOWEST = 10000  # below: the well-known ports and the registered ones services most often run on
 LOCAL_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
