@@ -72,7 +72,7 @@ from pathlib import Path
 import psutil
 
 from kvconnector.files import atomic_path
-from replay.cli_common import OneLineParser, fail, stop_signals_raise
+from replay.common.cli import OneLineParser, fail, stop_signals_raise
 from replay.outputs.paths import check_outputs, default_results_path
 from replay.synthetic.sysinfo import block_device_of, disk_counters
 

@@ -45,7 +45,7 @@ from deploy.throttle.runner import Mount
 from deploy.throttle.settings import SettingError, human_rate, parse_rate
 from deploy.throttle.xcheck import TIE_REL, XCHECK, cross_check
 from deploy.throttle.xcheck import missing as xcheck_missing
-from replay.cli_common import stop_signals_raise
+from replay.common.cli import stop_signals_raise
 
 PROG = "throttlefs_accuracy"
 REPEATS = 3  # base/throttled pairs per latency; the median rise is reported

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replay.ports import all_free, free_port_block
+from replay.common.ports import all_free, free_port_block
 
 from .stack import wait_for
 

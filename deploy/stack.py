@@ -14,8 +14,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from replay.openai.server_metrics import Series, parse_prometheus
-from replay.ports import free_port_block
+from replay.common.ports import free_port_block
+from replay.common.prometheus_text import Series, parse_prometheus
 
 from . import RUN_STACK
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .cli_common import Interrupted, closed_stdout_is_fine, fail, stop_signals_raise
+from .common.cli import Interrupted, closed_stdout_is_fine, fail, stop_signals_raise
 
 SUBCOMMANDS = {
     "bench": ("replay.synthetic.cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error, error_path
 
-from .json_files import InputError, loads_json
+from .common.json_files import InputError, loads_json
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-from .cli_common import STOP_SIGNALS
+from .common.cli import STOP_SIGNALS
 
 # mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
 SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")

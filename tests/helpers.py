@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from deploy import stack
-from replay.ports import free_port
+from replay.common.ports import free_port
 
 __all__ = ["free_port", "wait_for"]
 

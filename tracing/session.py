@@ -245,7 +245,8 @@ class TraceSession:
 def _die_with_parent():
     """Popen preexec_fn: the wrapper gets SIGTERM when this process dies, however it dies (prctl PR_SET_PDEATHSIG),
     and stops bpftrace as on Ctrl-C; in its own session, nothing else would stop it. (tracing/ stands alone, so this
-    is its own copy of replay.leftovers.die_with_parent; through sudo, a setuid program, the kernel drops the request.)
+    is its own copy of replay.common.leftovers.die_with_parent; through sudo, a setuid program, the kernel drops the
+    request.)
     """
     parent = os.getpid()
     prctl = ctypes.CDLL(None, use_errno=True).prctl

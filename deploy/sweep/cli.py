@@ -20,8 +20,8 @@ from typing import Any
 
 from deploy import stack as live
 from kvconnector.errors import ConfigError
-from replay.cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
-from replay.leftovers import die_with_parent, watchdog
+from replay.common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
+from replay.common.leftovers import die_with_parent, watchdog
 from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
 from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, schedule

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from replay.cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
+from replay.common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
 
 from .settings import OPS, SettingError, Settings, apply_changes, human_rate
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from replay.leftovers import die_with_parent, watchdog
+from replay.common.leftovers import die_with_parent, watchdog
 
 from .control import Client
 

@@ -32,11 +32,11 @@ from replay.openai.workload import (
 from replay.sources.base import WorkloadError
 from replay.sources.block_traces import FORMATS
 
-from ..cli_common import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
+from ..common.cli import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
+from ..common.settings import documented, load_settings
 from ..mpi import world_size
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
 from ..outputs.paths import OutputClaim, claim_outputs, write_results
-from ..settings import documented, load_settings
 
 PROG = "kvtier replay"
 
@@ -137,9 +137,9 @@ def _check_url(flag: str, url: str) -> None:
 
 
 class ReplayConfig(BaseModel):
-    """Every option of a replay, validated once; loaded by replay.settings as bench's is (defaults < --config YAML <
-    KVTIER_REPLAY_<KEY> environment < flags). Unknown keys are errors; inf and nan are no value's (request_rate's
-    inf, 'all at once', excepted)."""
+    """Every option of a replay, validated once; loaded by replay.common.settings as bench's is (defaults < --config
+    YAML < KVTIER_REPLAY_<KEY> environment < flags). Unknown keys are errors; inf and nan are no value's
+    (request_rate's inf, 'all at once', excepted)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 

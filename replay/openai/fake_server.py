@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from replay.ports import free_port
+from replay.common.ports import free_port
 
 __all__ = ["FakeServer", "FakeServerConfig", "make_app"]
 
@@ -371,7 +371,7 @@ class FakeServer:
             cmd.append("--no-role-chunk")
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        from replay.leftovers import die_with_parent  # here: this file also runs alone, as the server's script
+        from replay.common.leftovers import die_with_parent  # here: this file also runs alone, as the server's script
 
         # Dies with whoever started it (a killed test or benchmark leaves no server on the port).
         self._proc = subprocess.Popen(

@@ -46,7 +46,7 @@ from replay.openai.driver import RunState
 from replay.openai.merge import merge_ranks, rank_clock
 from replay.sources.base import WorkloadError
 
-from ..cli_common import STOP_SIGNALS, exit_code, fail
+from ..common.cli import STOP_SIGNALS, exit_code, fail
 from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, split, world_size
 
 PROG = "kvtier replay"

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from replay.common.prometheus_text import Series, parse_prometheus
+
 from . import prometheus_source
 
 __all__ = [
@@ -35,9 +37,6 @@ __all__ = [
     "scrape",
 ]
 
-# One series: the sample name and its labels as sorted (name, value) pairs (hashable, so it can key a dict).
-Series = tuple[str, tuple[tuple[str, str], ...]]
-
 # Bytes written to the KV tier, first one found wins: kvtier's exporter (kvconnector/metrics.py, its op="write"
 # series of every tier), then LMCache's.
 KV_WRITTEN_BYTES_METRICS = (
@@ -46,23 +45,6 @@ KV_WRITTEN_BYTES_METRICS = (
     "lmcache:num_stored_bytes_total",
 )
 _KVTIER_BYTES = "kvtier_bytes_total"
-
-
-def parse_prometheus(text: str, into: dict[Series, float] | None = None) -> dict[Series, float]:
-    """Samples of a Prometheus text exposition as {(name, labels): value}, added into `into` when given.
-    NaN samples are left out (a histogram with no observations). A malformed text raises ValueError and adds
-    nothing."""
-    parsed: dict[Series, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.value != s.value:  # NaN
-                continue
-            key = (s.name, tuple(sorted(s.labels.items())))
-            parsed[key] = parsed.get(key, 0.0) + s.value
-    out = {} if into is None else into
-    for key, v in parsed.items():
-        out[key] = out.get(key, 0.0) + v
-    return out
 
 
 def metric_selector(text: str) -> tuple[str, dict[str, str]]:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ..json_files import dumps_json
+from ..common.json_files import dumps_json
 from .paths import atomic_path
 
 __all__ = ["write_jsonl"]

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from kvconnector.errors import ConfigError
 from kvconnector.files import atomic_path
 
-from ..json_files import dumps_json
+from ..common.json_files import dumps_json
 
 RESULTS_DIR = "results"
 

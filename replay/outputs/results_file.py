@@ -1,7 +1,7 @@
 """A `kvtier bench` results file read back (merge, compare, check, report): validated against one model at load.
 
 Results files are edited by people and made by other programs, so every reader gets a file checked the same way
-before it reads a field: JSON with finite numbers and bounded nesting (replay/json_files.py), then `ResultsFile`
+before it reads a field: JSON with finite numbers and bounded nesting (replay/common/json_files.py), then `ResultsFile`
 (a run, single or merged) or `TrialsFile` (a `--trials` document). The models hold the fields the readers use, typed
 strictly (a string where a number belongs is refused, never coerced), with the bounds the writer keeps (counts,
 bytes and durations are >= 0); other keys are allowed, as older and newer writers add sections. A file that fails is
@@ -19,8 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvconnector.validation import describe_validation_error
 
-from ..json_files import loads_json
-from ..sources.base import open_regular
+from ..common.json_files import loads_json, open_regular
 
 __all__ = ["ResultsFile", "ResultsFileError", "TrialsFile", "load_results_file", "validate_results"]
 

@@ -18,9 +18,9 @@ from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
 from replay.models import DTYPE_BYTES, resolve_model
 
-from ..cli_common import Interrupted, OneLineParser, fail, stop_signals_raise
+from ..common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
+from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
-from ..settings import documented, load_settings
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
 from .trace_cli import TracePlanConfig
 from .trace_cli import main as trace_main

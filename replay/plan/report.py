@@ -14,7 +14,7 @@ from rich.table import Table
 
 from kvconnector.units import human_bytes
 
-from ..cli_common import fail
+from ..common.cli import fail
 from ..outputs.paths import write_results
 from ..outputs.plots import save_figures
 from ..outputs.tables import rows_table

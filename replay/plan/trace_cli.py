@@ -16,10 +16,10 @@ from kvconnector.errors import ConfigError
 from kvconnector.units import parse_size
 from replay.models import DTYPE_BYTES, resolve_model
 
-from ..cli_common import Interrupted, OneLineParser, fail
+from ..common.cli import Interrupted, OneLineParser, fail
+from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
-from ..settings import documented, load_settings
 from ..sources.base import WorkloadError
 from ..sources.block_traces import FORMATS, load_block_trace, merge_traces
 from .trace import ReuseProfile, reuse_profile, sweep_capacities

@@ -8,13 +8,11 @@ about either driver.
 from __future__ import annotations
 
 import codecs
-import errno
 import math
-import os
-import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+
+from replay.common.json_files import open_regular
 
 
 class WorkloadError(ValueError):
@@ -88,19 +86,6 @@ MAX_LINE_BYTES = 1 << 20
 def _utf8_error(path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1) -> WorkloadError:
     line = first_line + data.count(b"\n", 0, exc.start)
     return WorkloadError(f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); is this the right file?")
-
-
-def open_regular(path) -> BinaryIO:
-    """Open a file the user named, for reading. A FIFO, device or directory is refused with an OSError whose strerror
-    says so: reading one would block forever or read something that is not a file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO must not wait
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory", os.fspath(path))
-        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-    return os.fdopen(fd, "rb")
 
 
 def read_text(path, what: str) -> str:

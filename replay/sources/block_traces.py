@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from replay.json_files import InputError, loads_json
+from replay.common.json_files import InputError, loads_json
 from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines, read_text
 
 __all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]

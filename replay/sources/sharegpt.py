@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from replay.json_files import InputError, raw_decode
+from replay.common.json_files import InputError, raw_decode
 from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, open_regular, read_text
 
 __all__ = ["default_token_counter", "estimate_tokens", "load_sharegpt"]

@@ -18,7 +18,7 @@ from kvconnector.tiers import CPUTier, DiskTier, GPUTier, cuda_torch
 from kvconnector.units import GB, human_bytes
 from replay.models import ModelSpec, resolve_model
 
-from ..leftovers import keep, made_dirs, remove_dead, remove_empty
+from ..common.leftovers import keep, made_dirs, remove_dead, remove_empty
 from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo

@@ -23,7 +23,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..cli_common import OneLineParser, fail
+from ..common.cli import OneLineParser, fail
 from ..outputs.results_file import ResultsFileError, load_results_file
 
 PROG = "kvtier check"

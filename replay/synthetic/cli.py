@@ -11,9 +11,9 @@ from kvconnector.errors import ConfigError
 from replay.models import CATALOG
 from replay.sources.block_traces import FORMATS
 
-from ..cli_common import OneLineParser
+from ..common.cli import OneLineParser
+from ..common.settings import documented
 from ..mpi import world_size
-from ..settings import documented
 from .check import main as check_main
 from .config import BenchConfig, GenerationConfig, load_config
 from .finish import PROG, bench_fail

@@ -10,8 +10,8 @@ from typing import Any
 from kvconnector.errors import ConfigError
 from kvconnector.units import GB
 
-from ..cli_common import OneLineParser, fail
-from ..json_files import dumps_json
+from ..common.cli import OneLineParser, fail
+from ..common.json_files import dumps_json
 from ..outputs._common import default_labels, sla_verdict_text
 from ..outputs.paths import atomic_path, claim_outputs
 from ..outputs.results_file import ResultsFileError, load_results_file

@@ -1,5 +1,5 @@
 """The one validated configuration of `kvtier bench`: defaults < YAML file (`--config`) < KVTIER_* env < CLI flags,
-merged by replay.settings (the same loader as `kvtier replay`).
+merged by replay.common.settings (the same loader as `kvtier replay`).
 
 Top-level keys are the MLPerf Storage KV Cache benchmark's flags (underscored); sections are its config.yaml sections
 (user_templates, qos_profiles, qos_distribution, eviction, prefix_cache, rag, conversation, autoscaler, decode,
@@ -20,7 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from kvconnector.units import GB
 from replay.models import CATALOG
 
-from ..settings import load_settings
+from ..common.settings import load_settings
 from .mlperf_config import check_validation_limits, from_reference
 
 

@@ -7,7 +7,7 @@ import importlib
 import signal
 import sys
 
-from ..cli_common import exit_code, fail
+from ..common.cli import exit_code, fail
 from ..outputs.paths import write_results
 from .config import BenchConfig
 from .view import print_summary

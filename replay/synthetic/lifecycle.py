@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from kvconnector.errors import ConfigError, KvtierError
 
-from ..cli_common import Interrupted, stop_signals_raise
+from ..common.cli import Interrupted, stop_signals_raise
 from ..outputs.paths import OutputClaim, claim_outputs, default_results_path
 from .bench import Bench
 from .config import BenchConfig

@@ -32,7 +32,7 @@ from kvconnector.errors import ConfigError
 from kvconnector.units import GB
 from kvconnector.validation import describe_validation_error
 
-from ..cli_common import OneLineParser, fail
+from ..common.cli import OneLineParser, fail
 from ..merging import union_s
 from ..outputs.paths import claim_outputs, default_results_path, write_results
 from ..outputs.results_file import ResultsFileError, load_results_file

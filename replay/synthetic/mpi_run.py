@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from kvconnector.errors import ConfigError, KvtierError
 
-from ..cli_common import Interrupted, stop_signals_raise
+from ..common.cli import Interrupted, stop_signals_raise
 from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, world_size
 from .bench import Bench
 from .config import BenchConfig

@@ -22,8 +22,8 @@ import yaml
 
 from kvconnector.units import human_bytes
 
-from ..cli_common import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
-from ..leftovers import OwnedDir, die_with_parent, made_dirs, remove_dead, remove_empty
+from ..common.cli import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
+from ..common.leftovers import OwnedDir, die_with_parent, made_dirs, remove_dead, remove_empty
 from ..mpi import split
 from ..outputs.paths import os_reason
 from .config import BenchConfig

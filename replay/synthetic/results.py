@@ -22,9 +22,9 @@ from kvconnector.store import TieredStore
 from kvconnector.telemetry import OpStats, TierStats
 from kvconnector.units import GB
 
+from ..common.json_files import open_regular
 from ..merging import merged_histogram
 from ..outputs.csv_out import figures_frame
-from ..sources.base import open_regular
 from .config import BenchConfig
 from .driver import ClassStats, RequestStats
 

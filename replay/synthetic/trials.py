@@ -29,7 +29,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..cli_common import Interrupted, stop_signals_raise
+from ..common.cli import Interrupted, stop_signals_raise
 from ..outputs.paths import write_results
 from .config import BenchConfig
 from .finish import PROG, bench_fail

@@ -21,7 +21,7 @@ import statistics
 
 from kvconnector.errors import ConfigError
 
-from ..json_files import loads_json
+from ..common.json_files import loads_json
 
 __all__ = ["REQUIRED", "TOLERANCE_PCT", "load_validation_trace", "validate_run"]
 

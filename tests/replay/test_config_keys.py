@@ -11,7 +11,7 @@ from bench_helpers import FAST_TEMPLATES, chained_run, prepared, run, saturated_
 from pydantic import BaseModel
 
 from kvconnector.errors import ConfigError
-from replay.leftovers import KEPT_NAME
+from replay.common.leftovers import KEPT_NAME
 from replay.synthetic.config import BenchConfig
 
 

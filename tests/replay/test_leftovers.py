@@ -160,7 +160,7 @@ def test_clients_die_with_their_parent(tmp_path, sig):
 
 WATCHED = """
 import os, signal, sys, time
-from replay.leftovers import watchdog
+from replay.common.leftovers import watchdog
 # Ctrl-C ends it as it ends a kvtier run, also when started where SIGINT is ignored (a background job of a script).
 signal.signal(signal.SIGINT, signal.default_int_handler)
 hold = watchdog(run=[["touch", sys.argv[1]]], remove=sys.argv[2:])

@@ -1,11 +1,11 @@
-"""replay.ports: servers get ports outside the kernel's source-port range, so that a server restarted on its own port
-never finds it taken by an outgoing connection."""
+"""replay.common.ports: servers get ports outside the kernel's source-port range, so that a server restarted on its
+own port never finds it taken by an outgoing connection."""
 
 import socket
 
 import pytest
 
-from replay import ports
+from replay.common import ports
 
 
 def test_ports_are_free_and_outside_the_kernels_source_port_range():

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.leftovers import KEPT_NAME
+from replay.common.leftovers import KEPT_NAME
 from replay.outputs.io_trace import MLPERF_COLUMNS
 from replay.synthetic.cli import build_parser, config_from_args, main
 from replay.synthetic.config import REFERENCE_BURST_TRACE_PATH, BenchConfig

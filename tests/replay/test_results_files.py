@@ -20,7 +20,7 @@ import sys
 import pytest
 from bench_helpers import run, write_config
 
-from replay.json_files import MAX_NESTING, InputError, dumps_json, loads_json
+from replay.common.json_files import MAX_NESTING, InputError, dumps_json, loads_json
 from replay.outputs.jsonl import write_jsonl
 from replay.outputs.paths import write_results
 

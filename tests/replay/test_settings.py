@@ -1,4 +1,4 @@
-"""replay.settings: the one loader of both CLIs' configuration (defaults < --config YAML < environment < flags),
+"""replay.common.settings: the one loader of both CLIs' configuration (defaults < --config YAML < environment < flags),
 its one-line errors that name the layer a bad value came from, and help texts whose defaults come from the model."""
 
 import argparse
@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error, error_path
+from replay.common.settings import documented, load_settings, shown_default
 from replay.openai import cli as replay_cli
-from replay.settings import documented, load_settings, shown_default
 from replay.synthetic import cli as bench_cli
 from replay.synthetic.config import ENV_PREFIX as BENCH_ENV_PREFIX
 from replay.synthetic.config import BenchConfig

@@ -1,4 +1,4 @@
-"""Values that must be refused before anything runs, for every command whose settings go through replay.settings:
+"""Values that must be refused before anything runs, for every command whose settings go through replay.common.settings:
 an empty flag, variable or YAML value (never "use the default"), a YAML key given twice (at any depth), a variable of
 the command's prefix that names no setting, a bad YAML value a flag or variable overrides, and the bounds on work
 (plan --concurrency/--rounds, bench --trials, replay prompt sizes and --range-ratio). Each is one line on stderr

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from kvconnector.errors import ConfigError
-from replay.cli_common import OneLineParser, fail
+from replay.common.cli import OneLineParser, fail
 
 from ..paths import claim_outputs, os_reason
 from .kinds import KIND_TITLES, ReportError, default_labels, load_run

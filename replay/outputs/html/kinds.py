@@ -4,8 +4,8 @@ Every command writes its own document (a storage trace is bpftrace's output, tex
 by the keys each writer sets (`kind` where there is one) and then validated with a pydantic model of just the parts
 the report uses: a file that looks like a kind but lacks or mistypes what the report reads is refused with one line
 naming the field, never half drawn. Extra keys are allowed (older and newer writers add sections). JSON is read as
-every results reader reads it (replay/json_files.py: finite numbers, bounded nesting), and a `kvtier bench` result
-(a run, a merge, --trials) passes replay/outputs/results_file.py's check first, as for merge, compare and check.
+every results reader reads it (replay/common/json_files.py: finite numbers, bounded nesting), and a `kvtier bench`
+result (a run, a merge, --trials) passes replay/outputs/results_file.py's check first, as for merge, compare and check.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvconnector.validation import describe_validation_error
-from replay.json_files import loads_json
-from replay.sources.base import open_regular
+from replay.common.json_files import loads_json, open_regular
 
 from .._common import default_labels
 from ..results_file import ResultsFileError, validate_results

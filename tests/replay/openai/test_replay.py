@@ -21,10 +21,10 @@ from aiohttp import web
 from helpers import wait_for
 
 from deploy.stack import metric, metrics
+from replay.common.ports import free_port
 from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.fake_server import FakeServer, FakeServerConfig
-from replay.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 

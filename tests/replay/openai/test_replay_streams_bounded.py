@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from replay.common.ports import free_port
 from replay.openai.cli import main
 from replay.openai.fake_server import FakeServer
-from replay.ports import free_port
 
 SMALL = ("--source", "synthetic", "--input-len", "4", "--output-len", "4", "--quiet")
 

@@ -18,9 +18,9 @@ from rich.console import Console
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
 from kvconnector.metrics import BackendCollector
+from replay.common.ports import free_port
 from replay.openai.server_metrics import Snapshot, derive, metric_selector, parse_prometheus, scrape
 from replay.outputs.tables import replay_tables
-from replay.ports import free_port
 
 N = 50_000
 

@@ -256,7 +256,7 @@ def test_replay_page_from_html_output(browser, work):
 
 
 def test_replay_against_a_dead_server_is_marked_partial(browser, work):
-    from replay.ports import free_port
+    from replay.common.ports import free_port
 
     out = work / "dead.json"
     r = subprocess.run(

@@ -25,8 +25,7 @@ from pydantic import BaseModel, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error
 
-from .json_files import InputError, check_input, too_deep
-from .sources.base import open_regular
+from .json_files import InputError, check_input, open_regular, too_deep
 
 M = TypeVar("M", bound=BaseModel)
 

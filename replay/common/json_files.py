@@ -14,9 +14,12 @@ its message names no file (the caller adds the path).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-from typing import Any
+import os
+import stat
+from typing import Any, BinaryIO
 
 MAX_NESTING = 100
 
@@ -118,3 +121,16 @@ def finite(doc: Any) -> Any:
 def dumps_json(doc: Any, **kwargs: Any) -> str:
     """json.dumps of `finite(doc)` with allow_nan=False: the one way kvtier's sinks turn a document into JSON."""
     return json.dumps(finite(doc), allow_nan=False, **kwargs)
+
+
+def open_regular(path) -> BinaryIO:
+    """Open a file the user named, for reading. A FIFO, device or directory is refused with an OSError whose strerror
+    says so: reading one would block forever or read something that is not a file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: opening a FIFO must not wait
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", os.fspath(path))
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+    return os.fdopen(fd, "rb")
