@@ -180,12 +180,21 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The fast tier on both cores (pytest-xdist), then the slow and stack tests one at a time (each starts servers that
-# want the machine); --durations: the 20 slowest at the end, where the suite's time goes (its budget: 25 minutes).
+# The suite in three tiers (markers: tests/conftest.py): the fast tier on both cores, each test under 60 s; the slow
+# tests on both cores; then what needs the machine alone (`serial`: timed runs, vLLM stacks), one at a time; then
+# LMCache 0.5.7's subset in its own venv. Each tier writes every test's wall time to test-durations/, and the 20
+# slowest of the whole run are printed at the end. Budget: 20 minutes from a fresh clone here, install included.
+PYTEST    := KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest
+DURATIONS := test-durations
+FAST      := -m "not slow and not serial and not e2e" -n 2 -q --timeout 60
+
 test: lint $(TEST_STAMP) $(LMC057_STAMP) $(VLLM_NEWEST_STAMP) system-deps
-	KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest -m "not slow and not e2e" -n 2 -q
-	KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest -m "slow or e2e" --durations=20
-	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS)
+	rm -rf $(DURATIONS)
+	$(PYTEST) $(FAST) --durations-file $(DURATIONS)/fast.json
+	$(PYTEST) -m "slow and not serial and not e2e" -n 2 -q --durations-file $(DURATIONS)/slow.json
+	$(PYTEST) -m "serial or e2e" -q --durations-file $(DURATIONS)/serial.json
+	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS) -q --durations-file $(DURATIONS)/lmcache057.json
+	$(BIN)/python tools/slowest_tests.py $(DURATIONS)/*.json -n 20
 
 # kvtier vs vLLM's own fs secondary tier behind vLLM's real tiered offloading manager (no GPU: the worker's copies are
 # made by the driver); stores, loads, CPU per GB, kill -9 and flipped bytes. Root for drop_caches; about 3 minutes here.
@@ -196,11 +205,11 @@ bench-vllm-tier: $(TEST_STAMP)
 test-lmcache057: $(LMC057_STAMP)
 	$(VENV_LMC057)/bin/python -m pytest $(LMC057_TESTS)
 
-# The inner loop: unit and in-process tests spread over every core (pytest-xdist), nothing marked slow or e2e; under a
-# minute here. `make test` stays the whole suite, as CI runs it.
+# The inner loop: the fast tier alone (no servers, each test under 60 s); under a minute here. `make test` stays the
+# whole suite, as CI runs it.
 .PHONY: test-fast
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -m "not slow and not e2e" -n auto -q
+	$(PYTEST) $(FAST)
 
 clean:
-	rm -rf $(VENV) $(VENV_LMC057) $(VLLM_NEWEST_SRC) results
+	rm -rf $(VENV) $(VENV_LMC057) $(VLLM_NEWEST_SRC) results $(DURATIONS)

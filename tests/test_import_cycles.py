@@ -90,6 +90,7 @@ def _package_edges_removed(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return {m: {t for t in targets if not m.startswith(t + ".")} for m, targets in graph.items()}
 
 
+@pytest.mark.slow
 def test_no_import_cycle():
     graph = _package_edges_removed(import_graph(_modules()))
     cycle = find_cycle(graph)

@@ -69,6 +69,7 @@ class Throttle:
         self.counters: dict[str, dict[str, int]] = {op: dict.fromkeys(COUNTERS, 0) for op in OPS}
         self.direct_bounces = 0
         self.in_flight = 0  # operations begun and not yet finished (counted when they finish)
+        self.peak_in_flight = 0  # the most ever in flight at once: how many the server really serves in parallel
         self._idle = threading.Condition(self._lock)
         self.started_ns = time.monotonic_ns()
         self._late_ewma_ns = 0.0  # how late time.sleep wakes, on average of the last ~16 sleeps (updated racily: fine)
@@ -82,6 +83,7 @@ class Throttle:
         s = self.settings
         with self._lock:
             self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         now = time.monotonic_ns()
         if op == "read":
             return self.pipes["read"].book(nbytes, now, s.read_bw_bytes_s, s.burst_bytes), s
@@ -131,11 +133,14 @@ class Throttle:
         with self._lock:
             ops = {op: dict(c) for op, c in self.counters.items()}
             bounces = self.direct_bounces
+            in_flight, peak = self.in_flight, self.peak_in_flight
         return {
             "uptime_s": (time.monotonic_ns() - self.started_ns) / 1e9,
             "settings": self.settings.to_json(),
             "ops": ops,
             "direct_bounces": bounces,
+            "in_flight": in_flight,
+            "peak_in_flight": peak,
         }
 
     def count_bounce(self) -> None:

@@ -59,6 +59,7 @@ def test_bad_flag_is_one_line_and_exit_2(tmp_path, flags, message):
     assert not (tmp_path / "state" / "pids").exists()
 
 
+@pytest.mark.slow  # network namespaces made and removed: about half a minute
 def test_failed_nodes_up_leaves_no_namespace(tmp_path):
     """An `up --nodes` that fails after its namespaces exist (no vLLM in this model directory) removes them."""
     import os

@@ -92,6 +92,7 @@ def test_steady_state_puts_reuse_buffers_and_map_nothing_new():
         assert bytes(out) == data(f"k{i}", n)
 
 
+@pytest.mark.slow
 def test_entries_of_varying_size_reuse_each_others_buffers():
     """Whole-request entries differ in length from one to the next (tokens x bytes per token): a delete's buffer
     serves the next entry even when its size class differs, so mappings stop once the tier has warmed up."""

@@ -155,6 +155,7 @@ def test_unreachable_or_malformed_cluster_is_one_config_error():
 
 @needs_redis
 @pytest.mark.slow
+@pytest.mark.serial  # timed: each failed operation within the socket timeout
 def test_a_stopped_master_fails_an_operation_within_the_socket_timeout(cluster):
     """A master that hangs (SIGSTOP) rather than dies: a load or a store on it fails once the socket timeout passes,
     not later (a store's failed write is not followed by a delete waiting as long again); the other masters answer
@@ -198,6 +199,7 @@ def slowest(ops: list[tuple]) -> str:
 
 @needs_redis
 @pytest.mark.slow
+@pytest.mark.serial  # timed: each failed operation within the socket timeout
 def test_a_master_killed_under_load(cluster):
     """A thread stores and loads through a backend whose only tier is the cluster; one master is SIGKILLed, then
     restarted on its port and data directory (appendonly yes, fsync every second)."""
@@ -243,13 +245,36 @@ def test_a_master_killed_under_load(cluster):
                 corrupt += ok and bytes(out) != data(j)
             i += 1
 
+    def on_victim(since: float, outcome: str | None = None, op: str | None = None) -> int:
+        """Operations on the victim's slots begun after `since`, of that outcome and kind if given."""
+        return sum(
+            1 for t, o, p, r, _ in list(ops) if t > since and p == victim and outcome in (None, r) and op in (None, o)
+        )
+
+    # Each phase lasts until what it must show has happened (a loaded machine only makes it longer): entries stored
+    # on the victim more than the AOF's 1 s fsync interval before the kill, failed stores and loads on the dead
+    # master beside successes on the others, and operations on its slots after it recovered.
     worker = threading.Thread(target=load_and_store)
     worker.start()
     try:
-        time.sleep(2.0)
+        t_start = time.monotonic()
+        wait_for(
+            lambda: time.monotonic() - t_start > 1.5 and on_victim(t_start, "ok") >= 10,
+            timeout_s=60,
+            what="stores and loads on every master",
+        )
         t_kill = time.monotonic()
         cluster.kill(victim)
-        time.sleep(2.0)
+        t_dead = time.monotonic()  # an operation begun between the two may have been served before the end
+        wait_for(
+            lambda: (
+                on_victim(t_dead, "error", "store") >= 2
+                and on_victim(t_dead, "error", "load") >= 2
+                and sum(1 for t, _, p, _, _ in list(ops) if t > t_dead and p != victim) > 10
+            ),
+            timeout_s=60,
+            what="failed operations on the dead master and served ones on the others",
+        )
         t_restart = time.monotonic()
         cluster.start_node(victim)
         wait_for(
@@ -258,13 +283,13 @@ def test_a_master_killed_under_load(cluster):
             what="an operation on the restarted master's slots to succeed",
         )
         t_recovered = next(t + d for t, _, p, r, d in ops if t > t_restart and p == victim and r == "ok")
-        time.sleep(1.0)
+        wait_for(lambda: on_victim(t_recovered) >= 5, timeout_s=30, what="operations after the recovery")
     finally:
         stop.set()
         worker.join(30)
 
     before = [o for o in ops if o[0] + o[4] < t_kill]
-    down = [o for o in ops if t_kill < o[0] < t_restart]
+    down = [o for o in ops if t_dead < o[0] < t_restart]
     after = [o for o in ops if o[0] > t_recovered]
     failed = [o for o in ops if o[3] != "ok"]
     kinds = Counter(f"{op} {r} on {'the killed master' if p == victim else 'the others'}" for _, op, p, r, _ in failed)

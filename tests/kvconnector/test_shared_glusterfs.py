@@ -26,7 +26,8 @@ from kvconnector.backend_config import BackendConfig
 from kvconnector.entry_format import ENTRY_NAME, PAGE, file_name_for
 from kvconnector.timed_io import aligned_buffer
 
-pytestmark = [pytest.mark.root(reason="network namespaces and FUSE mounts"), pytest.mark.slow]
+# serial: the fault tests bound how long the nodes take to notice a cut link and to recover
+pytestmark = [pytest.mark.root(reason="network namespaces and FUSE mounts"), pytest.mark.slow, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "glusterfs.sh"

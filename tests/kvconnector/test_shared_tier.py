@@ -27,6 +27,7 @@ def backend(shared, **kw):
     )
 
 
+@pytest.mark.slow
 def test_reader_never_sees_a_partial_file_while_another_instance_rewrites_and_evicts(tmp_path):
     a, b = backend(tmp_path / "s"), backend(tmp_path / "s")
     try:

@@ -96,6 +96,7 @@ def test_no_temp_files_left_and_file_names_never_hold_the_key(tmp_path):
 @pytest.mark.parametrize(
     "n", [PIPELINE_MIN_BYTES, PIPELINE_MIN_BYTES + 2 * READ_PIECE_BYTES + 17, PIPELINE_MIN_BYTES + PAGE]
 )
+@pytest.mark.slow
 def test_large_entries_read_in_pieces_are_byte_exact_everywhere(tmp_path, mode, n):
     # Read in pieces, each hashed while the next is read: into an aligned destination, a misaligned one, and no
     # destination (two scratch buffers in turn), with and without a partial last page.

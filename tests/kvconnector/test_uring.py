@@ -119,6 +119,7 @@ def test_a_failed_transfer_raises_its_errno(direct_dir, fresh_registry):
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_entries_written_and_read_by_many_threads_through_the_ring(direct_dir, fresh_registry):
     """8 threads at once, entries of several sizes (one page to 40 MiB + a partial page: the hash-beside-write path
     and the pipelined reads), every completion handed to its own waiter: every byte comes back."""

@@ -53,12 +53,17 @@ def write_config(tmp_path, **overrides) -> str:
 
 
 def run(tmp_path, *flags, **overrides) -> dict:
-    """Run in-process through the same path as the CLI; return the results document."""
+    """Run in-process through the same path as the CLI; return the results document. Probes run several times in one
+    folder: the previous run's results file is removed first, so a run that wrote none fails here instead of
+    handing back the earlier run's document."""
     from replay.synthetic.cli import main
 
     path = write_config(tmp_path, **overrides)
+    out = tmp_path / "out.json"
+    out.unlink(missing_ok=True)
     rc = main(["--config", path, *flags])
-    doc = json.loads((tmp_path / "out.json").read_text())
+    assert out.exists(), f"kvtier bench exited {rc} and wrote no results"
+    doc = json.loads(out.read_text())
     doc["_rc"] = rc
     return doc
 

@@ -118,6 +118,7 @@ def test_mistake_is_one_line_exit_2_and_leaves_nothing(case_id, files, tmp_path,
 
 
 @pytest.mark.parametrize("sub", ["bench", "replay", "compare", "distill"])
+@pytest.mark.slow
 def test_bad_flag_as_a_real_process(sub, tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "replay.cli", sub, "--bogus"], capture_output=True, text=True, cwd=tmp_path, timeout=120

@@ -31,6 +31,7 @@ def plan(capacities_tokens: list[int]) -> list[float]:
     return reuse_profile(trace).tier_hit_rates(capacities_tokens)
 
 
+@pytest.mark.slow
 def test_two_tiers_measured_against_the_plan(tmp_path):
     doc = trace_run(tmp_path, cpu_mem_gb=0.02, storage_capacity_gb=0.2)
     t = doc["trace"]
@@ -53,6 +54,7 @@ def test_two_tiers_measured_against_the_plan(tmp_path):
     assert alone["hit_rate"] < t["hit_rate"] - 0.005, (alone, t)
 
 
+@pytest.mark.slow
 def test_one_unbounded_tier_measures_exactly_the_plan(tmp_path):
     t = trace_run(tmp_path, cpu_mem_gb=1, storage_capacity_gb=NO_ROOM_BELOW_GB)["trace"]
     trace = load_block_trace(SAMPLE, "mooncake", block_tokens=16, max_requests=REQUESTS)

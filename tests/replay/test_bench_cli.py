@@ -153,6 +153,7 @@ def test_generation_mode_adds_generation_time(tmp_path, small_model):
         (["--cache-dir", "/proc/kvtier"], "cache-dir"),
     ],
 )
+@pytest.mark.slow
 def test_user_errors_are_one_line_and_exit_2(args, needle, tmp_path):
     if "CUDA" == needle:
         from kvconnector.tiers import cuda_torch

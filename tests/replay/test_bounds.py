@@ -111,6 +111,7 @@ def test_sharegpt_with_bom_and_cut_multibyte_tail(tmp_path):
 
 
 # ---- bench runs ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bench_cuts_a_huge_sharegpt_message_to_the_model_context(tmp_path):
     sg = huge_sharegpt(tmp_path / "sg.json")
     model = {"small": {**SMALL_MODEL, "max_context_tokens": 2000}}

@@ -64,6 +64,7 @@ def test_chained_with_the_reference_request_model_is_a_usage_error(tmp_path, cap
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.slow
 def test_per_round_table_is_printed(tmp_path, capsys):
     doc = chained_run(tmp_path, rounds=2, num_users=2, storage_capacity_gb=0.01)
     out = capsys.readouterr().out

@@ -152,6 +152,7 @@ def test_the_fenwick_tree_grows_with_the_numbers_used_and_stays_exact():
 
 
 @pytest.mark.parametrize("sessions", [1, 10, 300])
+@pytest.mark.slow
 def test_chain_lru_memory_follows_sessions_not_requests(sessions):
     cache = ChainLRU([10**12], sessions, sessions * 10**9)  # room for everything: nothing is ever evicted
     for r in range(200_000 // sessions):

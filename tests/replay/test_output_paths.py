@@ -216,6 +216,7 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.slow
 def test_every_subcommand_refuses_two_outputs_on_one_file(tmp_path, name):
     for f in ("r.json", "s.json", "trace.txt"):
         (tmp_path / f).write_text("{}")
@@ -241,6 +242,7 @@ def _sweep(t, *flags):
         ("s.runs", "s.runs exists (an earlier sweep's runs)"),
     ],
 )
+@pytest.mark.slow
 def test_a_sweep_run_again_never_replaces_the_earlier_one(tmp_path, existing, says):
     (tmp_path / existing).mkdir() if existing.endswith(".runs") else (tmp_path / existing).write_text("earlier")
     before = listing(tmp_path)
@@ -249,6 +251,7 @@ def test_a_sweep_run_again_never_replaces_the_earlier_one(tmp_path, existing, sa
     assert listing(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_claimed_output_is_refused(tmp_path):
     out = tmp_path / "s.json"
     with claim_outputs({"--output": str(out)}):

@@ -243,6 +243,7 @@ def test_user_mistakes_are_one_line_and_exit_2(tmp_path, args, says):
     assert "Traceback" not in p.stderr and not p.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_trace_row_is_one_line_and_nothing_is_written(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(CONVERSATION.read_text().splitlines()[0] + "\n" + '{"timestamp": 1}\n')

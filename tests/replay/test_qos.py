@@ -103,6 +103,7 @@ def test_saturated_bench_completes_requests_in_every_class(tmp_path):
     assert p50["interactive"] < p50["batch"] and p95["interactive"] < p95["batch"], (p50, p95)
 
 
+@pytest.mark.slow
 def test_class_without_requests_is_no_data_not_missed(tmp_path):
     # One user: one of the two classes gets nobody, so it completes nothing.
     doc = run(tmp_path, num_users=1, duration=1, qos_distribution={"interactive": 0.5, "batch": 0.5})

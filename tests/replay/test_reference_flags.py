@@ -115,6 +115,7 @@ def test_shared_flags_default_as_in_the_reference_except_the_listed_ones():
         (["--io-trace-log", "{d}/t.csv", "--enable-latency-tracing"], "--io-trace-log runs without any"),
     ],
 )
+@pytest.mark.slow
 def test_bad_values_are_one_line_and_exit_2(flags, needle, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps([{"context_tokens": 1}]))
     flags = [f.format(d=tmp_path) for f in flags]

@@ -143,6 +143,7 @@ def _commands():
 
 
 @pytest.mark.parametrize("command", ["merge", "compare", "check"])
+@pytest.mark.slow
 def test_hand_altered_results_are_one_line_naming_the_file_and_field(results, tmp_path, capsys, command):
     good = str(results[0])
     base = json.loads(results[1].read_text())
@@ -168,6 +169,7 @@ def test_hand_altered_results_are_one_line_naming_the_file_and_field(results, tm
         assert not out.exists(), name
 
 
+@pytest.mark.slow
 def test_the_results_of_every_writer_load(results, tmp_path):
     """A run, a merge of runs, a merge of merges and a --trials document all pass the model."""
     from replay.outputs.results_file import load_results_file
@@ -207,6 +209,7 @@ DEEP_OBJECT = '{"a":' * 100_000
         (["--config", "{f}"], "duration: .inf", "inf is not a finite number"),
     ],
 )
+@pytest.mark.slow
 def test_bench_inputs_deep_or_non_finite_are_one_line(tmp_path, flags, content, says):
     f = tmp_path / ("config.json" if flags[1:] == ["{f}"] and flags[0] == "--model" else "input.json")
     f.write_text(content)
@@ -226,6 +229,7 @@ def test_bench_inputs_deep_or_non_finite_are_one_line(tmp_path, flags, content, 
         ("mooncake", '{"timestamp": NaN, "input_length": 1, "output_length": 1, "hash_ids": [1]}'),
     ],
 )
+@pytest.mark.slow
 def test_replay_datasets_deep_or_non_finite_are_one_line(tmp_path, source, content):
     f = tmp_path / "data.jsonl"
     f.write_text(content + "\n")
@@ -252,6 +256,7 @@ def _into_closed_pipe(argv, cwd=None):
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["merge", "--help"], ["plan", "--help"]])
+@pytest.mark.slow
 def test_help_into_a_closed_pipe_is_no_error(argv):
     p = _into_closed_pipe([*KVTIER, *argv])
     assert p.returncode == 0 and "Traceback" not in p.stderr and "BrokenPipe" not in p.stderr, p.stderr
@@ -274,6 +279,7 @@ def test_bench_and_merge_into_a_closed_pipe_write_their_results_and_exit_0(resul
 
 
 @pytest.mark.parametrize("value", ["[" * 50_000, "{a: " * 20_000, "[[1]]", ".nan", ".inf"])
+@pytest.mark.slow
 def test_a_kvtier_variable_deep_or_non_finite_is_one_line(tmp_path, value):
     argv = [*KVTIER, "bench", "--config", write_config(tmp_path), "--output", str(tmp_path / "o.json")]
     env = {**os.environ, "KVTIER_DURATION": value}

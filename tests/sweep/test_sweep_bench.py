@@ -15,7 +15,11 @@ import pytest
 
 from deploy.throttle.cli import check_fuse
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(check_fuse() is not None, reason=f"FUSE: {check_fuse()}")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.skipif(check_fuse() is not None, reason=f"FUSE: {check_fuse()}"),
+]
 
 # the system-prompt entry of tiny-1b is about 6.3 MB; a read of it goes through the mount in ~1 MiB requests
 ENTRY_BYTES = 6.29e6

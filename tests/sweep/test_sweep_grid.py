@@ -77,6 +77,7 @@ def test_summary_is_median_per_point_relative_to_the_reference_median():
         (["--bw", "1GB/s", "--lat-ms", "0", "--driver", "nope"], "invalid choice"),
     ],
 )
+@pytest.mark.slow
 def test_a_mistake_is_one_line_and_exit_2(args, says):
     r = subprocess.run([sys.executable, "-m", "deploy.sweep", *args], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
@@ -84,6 +85,7 @@ def test_a_mistake_is_one_line_and_exit_2(args, says):
     assert len(lines) == 1 and lines[0].startswith("kvtier sweep: ") and says in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_a_non_empty_mountpoint_is_refused_and_left_alone(tmp_path):
     (tmp_path / "mine.txt").write_text("keep")
     r = subprocess.run(

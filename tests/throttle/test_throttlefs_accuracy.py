@@ -13,7 +13,7 @@ from throttle_helpers import needs_fio, needs_fuse, shm_dir
 from deploy.throttle.fio_probe import run_fio
 from deploy.throttle.runner import Mount
 
-pytestmark = [pytest.mark.slow, needs_fuse, needs_fio]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, needs_fuse, needs_fio]  # timed: the caps' accuracy
 
 CAP_BYTES_S = 40e6  # far below the FUSE path's own ceiling on a loaded 2-core machine (150-400 MB/s seen)
 

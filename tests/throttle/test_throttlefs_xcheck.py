@@ -11,6 +11,7 @@ from deploy.throttle import xcheck
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.serial,  # timed: both throttles measured against their caps
     pytest.mark.root,
     needs_fuse,
     needs_fio,

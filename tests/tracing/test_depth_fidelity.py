@@ -110,6 +110,7 @@ def test_a_capture_mostly_holes_is_refused_unless_allowed(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the depth fio kept is what the device gave it: another workload beside it changes it
 @needs_root
 @needs_bpftrace
 @needs_fio

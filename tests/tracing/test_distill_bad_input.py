@@ -156,6 +156,7 @@ def test_not_a_trace_says_what_it_is_not(name, tmp_path, capsys):
     assert "--window-s" not in err[0]  # the old, misleading hint
 
 
+@pytest.mark.slow
 def test_directory_and_fifo_are_refused_without_reading(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -300,6 +301,7 @@ def test_bad_size_is_refused_before_anything(size, tmp_path, capsys):
 
 @needs_fio
 @pytest.mark.parametrize("size", ["64m", "1.5g", "10%", "1GiB", "4096", "2t"])
+@pytest.mark.slow
 def test_good_sizes_reach_the_job_and_pass_fio(size, tmp_path, capsys):
     out = tmp_path / "job.fio"
     rc, _, err = run(["-i", TEXT, "-o", out, "--size", size], capsys)
@@ -309,6 +311,7 @@ def test_good_sizes_reach_the_job_and_pass_fio(size, tmp_path, capsys):
 
 
 @needs_fio
+@pytest.mark.slow
 def test_trace_and_path_text_cannot_add_a_job_option(tmp_path, capsys):
     # a JSON trace's meta and the input's file name reach the job's comments
     meta = _json_with(
@@ -394,6 +397,7 @@ def test_outputs_checked_before_anything_is_written(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.txt"]
 
 
+@pytest.mark.slow
 def test_a_job_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
     job = tmp_path / "job.fio"
     rc, _, err = run(["-i", TEXT, "-o", job], capsys)
@@ -417,6 +421,7 @@ def test_a_job_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
     assert run(["-i", TEXT, "-o", job], capsys)[0] == 0 and job.read_text() == written
 
 
+@pytest.mark.slow
 def test_the_command_is_named_as_typed():
     kvtier = subprocess.run(
         [sys.executable, "-c", "import sys; from replay.cli import main; sys.exit(main())", "distill", "--help"],

@@ -143,6 +143,7 @@ def test_distill_fio_fixture_matches_known_pattern():
         "python_pwrite_fsync_pread.json",
     ],
 )
+@pytest.mark.slow
 def test_every_generated_job_passes_fio_parse_only(name):
     tr = load(name)
     job = render_job(distill(tr, process="x"), source=name, tr=tr)

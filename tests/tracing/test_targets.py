@@ -148,6 +148,7 @@ def work():
     shutil.rmtree(w, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_resolve_finds_engine_children_and_kv_server_not_the_decoy(work):
     st = FakeStack(work, 20, instances=2)
     try:

@@ -145,6 +145,7 @@ def fio_summary(path: Path) -> dict:
 
 @_live
 @pytest.mark.slow
+@pytest.mark.serial  # the block layer is traced machine-wide: other tests' I/O would join the distilled job
 @needs_fio
 def test_known_fio_workload_distils_and_replays(tmp_path):
     work = Path(disk_tmp_dir()) / f"kvtier-trace-{os.getpid()}"
@@ -244,6 +245,7 @@ def test_known_fio_workload_distils_and_replays(tmp_path):
 
 @_live
 @pytest.mark.slow
+@pytest.mark.serial
 def test_session_sees_syscall_and_block_layers(tmp_path):
     work = Path(disk_tmp_dir()) / f"kvtier-session-{os.getpid()}"
     work.mkdir(exist_ok=True)

@@ -61,6 +61,7 @@ def test_round_trip_contains_pin_unpin_remove(sm):
     assert plugin.backend.events_snapshot()["store_ok"] == 3
 
 
+@pytest.mark.slow
 def test_eviction_demotes_to_the_shared_tier_then_deletes(tmp_path):
     # disk holds ~12 entries (100 KB at 0.9), the shared dir ~24 more, then the bottom deletes.
     m = storage_manager(

@@ -53,6 +53,7 @@ def test_a_bad_metrics_url_is_refused_before_the_run(url, message):
         ReplayConfig(base_url="http://127.0.0.1:1", model="m", output="o.json", metrics_url=[url])
 
 
+@pytest.mark.slow
 def test_a_bad_metrics_url_is_one_line_and_exit_2(tmp_path):
     cmd = ["-m", "replay.cli", "replay", "--base-url", "http://127.0.0.1:1", "--model", "m", "--num-requests", "1"]
     cmd += ["--metrics-url", "prometheus+ftp://h:1", "--output", str(tmp_path / "o.json")]

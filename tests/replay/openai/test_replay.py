@@ -366,6 +366,7 @@ def test_burstgpt_trace_speedup_and_server_tokenizer(tmp_path):
     assert took < 5
 
 
+@pytest.mark.slow
 def test_closed_loop_users_and_goodput(tmp_path):
     with FakeServer(FakeServerConfig(ttft_ms=10, itl_ms=1)) as srv:
         rc, s = _replay(

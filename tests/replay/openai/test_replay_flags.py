@@ -644,6 +644,7 @@ SLOW_FLAGS = {"--metrics-interval"}  # waits for several scrapes: out of the fas
 @pytest.mark.parametrize(
     "flag", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_FLAGS else f for f in sorted(PROBES)]
 )
+@pytest.mark.slow
 def test_flag_changes_behaviour(flag, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

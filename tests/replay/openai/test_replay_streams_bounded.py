@@ -139,6 +139,7 @@ def _replay(base_url: str, tmp_path: Path, *extra: str) -> tuple[int, dict]:
         ("trickle", "timeout"),  # one byte every 0.1 s
     ],
 )
+@pytest.mark.slow
 def test_an_endless_stream_ends_the_request(tmp_path, mode, kind):
     with OddServer(mode) as srv:
         t0 = time.monotonic()
@@ -179,6 +180,7 @@ def test_metrics_url_refused_warns_and_the_run_goes_on(tmp_path, capsys):
 
 # ---- Ctrl-C while set-up waits on the server ------------------------------------------------------------------------
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.slow
 def test_a_signal_during_the_tokenize_probe_ends_the_run_at_once(tmp_path, sig):
     # A server that accepts and never answers: the /tokenize probe would wait its 30 s budget but for the signal.
     lst = socket.socket()
@@ -222,6 +224,7 @@ def test_a_signal_during_the_tokenize_probe_ends_the_run_at_once(tmp_path, sig):
 
 
 # ---- the client's own limit is said to be the client's --------------------------------------------------------------
+@pytest.mark.slow
 def test_the_clients_fd_limit_is_reported_as_the_clients(tmp_path):
     import resource
 

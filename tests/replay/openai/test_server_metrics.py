@@ -36,6 +36,7 @@ def _written(backend) -> dict[str, int]:
     return {t.name: st.write.nbytes for t, st in zip(backend.store.tiers, backend.store.stats)}
 
 
+@pytest.mark.slow
 def test_bytes_per_tier_from_a_real_kvtier_exporter(tmp_path):
     # A 200 KB disk tier over a shared-directory tier: 50 KB entries overflow the disk tier and are demoted, so both
     # tiers are written, by different amounts (what the media-identity check, replay/openai/report.py, needs to see).

@@ -112,6 +112,7 @@ def test_label_count_mismatch(two_runs, capsys):
     assert "--labels has 1 names for 2 files" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_through_the_kvtier_command(tmp_path, two_runs):
     """As a person runs it: no traceback on a bad file, exit 2."""
     proc = subprocess.run(

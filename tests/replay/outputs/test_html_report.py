@@ -37,6 +37,7 @@ def one_line(capsys) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 def test_page_is_one_file_with_plotly_inside_and_the_numbers_of_the_run(plan, tmp_path, capsys):
     page = tmp_path / "r.html"
     assert main([str(plan), "-o", str(page)]) == 0
@@ -49,6 +50,7 @@ def test_page_is_one_file_with_plotly_inside_and_the_numbers_of_the_run(plan, tm
     assert page.stat().st_mode & 0o777 == 0o644  # as every output of kvtier (umask 022)
 
 
+@pytest.mark.slow
 def test_a_storage_trace_is_a_kind_too(tmp_path):
     assert main([str(TRACE), "-o", str(tmp_path / "t.html")]) == 0
     assert 'data-kind="trace"' in (tmp_path / "t.html").read_text()
@@ -77,6 +79,7 @@ def test_an_altered_document_is_one_line(plan, tmp_path, capsys, change, message
     assert not (tmp_path / "r.html").exists()
 
 
+@pytest.mark.slow
 def test_a_bench_histogram_that_does_not_decode_is_one_line(tmp_path, capsys):
     from bench_helpers import run
 

@@ -18,6 +18,7 @@ def _check_pngs(paths):
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, p
 
 
+@pytest.mark.slow
 def test_base_figures_and_skips(tmp_path, sample_doc, caplog):
     del sample_doc["autoscaling_stats"], sample_doc["summary"]["qos_metrics"]
     with caplog.at_level(logging.INFO, logger="kvtier.outputs"):
@@ -28,6 +29,7 @@ def test_base_figures_and_skips(tmp_path, sample_doc, caplog):
     assert "skipped qos_latency.png (no qos_metrics" in caplog.text
 
 
+@pytest.mark.slow
 def test_qos_and_autoscaling_figures(tmp_path, full_doc):
     # the four others are drawn from the same sections as in the test above; only these two here (speed)
     paths = write_plots(full_doc, tmp_path, figures=("autoscaling.png", "qos_latency.png"))

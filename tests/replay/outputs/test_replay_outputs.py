@@ -69,6 +69,7 @@ def _cell(v) -> str:
     return "" if v is None else str(v)
 
 
+@pytest.mark.slow
 def test_request_csv_matches_the_detail_jsonl(run):
     d, s = run
     detail = [json.loads(line) for line in (d / "detail.jsonl").read_text().splitlines()]
@@ -100,6 +101,7 @@ def test_replay_figures_are_pngs(run):
     assert cdf_points(s["histograms"]["ttft_ms"])[2] == s["completed"]
 
 
+@pytest.mark.slow
 def test_figures_without_their_data_are_skipped_and_said(tmp_path, run, caplog):
     _, s = run
     flat = {k: v for k, v in s.items() if k != "rounds"}
