@@ -83,6 +83,16 @@ bench-qd: $(BASE_STAMP) system-deps
 	mkdir -p results
 	$(BIN)/python -m benchmarks.disk_qd_sweep --dir /var/tmp/kvtier-qd --json results/disk_qd_sweep.json
 
+.PHONY: bench-host-split bench-floor bench-l2-hit
+
+# A disk-tier write's host time split by system call and checksum, hashed beside the write vs before it; no root.
+bench-host-split: $(BASE_STAMP)
+	$(BIN)/python benchmarks/disk_host_split.py --dir /var/tmp/kvtier-host-split --entries 64 --rounds 4
+
+# The disk tier's system calls in a bare loop, no kvtier code (new files, overwrites, fio's layout, reads); no root.
+bench-floor: $(BASE_STAMP)
+	$(BIN)/python benchmarks/syscall_floor.py --dir /var/tmp/kvtier-floor --total-gib 2 --rounds 4
+
 bench-scaling: $(BASE_STAMP)
 	$(BIN)/python benchmarks/bench_scaling.py
 
@@ -97,6 +107,10 @@ bench-lmcache-cli: $(LMC057_STAMP)
 
 bench-ttft: $(TEST_STAMP)
 	$(BIN)/python benchmarks/ttft_kvtier_vs_lmcache.py
+
+# One cold L2 hit through LMCache's L2 adapter interface alone, kvtier's adapter vs LMCache's fs; root (drop_caches).
+bench-l2-hit: $(TEST_STAMP)
+	$(BIN)/python benchmarks/l2_hit_latency.py --dir /var/tmp/kvtier-l2-hit --chunks 5 --chunk-kib 128 --repeats 20
 
 bench-tracer: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3

@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 
 from deploy import stack as live
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = os.environ.get("PYTHON") or (str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else "python3")
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "media_identity": {c: measured[c].get("media_identity") for c in a.configs},
         "verdicts": verdicts,
     }
-    (out / "collapse.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_run_json(out / "collapse.json", doc, argv=argv)
     _print(doc)
     plot(doc, out / "collapse.png")
     print(f"\nresults in {out}")

@@ -19,19 +19,18 @@ makes them, so the pool's size classes and their slack are exercised.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 
 from kvconnector.tiers import CPUTier
 from kvconnector.timed_io import aligned_buffer
 from kvconnector.units import GB, parse_size
+from replay.outputs.provenance import write_run_json
 
 KiB, MiB = 1024, 1024 * 1024
 TOKEN_BYTES = 24576  # tiny-1b, bf16
@@ -191,7 +190,7 @@ def main() -> int:
     print(f"{args.rounds} alternating rounds, medians; worst (max-min)/median of one side's round times: {worst:.0%}")
     if args.json:
         doc = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "args": vars(args), "rows": rows}
-        Path(args.json).write_text(json.dumps(doc, indent=2))
+        write_run_json(args.json, doc)
     return 0
 
 

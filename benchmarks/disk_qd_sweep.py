@@ -22,7 +22,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -32,7 +31,7 @@ import time
 
 from benchmarks.disk_vs_fio import run_fio, run_kvtier
 from kvconnector.tiers import DiskTier
-from replay.outputs.provenance import provenance
+from replay.outputs.provenance import write_run_json
 from replay.synthetic.payload import RandomPayload
 
 GIB = 1 << 30
@@ -171,12 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print("w: writes of new files (kvtier: new entries in an empty tier), r: reads (kvtier verifies each checksum)")
     print("ratio: median over rounds of kvtier GB/s / fio GB/s from the same round; range: lowest and highest")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(
-                {"provenance": provenance(), "args": vars(a), "load_average": [load0, load1], "cells": cells},
-                fh,
-                indent=2,
-            )
+        write_run_json(a.json, {"args": vars(a), "load_average": [load0, load1], "cells": cells}, argv=argv)
     return 0
 
 

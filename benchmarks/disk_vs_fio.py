@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from deploy.host import cpu_s
 from kvconnector.tiers import DiskTier
+from replay.outputs.provenance import write_run_json
 from replay.synthetic.payload import RandomPayload
 
 GIB = 1 << 30
@@ -278,10 +279,7 @@ def main() -> int:
     print("CPU s/GiB: kvtier's process CPU time per GiB moved")
     print("targets: fill >= 0.9x fio fill, overwrite >= 0.9x fio overwrite, host <= 10% (direct), CPU <= 0.5 s/GiB")
     if a.json:
-        with open(a.json, "w") as fh:
-            json.dump(
-                {"args": vars(a), "load_average": [load0, load1], "figures": figures, "rounds": res}, fh, indent=2
-            )
+        write_run_json(a.json, {"args": vars(a), "load_average": [load0, load1], "figures": figures, "rounds": res})
     return 0
 
 

@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 from deploy.host import drop_caches
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CLI = ROOT / ".venv-lmcache057" / "bin" / "lmcache"
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table(results, runs))
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "results": results, "runs": runs}, indent=1))
+        write_run_json(a.json, {"args": vars(a), "results": results, "runs": runs}, argv=argv, indent=1)
     return 0 if all(r["ok"] for r in results) else 1
 
 

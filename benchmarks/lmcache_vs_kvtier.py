@@ -36,7 +36,6 @@ example (2 cores, virtio disk; the disk's speed swings up to 2x between runs, co
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import select
@@ -48,6 +47,7 @@ from pathlib import Path
 
 from deploy.host import cpu_s, drop_caches
 from kvconnector import timed_io
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -326,7 +326,7 @@ def main() -> int:
     )
     if a.json:
         doc = {"args": vars(a), "results": results, "rounds": rounds, "checksum_cpu_s_per_gb": hash_cpu}
-        Path(a.json).write_text(json.dumps(doc, indent=1))
+        write_run_json(a.json, doc, indent=1)
     return 0 if all(r["complete"] for r in results) else 1
 
 

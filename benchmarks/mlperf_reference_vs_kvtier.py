@@ -74,6 +74,7 @@ import psutil
 from kvconnector.files import atomic_path
 from replay.common.cli import OneLineParser, fail, stop_signals_raise
 from replay.outputs.paths import check_outputs, default_results_path
+from replay.outputs.provenance import write_run_json
 from replay.synthetic.sysinfo import block_device_of, disk_counters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -637,9 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     doc["host"]["load_at_end"] = os.getloadavg()
     doc["ratios"] = ratios(doc["runs"])
-    with atomic_path(json_path, suffix=".json.tmp") as tmp, open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
+    write_run_json(json_path, doc, argv=argv)
     written = [json_path]
     if doc["runs"]:
         print_tables(doc["runs"], doc["ratios"])

@@ -37,7 +37,7 @@ from pathlib import Path
 from benchmarks.shared_vs_private import replay_point
 from deploy import SCRIPTS, make_tiny_model
 from replay.openai.server_metrics import Snapshot, derive
-from replay.outputs.provenance import provenance
+from replay.outputs.provenance import write_run_json
 
 PROG = "nodes"
 TIER = {"glusterfs": "shared", "redis-cluster": "redis", "private": "disk"}  # kvtier's name of each kind's tier
@@ -163,9 +163,9 @@ def main() -> int:
     report(rows, a.nodes)
     print(f"wall {wall:.0f} s; load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f} (2 vCPUs)")
     if a.json:
-        doc = {"provenance": provenance(), "rows": rows, "args": {k: v for k, v in vars(a).items() if k != "json"},
+        doc = {"rows": rows, "args": {k: v for k, v in vars(a).items() if k != "json"},
                "wall_s": round(wall, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}  # fmt: skip
-        Path(a.json).write_text(json.dumps(doc, indent=2))
+        write_run_json(a.json, doc)
     return code
 
 

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 from deploy import make_tiny_model
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     report(results, a.lat_ms)
     print(f"wall {wall:.0f} s; load average {load0[0]:.1f} -> {os.getloadavg()[0]:.1f} (2 vCPUs)")
     if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=2))
+        write_run_json(a.json, doc, argv=argv)
     if a.plot:
         plot(results, a.lat_ms, a.plot)
     return 0

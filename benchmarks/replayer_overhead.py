@@ -38,6 +38,7 @@ import psutil
 
 from deploy.stack import metric, metrics
 from replay.openai.fake_server import FakeServer, FakeServerConfig
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -269,13 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     best = {t: max((r["rate"] for r in rows if r["tool"] == t and r.get("sustained")), default=None) for t in tools}
     print("highest sustained rate: " + ", ".join(f"{t} {v}" for t, v in best.items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(
-        json.dumps(
-            {"rows": rows, "highest_sustained": best, "seconds_per_rate": args.seconds, "cpus": os.cpu_count()},
-            indent=2,
-        )
-    )
+    doc = {"rows": rows, "highest_sustained": best, "seconds_per_rate": args.seconds, "cpus": os.cpu_count()}
+    write_run_json(args.out, doc, argv=argv)  # makes the directory
     print(f"results: {args.out}")
     return 0
 

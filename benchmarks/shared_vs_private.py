@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from deploy import make_tiny_model
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,7 +238,7 @@ def main() -> int:
     if a.json:
         doc = {"rows": rows, "args": {k: v for k, v in vars(a).items() if k not in ("json", "plot")},
                "wall_s": round(wall, 1), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}  # fmt: skip
-        Path(a.json).write_text(json.dumps(doc, indent=2))
+        write_run_json(a.json, doc)
     if a.plot:
         plot(rows, a.plot)
     return code

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import shutil
 import statistics
@@ -46,6 +45,7 @@ from deploy.throttle.settings import SettingError, human_rate, parse_rate
 from deploy.throttle.xcheck import TIE_REL, XCHECK, cross_check
 from deploy.throttle.xcheck import missing as xcheck_missing
 from replay.common.cli import stop_signals_raise
+from replay.outputs.provenance import write_run_json
 
 PROG = "throttlefs_accuracy"
 REPEATS = 3  # base/throttled pairs per latency; the median rise is reported
@@ -344,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: a mount under {a.dir} is still up; left {a.dir} in place", file=sys.stderr)
     doc["load_end"] = load()
     if a.json:  # first: the figures are kept even if a table or plot below fails
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_run_json(a.json, doc, argv=argv, indent=1)
         print(f"wrote {a.json}")
     print_tables(doc)
     print(f"load average: start {doc['load_start']}, end {doc['load_end']} (2 vCPUs)")

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from deploy import make_tiny_model
 from deploy import stack as live
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = os.environ.get("PYTHON") or (str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else "python3")
@@ -161,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     from kvconnector.backend_config import BackendConfig
-    from replay.outputs.provenance import provenance
     from replay.sources.block_traces import load_block_trace
 
     a = parse(argv)
@@ -215,7 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()
     ok = all(abs(r["vllm_minus_plan"]) <= TARGET_POINTS and abs(r["kvtier_minus_plan"]) <= TARGET_POINTS for r in rows)
     doc = {
-        "provenance": provenance(),
         "command": " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "loadavg_before": [round(x, 2) for x in load0],
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "verdict": {"target_points": TARGET_POINTS, "ok": ok},
         "curve": sweep["curve"],
     }
-    (out / "trace_vs_plan.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_run_json(out / "trace_vs_plan.json", doc, argv=argv)
     t = Table(title=f"{Path(a.trace).name}, {len(trace.requests)} requests, {block}-token blocks: hit rate")
     for col in ("kvtier disk", "entries kept", "kvtier plan", "vLLM external", "kvtier's own", "max (infinite)"):
         t.add_column(col, justify="right")

@@ -46,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from replay.outputs.provenance import write_run_json
 from tracing.distill import distill, render_job
 from tracing.histparse import parse_trace
 
@@ -442,7 +443,7 @@ def main(argv=None) -> int:
                 f"{ok}/{len(rows)}"
             )
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        write_run_json(args.json, results, argv=argv, indent=1)
     return 0
 
 

@@ -63,6 +63,7 @@ import time
 from pathlib import Path
 
 from deploy.host import drop_caches
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -522,7 +523,7 @@ def report(a, results: list[dict], wall_s: float) -> None:
         for fl in r["failed"]:
             print(f"{r['backend']}: {fl['where']} left out: {'; '.join(fl['problems'])}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"args": vars(a), "wall_s": wall_s, "results": results}, indent=1))
+        write_run_json(a.json, {"args": vars(a), "wall_s": wall_s, "results": results}, indent=1)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ example (2 cores, virtio disk, root; the disk's speed drifts within a run, compa
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -51,6 +50,7 @@ import uuid
 from pathlib import Path
 
 from deploy.host import cpu_s, drop_caches
+from replay.outputs.provenance import write_run_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -398,7 +398,7 @@ def main() -> int:
         "summary": med,
     }
     if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1))
+        write_run_json(a.json, doc, indent=1)
     wrong = sum(med[s]["bad_chunks"] for s in ("kvtier", "fs"))
     if wrong:
         print(f"vllm_tier_vs_fs: {wrong} chunks missing or different after a load", file=sys.stderr)

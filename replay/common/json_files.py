@@ -1,5 +1,5 @@
 """JSON and YAML in files: what kvtier reads from files a person or another program wrote (results files, datasets,
---config), and how its sinks write JSON (`dumps_json`: never a bare NaN).
+--config), and how its sinks write JSON (`dumps_json`: never a bare NaN; `write_json`: whole or not at all).
 
 Two things Python's parsers let through that kvtier never reads:
 - non-finite numbers: `NaN`, `Infinity` (not JSON, but Python's json accepts them) and numbers too large for a
@@ -20,6 +20,8 @@ import math
 import os
 import stat
 from typing import Any, BinaryIO
+
+from kvconnector.files import atomic_path
 
 MAX_NESTING = 100
 
@@ -121,6 +123,21 @@ def finite(doc: Any) -> Any:
 def dumps_json(doc: Any, **kwargs: Any) -> str:
     """json.dumps of `finite(doc)` with allow_nan=False: the one way kvtier's sinks turn a document into JSON."""
     return json.dumps(finite(doc), allow_nan=False, **kwargs)
+
+
+def write_json(
+    path: str | os.PathLike, doc: Any, *, indent: int | None = 2, default: Any = None, exclusive: bool = False
+) -> None:
+    """Write `doc` to `path` whole or not at all: `dumps_json` (a non-finite float is written as null, never a bare
+    NaN) into a temp file beside `path`, fsynced, then renamed over `path` (`kvconnector.files.atomic_path`). A crash
+    at any point leaves the old file or the new one, never half of one; a document that cannot be written (an object
+    json does not know, without `default`) raises before any file is touched. `exclusive`: never replace an existing
+    file (FileExistsError)."""
+    text = dumps_json(doc, indent=indent, default=default) + "\n"
+    with atomic_path(path, suffix=".json.tmp", exclusive=exclusive) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes on disk before the rename makes them the file's
 
 
 def open_regular(path) -> BinaryIO:

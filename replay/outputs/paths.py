@@ -32,9 +32,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from kvconnector.errors import ConfigError
-from kvconnector.files import atomic_path
+from kvconnector.files import atomic_path as atomic_path  # re-exported: the outputs write through it
 
-from ..common.json_files import dumps_json
+from ..common.json_files import write_json
 
 RESULTS_DIR = "results"
 
@@ -316,8 +316,7 @@ def default_results_path(suffix: str = ".json") -> str:
 
 
 def _write_json_to(path: str, doc: dict, exclusive: bool) -> None:
-    with atomic_path(path, suffix=".json.tmp", exclusive=exclusive) as tmp, open(tmp, "w", encoding="utf-8") as f:
-        f.write(dumps_json(doc, indent=2, default=str) + "\n")  # never a bare NaN: other JSON readers refuse it
+    write_json(path, doc, default=str, exclusive=exclusive)  # never a bare NaN: other JSON readers refuse it
 
 
 def write_results(
