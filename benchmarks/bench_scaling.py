@@ -24,6 +24,7 @@ import tempfile
 import yaml
 
 from kvconnector.units import GB
+from replay.common.leftovers import disk_temp_dir
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
@@ -82,7 +83,7 @@ def tier_gbps(doc: dict) -> float:
 
 
 def clients(duration: float, users: int) -> None:
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as wd:
+    with tempfile.TemporaryDirectory(dir=disk_temp_dir()) as wd:
         one, r1 = run_bench(dict(CPU_BOUND, duration=duration, num_users=users, seed=1), wd, "one")
         two, r2 = run_bench(dict(CPU_BOUND, duration=duration, num_users=users, seed=1, num_clients=2), wd, "two")
     b1, b2 = tier_gbps(one), tier_gbps(two)
@@ -106,7 +107,7 @@ def many_users(duration: float, users: int) -> None:
         "request_model": "kvtier",
         "size_unit": "GB",
     }
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as wd:
+    with tempfile.TemporaryDirectory(dir=disk_temp_dir()) as wd:
         doc, r = run_bench(cfg, wd, "many")
     s = doc["summary"]
     el = s["elapsed_time"]

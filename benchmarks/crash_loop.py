@@ -47,6 +47,7 @@ from kvconnector.shared_tier import SharedDirTier
 from kvconnector.store import TieredStore
 from kvconnector.tiers import DiskTier
 from kvconnector.timed_io import aligned_buffer, read_header
+from replay.common.leftovers import disk_temp_dir
 
 SPARE_RATIO = 0.3
 
@@ -353,7 +354,7 @@ def main(argv=None) -> int:
     if a.dir and os.path.exists(a.dir) and not (os.path.isdir(a.dir) and not os.listdir(a.dir)):
         print(f"crash_loop: --dir {a.dir} is not an empty directory; give a new or empty one", file=sys.stderr)
         return 2
-    d = a.dir or tempfile.mkdtemp(prefix="kvtier-crash-", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
+    d = a.dir or tempfile.mkdtemp(prefix="kvtier-crash-", dir=disk_temp_dir())
     try:
         f = run_loop(d, a.kills, a.seed, a.corrupt_every, p=LARGE if a.large else SMALL)
     finally:

@@ -31,6 +31,7 @@ import time
 
 from benchmarks.disk_vs_fio import run_fio, run_kvtier
 from kvconnector.tiers import DiskTier
+from kvconnector.units import parse_size
 from replay.outputs.provenance import write_run_json
 from replay.synthetic.payload import RandomPayload
 
@@ -96,30 +97,31 @@ def measure_cell(obj: int, qd: int, count: int, rounds: int, fio_dir: str, kv_di
     return cell
 
 
-def parse_size(text: str) -> int:
-    units = {"k": KIB, "m": 1 << 20, "g": GIB}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+def entry_size(text: str) -> int:
+    """An entry size as every kvtier size is read (kvconnector.units: 128k is 128,000 B, 128KiB is 131,072 B)."""
     try:
-        return int(float(t[:-1]) * units[t[-1]]) if t[-1:] in units else int(t)
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 128k, 2m, 32m)") from None
+        return int(parse_size(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--sizes: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=None, help="directory on the device to test (default a temp dir in /var/tmp)")
-    ap.add_argument("--sizes", default="128k,2m,32m", help="entry sizes, comma-separated (default 128k,2m,32m)")
+    ap.add_argument(
+        "--sizes", default="128KiB,2MiB,32MiB", help="entry sizes, comma-separated (default 128KiB,2MiB,32MiB)"
+    )
     ap.add_argument("--depths", default="1,4,16,32", help="operations in flight, comma-separated (default 1,4,16,32)")
     ap.add_argument("--cell-mib", type=int, default=256, help="data per cell and step, MiB (default 256)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 128k and 2m, depths 1 and 4, 8 MiB, 1 round")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 128KiB and 2MiB, depths 1 and 4, 8 MiB, 1 round")
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args(argv)
     if not shutil.which("fio"):
         print("disk_qd_sweep: fio is not installed (apt-get install fio)", file=sys.stderr)
         return 2
     try:
-        sizes = [parse_size(s) for s in a.sizes.split(",")]
+        sizes = [entry_size(s) for s in a.sizes.split(",")]
         depths = [int(d) for d in a.depths.split(",")]
     except (argparse.ArgumentTypeError, ValueError) as exc:
         ap.error(str(exc))

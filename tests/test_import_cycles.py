@@ -4,59 +4,8 @@ imported and names the cycle it finds."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("kvconnector", "replay", "tracing", "deploy", "benchmarks")
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            if any(p.startswith(".") or p == "__pycache__" for p in parts):
-                continue
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join(parts)] = path
-    return found
-
-
-def _target(name: str, modules: dict[str, Path]) -> str | None:
-    """The deepest kvtier module a dotted name denotes (`replay.x.func` -> `replay.x`)."""
-    while name:
-        if name in modules:
-            return name
-        name = name.rpartition(".")[0]
-    return None
-
-
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
-                # `from pkg import mod` imports the submodule; `from mod import func` imports mod.
-                names = [f"{base}.{alias.name}" for alias in node.names] or [base]
-            else:
-                continue
-            for imported in names:
-                target = _target(imported, modules)
-                if target is not None and target != name:
-                    graph[name].add(target)
-    return graph
+from import_graph import import_graph, project_modules
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -92,7 +41,7 @@ def _package_edges_removed(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 @pytest.mark.slow
 def test_no_import_cycle():
-    graph = _package_edges_removed(import_graph(_modules()))
+    graph = _package_edges_removed(import_graph(project_modules()))
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

@@ -21,7 +21,7 @@ from typing import Any
 from deploy import stack as live
 from kvconnector.errors import ConfigError
 from replay.common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
-from replay.common.leftovers import die_with_parent, watchdog
+from replay.common.leftovers import die_with_parent, disk_temp_dir, watchdog
 from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
 from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, schedule
@@ -198,7 +198,7 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     if a.backing:
         backing = a.backing
     else:
-        backing = tempfile.mkdtemp(prefix="kvtier-sweep-kv-", dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
+        backing = tempfile.mkdtemp(prefix="kvtier-sweep-kv-", dir=disk_temp_dir())
         made.append(backing)
     from deploy.throttle import Mount
 

@@ -17,6 +17,8 @@
   the directories it was given. The run closes its end once it has cleaned up itself; the watchdog then finds
   nothing left to do.
 - `made_dirs(path)`: the directories a `makedirs(path)` would create, so a run removes them (when empty) at its end.
+- `disk_temp_dir()`: where a run's own scratch directories go when the user named none: /var/tmp, disk-backed on most
+  systems where /tmp may be tmpfs (a disk tier on tmpfs measures memory), else the temp dir Python would use.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ _PROOFS = (OWNER_NAME, MARKER_NAME)
 # An empty directory of our prefix younger than this may be another run's between its mkdtemp and its lock file.
 EMPTY_GRACE_S = 60.0
 _PR_SET_PDEATHSIG = 1
+
+
+def disk_temp_dir() -> str:
+    """/var/tmp when writable (disk-backed on most systems, where /tmp may be tmpfs), else tempfile's choice."""
+    return "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:

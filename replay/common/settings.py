@@ -78,18 +78,38 @@ def read_yaml(path: str) -> dict:
     return loaded
 
 
+# Variables under KVTIER_ that are no setting of `kvtier bench` (whose prefix is KVTIER_ itself): the other
+# commands' prefixes, and what the deploy scripts, the bench's own clients and the test suite read. Any other
+# KVTIER_<NAME> is refused as a misspelling, by bench as by replay and plan.
+OTHER_VARIABLES = (
+    "KVTIER_REPLAY_",  # kvtier replay's settings
+    "KVTIER_PLAN_",  # kvtier plan's settings
+    "KVTIER_CLIENT_STATUS",  # a bench client's status file, set by its parent (replay/synthetic/view.py)
+    "KVTIER_STACK_DIR",  # deploy/run-stack.sh's state directory
+    "KVTIER_VLLM_NEWEST_SRC",  # the test suite: vLLM's newest sources
+    "KVTIER_TINY_MODEL_DIR",  # the test suite: where the offline model is built
+    "KVTIER_TRACE_TMP",  # the test suite: a disk-backed folder for traced I/O
+    "KVTIER_REPORT_SCREENSHOTS",  # the test suite: where the report's screenshots go
+)
+
+
 def env_layer(
-    model: type[BaseModel], prefix: str, strict: bool = False, known_elsewhere: frozenset[str] = frozenset()
+    model: type[BaseModel], prefix: str, known_elsewhere: frozenset[str] = frozenset()
 ) -> dict[str, tuple[str, Any]]:
     """`<prefix><TOP_LEVEL_KEY>=value` for the model's top-level keys, each parsed as a YAML scalar (so `50` is a
     number and `true` a boolean; the model converts further). Returns {key: (source description, value)}.
-    `strict`: a variable of the prefix that names no key (nor one of `known_elsewhere`, keys of a sibling command
-    sharing the prefix) is a mistake, as an unknown key in the YAML file is (a misspelt variable would be ignored)."""
-    if strict:
-        keys = set(model.model_fields) | known_elsewhere
-        unknown = sorted(v for v in os.environ if v.startswith(prefix) and v[len(prefix) :].lower() not in keys)
-        if unknown:
-            raise ConfigError(f"environment {unknown[0]}: no such setting ({prefix}<KEY> for a key of --config)")
+    A variable of the prefix that names no key (nor one of `known_elsewhere`, keys of a sibling command sharing the
+    prefix, nor one of OTHER_VARIABLES) is a mistake, as an unknown key in the YAML file is (a misspelt variable would
+    otherwise be ignored)."""
+    keys = set(model.model_fields) | known_elsewhere
+    others = tuple(o for o in OTHER_VARIABLES if o != prefix)  # a command's own prefix is no exemption
+    unknown = sorted(
+        v
+        for v in os.environ
+        if v.startswith(prefix) and v[len(prefix) :].lower() not in keys and not v.startswith(others)
+    )
+    if unknown:
+        raise ConfigError(f"environment {unknown[0]}: no such setting ({prefix}<KEY> for a key of --config)")
     out = {}
     for key in model.model_fields:
         var = prefix + key.upper()
@@ -131,7 +151,6 @@ def load_settings(
     flags: Mapping[str, Any] | None = None,
     flag_paths: Mapping[str, tuple[str, ...]] | None = None,
     missing_hint: str = "",
-    strict_env: bool = False,
     env_known_elsewhere: frozenset[str] = frozenset(),
 ) -> M:
     """Merge the layers and validate once. `flags` are the command line's values by argparse dest (only those the
@@ -146,7 +165,7 @@ def load_settings(
             _empty_string(f"--config {config_path}: {k}", v)
         data.update(loaded)
         origin.update({(k,): f"--config {config_path}" for k in loaded})
-    env = env_layer(model, env_prefix, strict_env, env_known_elsewhere) if env_prefix else {}
+    env = env_layer(model, env_prefix, env_known_elsewhere) if env_prefix else {}
     for key, (where, val) in env.items():
         _empty_string(where, val)
         if key in data:

@@ -376,7 +376,6 @@ def _config(argv: list[str]) -> ReplayConfig:
         env_prefix=ENV_PREFIX,
         flags={k: v for k, v in args.items() if v is not None},  # only what the command line gave
         missing_hint=" (see kvtier replay --help)",
-        strict_env=True,
     )
 
 

@@ -330,7 +330,6 @@ def load_config(argv: list[str]) -> PlanConfig:
         flags=flags,
         flag_paths=flag_paths,
         missing_hint=f" (see '{PROG} --help')",
-        strict_env=True,
         env_known_elsewhere=frozenset(TracePlanConfig.model_fields),  # plan --trace shares the variables' prefix
     )
 

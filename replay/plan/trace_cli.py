@@ -158,7 +158,6 @@ def load_config(argv: list[str], env_known_elsewhere: frozenset[str] = frozenset
         env_prefix=ENV_PREFIX,
         flags=flags,
         missing_hint=f" (see '{PROG} --help')",
-        strict_env=True,
         env_known_elsewhere=env_known_elsewhere,
     )
 

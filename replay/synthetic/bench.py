@@ -18,7 +18,7 @@ from kvconnector.tiers import CPUTier, DiskTier, GPUTier, cuda_torch
 from kvconnector.units import GB, human_bytes
 from replay.models import ModelSpec, resolve_model
 
-from ..common.leftovers import keep, made_dirs, remove_dead, remove_empty
+from ..common.leftovers import disk_temp_dir, keep, made_dirs, remove_dead, remove_empty
 from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo
@@ -136,8 +136,7 @@ def make_run_dir(cfg: BenchConfig, made: list[str] | None = None) -> str:
             raise ConfigError(
                 f"--cache-dir {cfg.cache_dir}: cannot create a directory under {base} ({os_reason(exc)})"
             ) from exc
-    # /var/tmp is disk-backed on most systems, where /tmp may be tmpfs.
-    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
+    base = disk_temp_dir()
     _remove_dead_runs(base)
     return tempfile.mkdtemp(prefix=stamp, dir=base)
 

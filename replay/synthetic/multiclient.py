@@ -23,7 +23,7 @@ import yaml
 from kvconnector.units import human_bytes
 
 from ..common.cli import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
-from ..common.leftovers import OwnedDir, die_with_parent, made_dirs, remove_dead, remove_empty
+from ..common.leftovers import OwnedDir, die_with_parent, disk_temp_dir, made_dirs, remove_dead, remove_empty
 from ..mpi import split
 from ..outputs.paths import os_reason
 from .config import BenchConfig
@@ -32,8 +32,8 @@ from .merge import merge_results, print_sources
 from .view import STATUS_ENV, LiveView
 
 CLIENTS_PREFIX = "kvtier-clients-"
-# The clients' caches, when no --cache-dir is given: disk-backed on most systems, where /tmp may be tmpfs.
-CACHE_BASE = "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
+# The clients' caches, when no --cache-dir is given.
+CACHE_BASE = disk_temp_dir()
 
 
 def share_config(cfg: BenchConfig, i: int, n: int, cache_dir: str | None, local_n: int | None = None) -> dict:

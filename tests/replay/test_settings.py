@@ -3,6 +3,7 @@ its one-line errors that name the layer a bad value came from, and help texts wh
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error, error_path
-from replay.common.settings import documented, load_settings, shown_default
+from replay.common.settings import OTHER_VARIABLES, documented, load_settings, shown_default
 from replay.openai import cli as replay_cli
 from replay.synthetic import cli as bench_cli
 from replay.synthetic.config import ENV_PREFIX as BENCH_ENV_PREFIX
@@ -65,10 +66,43 @@ def test_environment_values_are_yaml_scalars_and_only_the_models_keys(monkeypatc
     monkeypatch.setenv(PREFIX + "ON", "true")
     monkeypatch.setenv(PREFIX + "RATE", "0.125")
     monkeypatch.setenv(PREFIX + "NAME", "from-env")
-    monkeypatch.setenv(PREFIX + "UNKNOWN_KEY", "1")  # not a key: not read, not an error
     got = load_settings(Toy, env_prefix=PREFIX)
     assert got.on is True and got.rate == 0.125 and got.name == "from-env"
     assert load_settings(Toy, flags={"name": "x"}).on is False  # no prefix, no environment layer
+    monkeypatch.setenv(PREFIX + "UNKNOWN_KEY", "1")  # a misspelt variable is refused, not ignored
+    with pytest.raises(ConfigError, match=rf"^environment {PREFIX}UNKNOWN_KEY: no such setting"):
+        load_settings(Toy, env_prefix=PREFIX)
+
+
+@pytest.mark.parametrize(
+    "prefix, misspelt", [("KVTIER_", "KVTIER_NUM_USER"), ("KVTIER_REPLAY_", "KVTIER_REPLAY_SEEDS")]
+)
+def test_every_command_refuses_a_misspelt_variable_and_leaves_the_others(monkeypatch, prefix, misspelt):
+    """bench's prefix (KVTIER_) holds replay's, plan's and the scripts' variables: those are not misspellings."""
+    for name in OTHER_VARIABLES:
+        monkeypatch.setenv(name + ("SEED" if name.endswith("_") else ""), "5")
+    model = BenchConfig if prefix == "KVTIER_" else replay_cli.ReplayConfig
+    flags = {} if model is BenchConfig else {"base_url": "http://127.0.0.1:1", "model": "m", "output": "o.json"}
+    load_settings(model, env_prefix=prefix, flags=flags)
+    monkeypatch.setenv(misspelt, "5")
+    with pytest.raises(ConfigError, match=rf"^environment {misspelt}: no such setting"):
+        load_settings(model, env_prefix=prefix, flags=flags)
+
+
+def test_every_kvtier_variable_the_project_reads_is_a_setting_or_listed():
+    """A KVTIER_ name read anywhere (Python, shell, the Makefile) is a setting's or in OTHER_VARIABLES, so bench's
+    refusal of unknown names never refuses one of the project's own."""
+    root = Path(__file__).resolve().parents[2]
+    settings = {BENCH_ENV_PREFIX + k.upper() for k in BenchConfig.model_fields}
+    read = set()
+    for path in [*root.glob("*/**/*.py"), *root.glob("*/**/*.sh"), root / "Makefile"]:
+        if ".venv" in path.parts or path.parts[len(root.parts)].startswith("."):
+            continue
+        text = path.read_text(errors="replace")
+        read |= set(re.findall(r"(?:environ(?:\.get)?\(|environ\[|getenv\(|setenv\()[\"'](KVTIER_[A-Z0-9_]+)", text))
+        read |= set(re.findall(r"\$\{?(KVTIER_[A-Z0-9_]+)", text))
+    assert read, "the scan found nothing: it is broken"
+    assert {v for v in read if v not in settings and not v.startswith(OTHER_VARIABLES)} == set()
 
 
 def test_a_nested_flag_sets_one_key_and_keeps_the_sections_others(tmp_path):
