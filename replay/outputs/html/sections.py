@@ -1,9 +1,9 @@
 """What the report shows for each kind of result: banners, the summary rows, the figures, configuration and system.
 
-A row is (metric, unit, path into the document or a function of it, which direction is better); the page puts each
-run's value in a column with its ratio to the first run. Rows with a path carry it on the page (`data-path`), so a
-reader (and the browser test) can tell which number of the JSON a cell shows. Figures are plotly figures, one
-trace per run and series, named `label: series` when several runs are overlaid.
+A row (replay/outputs/compare_rows.py) is (metric, unit, path into the document or a function of it, which direction
+is better); the page puts each run's value in a column with its ratio to the first run. Rows with a path carry it on
+the page (`data-path`), so a reader (and the browser test) can tell which number of the JSON a cell shows. Figures
+are plotly figures, one trace per run and series, named `label: series` when several runs are overlaid.
 """
 
 from __future__ import annotations
@@ -18,44 +18,13 @@ import plotly.graph_objects as go
 from kvconnector.units import GB
 
 from .._common import sla_verdict_text, timeline_series
+from ..compare_rows import Row, bench_rows, value_at
 from ..plots import cdf_points
 from .kinds import ReportError, Run
 
-Getter = tuple[str, ...] | Callable[[Any], Any]
 # plotly's default colours, named so a series keeps one colour across runs; one dash per run when runs are overlaid
 _PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff")
 _DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
-
-
-@dataclass(frozen=True)
-class Row:
-    metric: str
-    unit: str
-    get: Getter
-    better: str | None = None  # "higher", "lower" or None (no direction)
-
-
-def value_at(doc: Any, get: Getter) -> Any:
-    """The value a row shows: `get(doc)`, or the value at a path of keys (list indices as text, -1 the last); None
-    where the path is absent, and for a percentile of a latency summary of no requests (it reads 0, not "fast")."""
-    if callable(get):
-        return get(doc)
-    cur = doc
-    for key in get:
-        if isinstance(cur, dict) and cur.get("count") == 0 and key != "count":
-            return None
-        if (
-            isinstance(cur, list)
-            and isinstance(key, str)
-            and key.lstrip("-").isdigit()
-            and -len(cur) <= int(key) < len(cur)
-        ):
-            cur = cur[int(key)]
-        elif isinstance(cur, dict) and key in cur:
-            cur = cur[key]
-        else:
-            return None
-    return cur
 
 
 def _name(run: Run, series: str, overlaid: bool) -> str:
@@ -112,34 +81,7 @@ def _kept(figs: list[go.Figure]) -> list[go.Figure]:
 
 def _bench_rows(runs: list[Run]) -> list[Row]:
     # kvtier compare's rows: one definition of what a bench run is compared on
-    from replay.synthetic.compare import rows_for
-
-    paths = {
-        "status": ("status",),
-        "elapsed": ("summary", "elapsed_time"),
-        "requests completed": ("summary", "total_requests"),
-        "requests/s": ("summary", "requests_per_second"),
-        "tokens/s": ("summary", "avg_throughput_tokens_per_sec"),
-        "tokens / storage I/O s": ("summary", "storage_throughput_tokens_per_sec"),
-        "storage tier tokens/s": ("summary", "storage_tier_tokens_per_sec"),
-        "end-to-end p50": ("summary", "end_to_end_latency_ms", "p50"),
-        "end-to-end p95": ("summary", "end_to_end_latency_ms", "p95"),
-        "end-to-end p99": ("summary", "end_to_end_latency_ms", "p99"),
-        "storage I/O p95": ("summary", "storage_io_latency_ms", "p95"),
-        "cache hit rate": ("summary", "cache_stats", "cache_hit_rate"),
-        "block device read GB/s": ("block_device", "read_gbps"),
-        "block device write GB/s": ("block_device", "write_gbps"),
-    }
-    for run in runs:  # the rows compare builds per tier and per QoS class
-        for t in run.doc.get("tiers") or {}:
-            for op in ("read", "write"):
-                paths[f"{t} {op} p99"] = ("tiers", t, op, "latency_ms", "p99")
-        for c in run.doc["summary"].get("qos_metrics") or {}:
-            paths[f"QoS {c} service p99"] = ("summary", "qos_metrics", c, "service_latency_ms", "p99")
-    return [
-        Row(m, "%" if u == "" and "hit rate" in m else u, paths.get(m, g), b)
-        for m, u, g, b in rows_for([r.doc for r in runs])
-    ]
+    return bench_rows([r.doc for r in runs])
 
 
 def _bench_banners(run: Run) -> list[tuple[str, str]]:
