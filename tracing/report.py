@@ -27,7 +27,8 @@ import re
 import sys
 from pathlib import Path
 
-from .distill import LOST_WARN_SHARE, DistillError, lost_completions, whole_file
+from .distill import whole_file
+from .distiller import LOST_WARN_SHARE, DistillError, lost_completions
 from .histparse import Hist, Trace, TraceParseError, parse_trace, read_trace
 
 __all__ = [

@@ -27,7 +27,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from .distill import DistillError, distill, render_job, write_whole
+from .distill import write_whole
+from .distiller import DistillError, distill
+from .fio_job import render_job
 from .histparse import parse_trace
 
 __all__ = ["SCRIPT", "TraceSession", "TraceSessionError", "TracingUnavailable"]

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from typing import Any
 
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from ..compare_rows import Row, format_ratio, format_value, metric_label, ratio, ratio_verdict, value_at
 from ..provenance import kvtier_version
 from .kinds import FAMILY, KIND_TITLES, ReportError, Run
-from .sections import VIEWS, Row, overlay_style, value_at
+from .sections import VIEWS, overlay_style
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -40,31 +40,6 @@ details{margin:6px 0} summary{cursor:pointer;font-weight:600}
 """
 
 
-def _fmt(value: Any, unit: str) -> str:
-    """A value as the table shows it: 4 significant digits (a share, unit "%", as a percentage with 2 decimals)."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        if unit == "%":
-            return f"{value * 100:.2f}%"
-        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return str(value)
-
-
-def _ratio(value: Any, base: Any) -> float | None:
-    if isinstance(value, bool) or isinstance(base, bool):
-        return None
-    if not isinstance(value, int | float) or not isinstance(base, int | float) or base == 0:
-        return None
-    return value / base
-
-
 def _cell(value: Any, unit: str, path: str | None) -> str:
     attrs = ""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -72,7 +47,7 @@ def _cell(value: Any, unit: str, path: str | None) -> str:
     if path:
         attrs += f' data-path="{html.escape(path)}"'
     cls = "num" if isinstance(value, int | float) else ""
-    return f'<td class="{cls}"{attrs}>{html.escape(_fmt(value, unit))}</td>'
+    return f'<td class="{cls}"{attrs}>{html.escape(format_value(value, unit))}</td>'
 
 
 def _summary_table(runs: list[Run], rows: list[Row]) -> str:
@@ -85,18 +60,15 @@ def _summary_table(runs: list[Run], rows: list[Row]) -> str:
         if all(v is None for v in values):
             continue
         path = "/".join(row.get) if isinstance(row.get, tuple) else None
-        unit = f" ({row.unit})" if row.unit not in ("", "1/s", "tokens/s", "GB/s", "x", "%") else ""
-        cells = [f'<td class="metric">{html.escape(row.metric + unit)}</td>']
+        cells = [f'<td class="metric">{html.escape(metric_label(row.metric, row.unit))}</td>']
         for i, v in enumerate(values):
             cells.append(_cell(v, row.unit, path))
             if i:
-                r = _ratio(v, values[0])
-                cls = "num"
-                if r is not None and row.better and abs(r - 1) > 0.05:
-                    cls += " good" if (r > 1) == (row.better == "higher") else " bad"
-                text = "-" if r is None else f"{r:.2f}x"
+                r = ratio(v, values[0])
+                verdict = ratio_verdict(r, row.better)
+                cls = f"num {verdict}" if verdict else "num"
                 attr = "" if r is None else f' data-value="{r!r}"'
-                cells.append(f'<td class="{cls} ratio"{attr}>{text}</td>')
+                cells.append(f'<td class="{cls} ratio"{attr}>{format_ratio(r)}</td>')
         out.append(f"<tr>{''.join(cells)}</tr>")
     out.append("</tbody></table>")
     return "".join(out)

@@ -1,13 +1,16 @@
 """`kvtier compare`: ratios against the first run are right, labels and --json work, user errors exit 2 in one line."""
 
 import copy
+import html
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from replay.outputs.html.cli import main as report_main
 from replay.synthetic.compare import build_table, default_labels, main
 
 REPO = Path(__file__).resolve().parents[3]
@@ -143,3 +146,47 @@ def test_labels_that_do_not_name_each_column_once_are_refused(two_runs, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and said in err[0], err
     assert not out.exists()
+
+
+def _compare_cells(text: str) -> dict[str, list[str]]:
+    """kvtier compare's printed table: per row, the metric's label and then its cells as shown."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) > 1 and cells[0] and cells[0] != "metric":
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _report_cells(page: str) -> dict[str, list[str]]:
+    """The report's summary table: per row, the metric's label and then its cells' text."""
+    table = re.search(r'<table class="summary">(.*?)</table>', page, re.S).group(1)
+    rows = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", table, re.S):
+        cells = [html.unescape(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        if cells:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_compare_and_the_report_show_each_figure_alike(tmp_path, two_runs, monkeypatch, capsys):
+    """One figure, one text: every row the report's summary shows reads the same in `kvtier compare`'s table, values
+    and ratios, with figures where the two once differed (under 1 ms, over 100 ms, a share)."""
+    a, b = two_runs
+    for path, p50, p99, hit_rate in ((a, 0.01234, 123.456, 0.2537), (b, 0.5, 99.99, 0.5)):
+        doc = json.loads(path.read_text())
+        doc["summary"]["end_to_end_latency_ms"].update(p50=p50, p99=p99)
+        doc["summary"]["cache_stats"]["cache_hit_rate"] = hit_rate
+        path.write_text(json.dumps(doc))
+    monkeypatch.setenv("COLUMNS", "200")  # rich folds cells narrower than the table
+    assert main([str(a), str(b)]) == 0
+    shown = _compare_cells(capsys.readouterr().out)
+    page = tmp_path / "r.html"
+    assert report_main([str(a), str(b), "-o", str(page)]) == 0
+    reported = _report_cells(page.read_text())
+    assert reported["end-to-end p50 (ms)"][:2] == ["0.01234", "0.5"]
+    assert reported["end-to-end p99 (ms)"][:2] == ["123.5", "99.99"]
+    assert reported["cache hit rate"][:2] == ["25.37%", "50.00%"]
+    assert len(reported) > 10
+    for label, cells in reported.items():
+        assert shown.get(label) == cells, label
