@@ -21,10 +21,12 @@ import os
 import stat
 from typing import Any, BinaryIO
 
+from kvconnector.errors import UserError
+
 MAX_NESTING = 100
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """What a file holds that kvtier will not read; the message says what, the caller says which file."""
 
 
