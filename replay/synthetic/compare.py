@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from kvconnector.errors import ConfigError
+from kvconnector.errors import UserError
 from kvconnector.units import GB
 
 from ..common.cli import OneLineParser, fail
@@ -30,7 +30,7 @@ written (checked before anything is read; one line on stderr, nothing written); 
 """
 
 
-class CompareError(Exception):
+class CompareError(UserError):
     """A user error: one line, exit status 2."""
 
 
@@ -209,10 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        claim = claim_outputs({"--json": args.json_out}, inputs={p: p for p in args.results})
-    except ConfigError as exc:
-        return fail("kvtier compare", str(exc))
+    claim = claim_outputs({"--json": args.json_out}, inputs={p: p for p in args.results})
     with claim:
         return _compare(args)
 
