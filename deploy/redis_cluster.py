@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvconnector.errors import UserError
 from replay.common.ports import all_free, free_port_block
 
 from .stack import wait_for
@@ -40,7 +41,12 @@ NODE_TIMEOUT_MS = 3000
 
 
 class ClusterError(RuntimeError):
-    """The cluster could not be started or stopped as asked (one line, for the CLI)."""
+    """The cluster could not be started or stopped (one line, for the CLI; exit status 1)."""
+
+
+class ClusterRefused(UserError, ClusterError):
+    """What was asked cannot be done here: too few masters, ports in use, a cluster still up, redis not installed
+    (one line, exit status 2)."""
 
 
 @dataclass
@@ -149,19 +155,19 @@ def start(
     `redis-cli --cluster create`, waited for until every node says cluster_state:ok. On failure, whatever started is
     stopped and ClusterError raised."""
     if masters < 3:
-        raise ClusterError("--masters: a Redis Cluster needs at least 3 masters (redis-cli --cluster create)")
+        raise ClusterRefused("--masters: a Redis Cluster needs at least 3 masters (redis-cli --cluster create)")
     state_dir = Path(state_dir)
     old = RedisClusterNodes.load(state_dir)
     if old is not None and any(_is_node(pid, p) for p, pid in old.pids.items()):
-        raise ClusterError(f"a cluster from {state_dir} is still up ({old.startup_nodes}): run down first")
+        raise ClusterRefused(f"a cluster from {state_dir} is still up ({old.startup_nodes}): run down first")
     if not _bindable(host):
-        raise ClusterError(f"--bind {host}: not an address of this host")
+        raise ClusterRefused(f"--bind {host}: not an address of this host")
     base = port if port is not None else free_port_block(masters, host, offsets=(0, BUS_OFFSET))
     ports = list(range(base, base + masters))
     if not (0 < base and ports[-1] + BUS_OFFSET <= 65535):
-        raise ClusterError(f"--port {base}: ports and their cluster bus ports (+{BUS_OFFSET}) must be below 65536")
+        raise ClusterRefused(f"--port {base}: ports and their cluster bus ports (+{BUS_OFFSET}) must be below 65536")
     if not all_free([*ports, *(p + BUS_OFFSET for p in ports)], host):
-        raise ClusterError(f"--port {base}: ports {base}-{ports[-1]} or their bus ports (+{BUS_OFFSET}) are in use")
+        raise ClusterRefused(f"--port {base}: ports {base}-{ports[-1]} or their bus ports (+{BUS_OFFSET}) are in use")
     state_dir.mkdir(parents=True, exist_ok=True)
     nodes = RedisClusterNodes(state_dir, ports, host=host)
     try:
@@ -187,14 +193,14 @@ def stop(state_dir: Path) -> bool:
 def _redis_server() -> str:
     exe = shutil.which("redis-server")
     if exe is None:
-        raise ClusterError("redis-server is not installed (deploy/install-system-deps.sh)")
+        raise ClusterRefused("redis-server is not installed (deploy/install-system-deps.sh)")
     return exe
 
 
 def _cli(port: int | None, *args: str, check: bool = True, host: str = HOST) -> str:
     exe = shutil.which("redis-cli")
     if exe is None:
-        raise ClusterError("redis-cli is not installed (deploy/install-system-deps.sh)")
+        raise ClusterRefused("redis-cli is not installed (deploy/install-system-deps.sh)")
     where = ["-h", host, "-p", str(port)] if port is not None else []
     p = subprocess.run([exe, *where, *args], capture_output=True, text=True, timeout=60)
     if check and p.returncode != 0:
@@ -247,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no cluster recorded in {args.state_dir}", file=sys.stderr)
     except ClusterError as exc:
         print(f"deploy.redis_cluster: {exc}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, UserError) else 1
     return 0
 
 

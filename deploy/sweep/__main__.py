@@ -1,5 +1,6 @@
 import sys
 
-from .cli import main
+from replay.cli import main
 
-sys.exit(main())
+# Through the dispatcher, for its error contract (replay/cli.py): `python -m deploy.sweep` is `kvtier sweep`.
+sys.exit(main(["sweep", *sys.argv[1:]]))

@@ -20,11 +20,11 @@ from typing import Any
 
 from deploy import stack as live
 from kvconnector.errors import ConfigError
-from replay.common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
+from replay.common.cli import Interrupted, OneLineParser, stop_signals_raise
 from replay.common.leftovers import die_with_parent, disk_temp_dir, watchdog
 from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
-from .grid import Point, SettingError, grid, parse_bw_list, parse_lat_list, schedule
+from .grid import Point, grid, parse_bw_list, parse_lat_list, schedule
 from .metrics import HEADLINE, METRICS, extract, median, relative
 
 PROG = "kvtier sweep"
@@ -182,6 +182,17 @@ def runs_dir_of(output: str) -> str:
     return os.path.splitext(output)[0] + ".runs"
 
 
+class StackFailed(Exception):
+    """deploy/stack.py could not start the stack or clear its L1 (it says so with a RuntimeError)."""
+
+
+def _stack_call(fn, *args):
+    try:
+        return fn(*args)
+    except RuntimeError as exc:  # only from this call: a RuntimeError anywhere else in the sweep is a bug
+        raise StackFailed(str(exc)) from exc
+
+
 def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     bws, lats = parse_bw_list(a.bw), parse_lat_list(a.lat_ms)
     points = grid(bws, lats)
@@ -200,7 +211,7 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     else:
         backing = tempfile.mkdtemp(prefix="kvtier-sweep-kv-", dir=disk_temp_dir())
         made.append(backing)
-    from deploy.throttle import Mount
+    from deploy.throttle import ControlError, Mount, MountError
 
     doc: dict[str, Any] = {
         "kind": "kvtier sweep",
@@ -220,6 +231,7 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     stack = None
     stack_hold = -1
     code = 0
+    bug: BaseException | None = None
     try:
         # Should the sweep be killed, the server unmounts (or a watchdog unmounts it) and our directories go.
         with Mount(mount, backing, ["--bw", "0", "--lat-ms", "0"], remove_after=made) as m:
@@ -230,7 +242,7 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
                 # watchdog takes the stack down.
                 stack_hold = watchdog(run=[["bash", str(live.RUN_STACK), "down", "--state-dir", state]], remove=[state])
                 print(f"{PROG}: starting the stack (deploy/run-stack.sh up, state {state})", file=sys.stderr)
-                stack = live.start(Path(state), *shlex.split(a.stack), "--kv-dir", mount)
+                stack = _stack_call(live.start, Path(state), *shlex.split(a.stack), "--kv-dir", mount)
                 # Warm-up, not measured: the same prompts every point, so the first point would be the only one
                 # computing them all; after this run each point finds the same prefixes in the disk tier.
                 warm = os.path.join(runs_dir, "warmup.json")
@@ -248,7 +260,7 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
                 m.client.set(**p.changes())
                 if stack is not None:
                     for inst in range(len(stack.endpoints.get("instances", []))):
-                        live.clear_l1(stack, inst)
+                        _stack_call(live.clear_l1, stack, inst)
                 out = os.path.join(runs_dir, f"run-{i:03d}.json")
                 argv = _driver_argv(a.driver, driver_args, mount, out, stack)
                 _progress(i, len(order), p, rep, "running")
@@ -297,10 +309,14 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     except Interrupted as exc:
         doc["status"] = f"interrupted ({exc})"
         code = exc.exit_code
-    except (OSError, RuntimeError) as exc:  # the mount, the stack, the control endpoint
+    except (OSError, MountError, ControlError, StackFailed, subprocess.SubprocessError) as exc:
+        # the mount, the stack, the control endpoint, a run that outlived --point-timeout in the warm-up
         doc["status"] = f"failed: {exc}"
         print(f"{PROG}: {exc}", file=sys.stderr)
         code = 1
+    except Exception as exc:  # a bug: the points done are still written below, then it is raised (exit 1, logged)
+        doc["status"] = f"failed: internal error: {type(exc).__name__}: {exc}"
+        bug = exc
     finally:
         if stack is not None:
             live.down(stack.state_dir)
@@ -315,6 +331,9 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
 
         doc["plots"] = write_heatmaps(doc, a.plots)
     path, moved = write_results(output, doc, is_default=True)  # never replaces a file, even one made meanwhile
+    if bug is not None:
+        bug.add_note(f"the runs done are in {path}")
+        raise bug
     if moved:
         print(f"{PROG}: {moved}; written to {path} instead", file=sys.stderr)
     if doc["points"]:
@@ -335,43 +354,41 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     own, driver_args = _split(list(sys.argv[1:] if argv is None else argv))
     a = build_parser().parse_args(own)
-    try:
-        if a.repeat < 1:
-            raise ConfigError(f"--repeat {a.repeat}: give 1 or more")
-        bws, lats = parse_bw_list(a.bw), parse_lat_list(a.lat_ms)
-        if not grid(bws, lats):
-            raise ConfigError("the grid has no throttled point (give a cap or a latency above 0)")
-        if a.driver == "replay" and not a.stack:
-            raise ConfigError(
-                "--driver replay needs --stack 'ARGS of deploy/run-stack.sh up' (its --kv-dir is the mount)"
-            )
-        if a.driver == "bench" and a.stack:
-            raise ConfigError("--stack is for --driver replay")
-        if "--kv-dir" in shlex.split(a.stack):
-            raise ConfigError("--stack: leave out --kv-dir; the sweep puts it on the throttled mount")
-        _check_driver_args(a.driver, driver_args)
-        for flag, d in (("--mount", a.mount), ("--backing", a.backing)):
-            if d and not os.path.isdir(d):
-                raise ConfigError(f"{flag} {d}: not a directory")
-        if a.mount and os.listdir(a.mount):
-            raise ConfigError(f"--mount {a.mount}: not empty (the mount would hide its files)")
-        output = a.output or default_results_path()
-        # A sweep's JSON and its runs directory go together: neither replaces an earlier sweep's.
-        if os.path.lexists(runs_dir_of(output)):
-            raise ConfigError(
-                f"--output {output}: {runs_dir_of(output)} exists (an earlier sweep's runs); give a new --output"
-            )
-        claim = claim_outputs(
-            {"--output": output, "--html-output": a.html_output},
-            {"--plots": a.plots},
-            replace=False,
-            exists_hint="give a new --output (a sweep never replaces an earlier sweep's results)",
+    # A refusal raises a UserError (ConfigError, SettingError): replay/cli.py says it in one line, exit 2.
+    if a.repeat < 1:
+        raise ConfigError(f"--repeat {a.repeat}: give 1 or more")
+    bws, lats = parse_bw_list(a.bw), parse_lat_list(a.lat_ms)
+    if not grid(bws, lats):
+        raise ConfigError("the grid has no throttled point (give a cap or a latency above 0)")
+    if a.driver == "replay" and not a.stack:
+        raise ConfigError("--driver replay needs --stack 'ARGS of deploy/run-stack.sh up' (its --kv-dir is the mount)")
+    if a.driver == "bench" and a.stack:
+        raise ConfigError("--stack is for --driver replay")
+    if "--kv-dir" in shlex.split(a.stack):
+        raise ConfigError("--stack: leave out --kv-dir; the sweep puts it on the throttled mount")
+    _check_driver_args(a.driver, driver_args)
+    for flag, d in (("--mount", a.mount), ("--backing", a.backing)):
+        if d and not os.path.isdir(d):
+            raise ConfigError(f"{flag} {d}: not a directory")
+    if a.mount and os.listdir(a.mount):
+        raise ConfigError(f"--mount {a.mount}: not empty (the mount would hide its files)")
+    output = a.output or default_results_path()
+    # A sweep's JSON and its runs directory go together: neither replaces an earlier sweep's.
+    if os.path.lexists(runs_dir_of(output)):
+        raise ConfigError(
+            f"--output {output}: {runs_dir_of(output)} exists (an earlier sweep's runs); give a new --output"
         )
-    except (ConfigError, SettingError) as exc:
-        return fail(PROG, str(exc))
+    claim = claim_outputs(
+        {"--output": output, "--html-output": a.html_output},
+        {"--plots": a.plots},
+        replace=False,
+        exists_hint="give a new --output (a sweep never replaces an earlier sweep's results)",
+    )
     with claim, stop_signals_raise():
         return run(a, driver_args, output)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+    from replay.cli import main as kvtier
+
+    sys.exit(kvtier(["sweep", *sys.argv[1:]]))

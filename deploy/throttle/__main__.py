@@ -1,5 +1,6 @@
 import sys
 
-from .cli import main
+from replay.cli import main
 
-sys.exit(main())
+# Through the dispatcher, for its error contract (replay/cli.py): `python -m deploy.throttle` is `kvtier throttlefs`.
+sys.exit(main(["throttlefs", *sys.argv[1:]]))

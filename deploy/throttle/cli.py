@@ -140,18 +140,16 @@ def _unmount(mnt: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    try:
-        settings = settings_from_args(a)
-        from .settings import parse_rate
+    # A refusal raises a SettingError: replay/cli.py says it in one line, exit 2.
+    settings = settings_from_args(a)
+    from .settings import parse_rate
 
-        max_request = int(parse_rate(a.max_request))
-        if not 4096 <= max_request <= 1 << 20 or max_request % 4096:
-            raise SettingError(f"--max-request {a.max_request}: a multiple of 4 KiB from 4KiB to 1MiB")
-        if not 0 <= a.control_port <= 65535:
-            raise SettingError(f"--control-port {a.control_port}: 0 to 65535")
-        mnt, back = check_paths(a.mountpoint, a.backing)
-    except SettingError as exc:
-        return fail(PROG, str(exc))
+    max_request = int(parse_rate(a.max_request))
+    if not 4096 <= max_request <= 1 << 20 or max_request % 4096:
+        raise SettingError(f"--max-request {a.max_request}: a multiple of 4 KiB from 4KiB to 1MiB")
+    if not 0 <= a.control_port <= 65535:
+        raise SettingError(f"--control-port {a.control_port}: 0 to 65535")
+    mnt, back = check_paths(a.mountpoint, a.backing)
     missing = check_fuse()
     if missing:
         return fail(PROG, missing)
@@ -222,5 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     return 128 + signum if signum else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+    from replay.cli import main as kvtier
+
+    sys.exit(kvtier(["throttlefs", *sys.argv[1:]]))

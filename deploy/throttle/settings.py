@@ -10,6 +10,7 @@ import dataclasses
 import re
 from typing import Any
 
+from kvconnector.errors import UserError
 from kvconnector.units import parse_size
 
 OPS = ("read", "write", "fsync", "open")
@@ -17,7 +18,7 @@ OPS = ("read", "write", "fsync", "open")
 _PER_SECOND = re.compile(r"\s*(/\s*s|ps)\s*$", re.IGNORECASE)
 
 
-class SettingError(ValueError):
+class SettingError(UserError, ValueError):
     """A setting the throttle cannot take (bad unit, negative value, unknown key): the message is one line."""
 
 

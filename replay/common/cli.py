@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -26,6 +27,17 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+def setup_logging(prog: str, level: str = "WARNING") -> None:
+    """Log records to stderr as `PROG: LEVEL message` (once per process; replay/cli.py calls it for every
+    subcommand). A subcommand with a --log-level flag sets the level with `set_log_level`."""
+    logging.basicConfig(level=level, format=f"{prog}: %(levelname)s %(message)s")
+
+
+def set_log_level(prog: str, level: str) -> None:
+    setup_logging(prog)  # a no-op under the dispatcher; this subcommand's main called by itself logs the same way
+    logging.getLogger().setLevel(level)
 
 
 def fail(prog: str, msg: str, code: int = 2) -> int:

@@ -21,12 +21,13 @@ import os
 import stat
 from typing import Any, BinaryIO
 
+from kvconnector.errors import UserError
 from kvconnector.files import atomic_path
 
 MAX_NESTING = 100
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """What a file holds that kvtier will not read; the message says what, the caller says which file."""
 
 

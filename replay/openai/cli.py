@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from kvconnector.errors import ConfigError
+from kvconnector.errors import UserError
 from replay.openai.client import api_root, fd_limit_message
 from replay.openai.driver import Driver, DriverOptions, RunState
 from replay.openai.mpi_run import ReplaySteps, run_rank
@@ -683,6 +683,17 @@ def report(cfg: ReplayConfig, summary: dict, code: int) -> int:
     return code
 
 
+def _write_partial(cfg: ReplayConfig, state: RunState, meta: dict, bug: BaseException):
+    """Write what the run measured before `bug` ended it, then raise it with a note saying where."""
+    try:
+        summary = _write_outputs(cfg, state, meta)
+    except Exception as exc:  # the results could not be made either: the first bug is the one to report
+        bug.add_note(f"no results written ({type(exc).__name__}: {exc})")
+    else:
+        bug.add_note(f"partial results in {summary['results_path']}")
+    raise bug
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if world_size() > 1:  # started by mpirun: this process is one rank of the job
@@ -696,28 +707,29 @@ def main(argv: list[str] | None = None) -> int:
                 report=report,
             )
         )
-    try:
-        cfg = _config(argv)
-        claim = check_output_paths(cfg)
-    except (WorkloadError, ConfigError) as exc:
-        return fail(PROG, str(exc))
-    with claim:
+    cfg = _config(argv)  # a refusal raises a UserError: replay/cli.py says it in one line, exit 2
+    with check_output_paths(cfg):
         return _run_and_write(cfg)
 
 
 def _run_and_write(cfg: ReplayConfig) -> int:
+    """The run, then its outputs. A refusal found while reading the source (a UserError) writes nothing; a bug
+    (any other exception) writes what was measured, then is raised for replay/cli.py to log (exit 1)."""
     state = RunState()
     meta: dict = {}
     code = 0
     try:
         with stop_signals_raise():  # a signal before the event loop listens stops the run the same way
             meta = asyncio.run(_run(cfg, state))
-    except (WorkloadError, ValueError) as exc:
-        return fail(PROG, str(exc))
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         state.stop_signal = state.stop_signal or signum
         state.aborted = state.aborted or f"interrupted ({signal_name(signum)}): partial results"
+    except UserError:
+        raise
+    except Exception as bug:
+        state.aborted = state.aborted or f"internal error: {type(bug).__name__}: {bug}"
+        _write_partial(cfg, state, meta, bug)
     if state.aborted:
         code = exit_code(state.stop_signal) if state.stop_signal else 3
         print(f"{PROG}: run ended early: {state.aborted}", file=sys.stderr)
@@ -728,5 +740,7 @@ def _run_and_write(cfg: ReplayConfig) -> int:
     return report(cfg, summary, code)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+    from replay.cli import main as kvtier
+
+    sys.exit(kvtier(["replay", *sys.argv[1:]]))

@@ -95,6 +95,7 @@ class Driver:
         self.s = state or RunState()
         self._abort = asyncio.Event()
         self._consecutive_conn_errors = 0
+        self.bug: BaseException | None = None  # the first exception of a request task: a bug (see _task)
         self._sem: asyncio.Semaphore | None = None
         self._next_id = 0
         self.session: aiohttp.ClientSession | None = None
@@ -311,7 +312,25 @@ class Driver:
 
     async def _finish(self, tasks) -> None:
         """Wait for every task; once the run is aborted, give in-flight requests `abort_grace_s`, then cancel them
-        (their records say `cancelled`)."""
+        (their records say `cancelled`). A task that ended with an exception (a bug: requests record their errors,
+        never raise) is raised here once every task is over, so the run's caller writes what was measured."""
+        await self._wait_all(tasks)
+        if self.bug is not None:
+            raise self.bug
+
+    def _task(self, coro) -> asyncio.Task:
+        """A task of the run whose exception, should it end with one, is a bug: kept, and the run aborted."""
+        task = asyncio.create_task(coro)
+        task.add_done_callback(self._note_bug)
+        return task
+
+    def _note_bug(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None or self.bug is not None:
+            return
+        self.bug = task.exception()
+        self.abort(f"internal error: {type(self.bug).__name__}: {self.bug}")
+
+    async def _wait_all(self, tasks) -> None:
         pending = {t for t in tasks if not t.done()}
         if not pending:
             return
@@ -365,7 +384,7 @@ class Driver:
             await self._sleep_until(deadline)
             if self.aborted:
                 break
-            task = asyncio.create_task(self._run_session(plans[i], deadline, t0 if traced else None))
+            task = self._task(self._run_session(plans[i], deadline, t0 if traced else None))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         await self._finish(list(tasks))
@@ -383,7 +402,7 @@ class Driver:
                 await self._run_session(plan, ready, None)
                 ready = time.perf_counter_ns() + int(self.o.think_time_ms * 1e6)
 
-        await self._finish([asyncio.create_task(user()) for _ in range(max(1, users))])
+        await self._finish([self._task(user()) for _ in range(max(1, users))])
 
     async def _rounds(self, plans: list[SessionPlan], rounds: int) -> None:
         self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
@@ -416,7 +435,7 @@ class Driver:
                     break
             start = max(time.perf_counter_ns(), self.s.t0_ns)
             await self._sleep_until(start)
-            await self._finish([asyncio.create_task(one(p, r, start)) for p in plans])
+            await self._finish([self._task(one(p, r, start)) for p in plans])
             end = time.perf_counter_ns()
             after = await self.snapshot()
             self.s.round_snapshots.append((r, start, end, before, after))

@@ -41,10 +41,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvconnector.errors import ConfigError
+from kvconnector.errors import ConfigError, UserError
 from replay.openai.driver import RunState
 from replay.openai.merge import merge_ranks, rank_clock
-from replay.sources.base import WorkloadError
 
 from ..common.cli import STOP_SIGNALS, exit_code, fail
 from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, split, world_size
@@ -130,7 +129,7 @@ class RankJob:
             plans, offsets = self.share(plans, offsets)
             await drv.warmup(plans)
             out = pacing, plans, offsets, traced, dict(meta, rank=self.rank, sessions=len(plans))
-        except (WorkloadError, ConfigError, ValueError) as exc:
+        except UserError as exc:
             err = (2, str(exc))
         except Exception as exc:  # a bug: the other ranks must still hear of it
             err = (1, f"{type(exc).__name__}: {exc}")
@@ -194,7 +193,7 @@ def run_rank(steps: ReplaySteps) -> int:
             cfg = steps.load()
     except SystemExit as exc:  # argparse (--help, a bad flag): rank 0's parser has said it; none leaves before it did
         err = (exc.code if isinstance(exc.code, int) else 2, "")
-    except (ConfigError, WorkloadError) as exc:  # a --config file or an environment variable may differ by host
+    except UserError as exc:  # a --config file or an environment variable may differ by host
         err = (2, str(exc))
     try:
         from mpi4py import MPI
@@ -217,7 +216,7 @@ def run_rank(steps: ReplaySteps) -> int:
         if rank == 0:
             try:
                 steps.check(cfg)
-            except (ConfigError, WorkloadError) as exc:
+            except UserError as exc:
                 failed = (2, str(exc))
         failed = comm.bcast(failed, root=0)
     if failed:

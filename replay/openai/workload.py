@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from replay.sources.base import Conversation
+from replay.sources.base import Conversation, WorkloadError
 from replay.sources.block_traces import BlockTrace
 
 __all__ = [
@@ -251,7 +251,7 @@ async def long_session_plans(
     if convs is not None:
         pool = sorted(convs, key=lambda c: -len(c.turns))[:concurrency]
         if len(pool) < concurrency:
-            raise ValueError(f"long-session mode needs {concurrency} conversations, the dataset has {len(pool)}")
+            raise WorkloadError(f"long-session mode needs {concurrency} conversations, the dataset has {len(pool)}")
         for c in pool:
             tp = []
             for r in range(rounds):

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvconnector.errors import UserError
 from kvconnector.validation import describe_validation_error
 
 from ..common.json_files import loads_json, open_regular
@@ -24,7 +25,7 @@ from ..common.json_files import loads_json, open_regular
 __all__ = ["ResultsFile", "ResultsFileError", "TrialsFile", "load_results_file", "validate_results"]
 
 
-class ResultsFileError(ValueError):
+class ResultsFileError(UserError, ValueError):
     """A results file kvtier will not read; the message (one line) names the file and why."""
 
 

@@ -13,12 +13,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from kvconnector.errors import ConfigError
+from kvconnector.errors import ConfigError, UserError
 from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
 from replay.models import DTYPE_BYTES, resolve_model
 
-from ..common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
+from ..common.cli import Interrupted, OneLineParser
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
@@ -221,8 +221,8 @@ class PlanConfig(BaseModel):
         return {"+".join(t.name for t in self.tiers): ConfigEntry(tiers=self.tiers)}
 
 
-class _ConfigFlagsError(Exception):
-    pass
+class _ConfigFlagsError(UserError):
+    """A bad flag inside one --config NAME="...": turned into a ConfigError naming that --config."""
 
 
 class _ConfigFlagsParser(argparse.ArgumentParser):
@@ -237,12 +237,15 @@ def _config_flags(name: str, text: str) -> dict[str, Any]:
     p.add_argument("--answer-kv", choices=["reused", "recomputed"])
     p.add_argument("--policy", choices=list(POLICIES))
     p.add_argument("--order", choices=list(ORDERS))
+    hint = "it takes --tier NAME=SIZE, --answer-kv, --order, --policy"
     try:
-        ns = p.parse_args(shlex.split(text))
-    except (_ConfigFlagsError, ValueError) as exc:
-        raise ConfigError(
-            f"--config {name}: {exc} (it takes --tier NAME=SIZE, --answer-kv, --order, --policy)"
-        ) from None
+        words = shlex.split(text)
+    except ValueError as exc:  # shlex's own refusal: an unclosed quote, a trailing backslash
+        raise ConfigError(f"--config {name}: {exc} ({hint})") from None
+    try:
+        ns = p.parse_args(words)
+    except _ConfigFlagsError as exc:
+        raise ConfigError(f"--config {name}: {exc} ({hint})") from None
     out: dict[str, Any] = {"tiers": ns.tier}
     if ns.answer_kv:
         out["answer_kv"] = ns.answer_kv
@@ -437,12 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--trace" or a.startswith("--trace=") for a in argv):  # a production trace instead of sessions
         return trace_main(argv, env_known_elsewhere=frozenset(PlanConfig.model_fields))
-    try:
-        cfg = load_config(argv)
-        kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs
-        claim = claim_outputs({"--output": cfg.output, "--html-output": cfg.html_output}, {"--plots": cfg.plots})
-    except ConfigError as exc:
-        return fail(PROG, str(exc))
+    cfg = load_config(argv)  # a refusal raises a ConfigError: replay/cli.py says it in one line, exit 2
+    kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs
+    claim = claim_outputs({"--output": cfg.output, "--html-output": cfg.html_output}, {"--plots": cfg.plots})
     with claim:
         return _run_and_write(cfg, argv)
 
@@ -450,8 +450,6 @@ def main(argv: list[str] | None = None) -> int:
 def _run_and_write(cfg, argv: list[str]) -> int:
     try:
         doc, _ = run(cfg, argv)
-    except ConfigError as exc:
-        return fail(PROG, str(exc))
     except Interrupted as exc:
         _write(cfg, exc.partial)  # type: ignore[attr-defined]
         print(f"{PROG}: interrupted ({exc}); wrote what was simulated", file=sys.stderr)
@@ -465,10 +463,7 @@ def _run_and_write(cfg, argv: list[str]) -> int:
     return _write(cfg, doc)
 
 
-if __name__ == "__main__":
-    with stop_signals_raise():
-        try:
-            sys.exit(main())
-        except Interrupted as _exc:
-            print(f"{PROG}: interrupted ({_exc})", file=sys.stderr)
-            sys.exit(_exc.exit_code)
+if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+    from replay.cli import main as kvtier
+
+    sys.exit(kvtier(["plan", *sys.argv[1:]]))

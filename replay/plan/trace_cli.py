@@ -16,11 +16,10 @@ from kvconnector.errors import ConfigError
 from kvconnector.units import parse_size
 from replay.models import DTYPE_BYTES, resolve_model
 
-from ..common.cli import Interrupted, OneLineParser, fail
+from ..common.cli import Interrupted, OneLineParser
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
-from ..sources.base import WorkloadError
 from ..sources.block_traces import FORMATS, load_block_trace, merge_traces
 from .trace import ReuseProfile, reuse_profile, sweep_capacities
 
@@ -249,16 +248,14 @@ def _write(cfg, doc: dict) -> int:
 
 
 def main(argv: list[str], env_known_elsewhere: frozenset[str] = frozenset()) -> int:
-    try:
-        cfg = load_config(argv, env_known_elsewhere)
-        _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
-        claim = claim_outputs(
-            {"--output": cfg.output, "--html-output": cfg.html_output},
-            {"--plots": cfg.plots},
-            inputs={t: t for t in cfg.trace},
-        )
-    except (ConfigError, WorkloadError) as exc:
-        return fail(PROG, str(exc))
+    # A refusal raises a UserError (ConfigError, WorkloadError): replay/cli.py says it in one line, exit 2.
+    cfg = load_config(argv, env_known_elsewhere)
+    _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
+    claim = claim_outputs(
+        {"--output": cfg.output, "--html-output": cfg.html_output},
+        {"--plots": cfg.plots},
+        inputs={t: t for t in cfg.trace},
+    )
     with claim:
         return _run_and_write(cfg, argv)
 
@@ -266,8 +263,6 @@ def main(argv: list[str], env_known_elsewhere: frozenset[str] = frozenset()) -> 
 def _run_and_write(cfg, argv: list[str]) -> int:
     try:
         doc = run(cfg, argv)
-    except (ConfigError, WorkloadError) as exc:
-        return fail(PROG, str(exc))
     except Interrupted as exc:
         _write(cfg, exc.partial)  # type: ignore[attr-defined]
         print(f"{PROG}: interrupted ({exc}); wrote the traces done so far", file=sys.stderr)

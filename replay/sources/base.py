@@ -12,10 +12,11 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from kvconnector.errors import UserError
 from replay.common.json_files import open_regular
 
 
-class WorkloadError(ValueError):
+class WorkloadError(UserError, ValueError):
     """A workload input the user gave cannot be used (missing file, malformed row). The message names the file/line."""
 
 

@@ -178,6 +178,7 @@ class Bench:
         self.store = None
         self.run_dir = None
         self.made_dirs: list[str] = []  # the missing part of --cache-dir's path, created by this run
+        self.bug: BaseException | None = None  # a bug that ended the run (RunOutcome.bug), raised once results are out
 
     def prepare(self) -> None:
         cfg = self.cfg
@@ -305,6 +306,7 @@ class Bench:
         finally:
             disk1 = sysinfo.disk_counters(env["block_device"])
             proc = sysinfo.process_counters().minus(proc0)
+        self.bug = outcome.bug
         return self.results(outcome, env, started, disk0, disk1, proc)
 
     def cleanup(self) -> None:

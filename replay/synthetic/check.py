@@ -23,7 +23,9 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from ..common.cli import OneLineParser, fail
+from kvconnector.errors import UserError
+
+from ..common.cli import OneLineParser
 from ..outputs.results_file import ResultsFileError, load_results_file
 
 PROG = "kvtier check"
@@ -59,8 +61,8 @@ _PER_RUN = {
 }
 
 
-class BadInput(Exception):
-    pass
+class BadInput(UserError):
+    """A file that is not a kvtier bench result: one line, exit status 2."""
 
 
 def _get(summary: dict, dotted: str):
@@ -280,10 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        runs = load_runs(args.results)
-    except BadInput as exc:
-        return fail(PROG, str(exc))
+    runs = load_runs(args.results)  # BadInput: replay/cli.py says it in one line, exit 2
     lines, medians = check(runs)
     for _, text in lines:
         print(text)
@@ -294,5 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+    from replay.cli import main as kvtier
+
+    sys.exit(kvtier(["check", *sys.argv[1:]]))

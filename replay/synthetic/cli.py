@@ -5,18 +5,16 @@ lifecycle.py."""
 from __future__ import annotations
 
 import argparse
-import logging
 
-from kvconnector.errors import ConfigError
 from replay.models import CATALOG
 from replay.sources.block_traces import FORMATS
 
-from ..common.cli import OneLineParser
+from ..common.cli import OneLineParser, set_log_level
 from ..common.settings import documented
 from ..mpi import world_size
 from .check import main as check_main
 from .config import BenchConfig, GenerationConfig, load_config
-from .finish import PROG, bench_fail
+from .finish import PROG
 from .lifecycle import Invocation, check_modes, check_output_paths, run_single
 from .mpi_run import run_rank
 from .multiclient import run_clients
@@ -290,18 +288,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="kvtier: %(levelname)s %(message)s")
+    set_log_level(PROG, args.log_level)
     inv = Invocation(
         getattr(args, "trials", None), getattr(args, "vary_seed", False), getattr(args, "submission_check", False)
     )
     if world_size() > 1:  # started by mpirun: this process is one rank of the job
         return run_rank(lambda: config_from_args(args), inv)
-    try:
-        cfg = config_from_args(args)
-        check_modes(cfg, inv)
-        output, is_default, claim = check_output_paths(cfg, inv.trials)
-    except ConfigError as exc:
-        return bench_fail(str(exc))
+    cfg = config_from_args(args)
+    check_modes(cfg, inv)
+    output, is_default, claim = check_output_paths(cfg, inv.trials)
     with claim:
         if inv.trials:
             code = run_trials(cfg, output, is_default, inv.trials, inv.vary_seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvconnector.errors import ConfigError
+from kvconnector.errors import UserError
 
 from ..common.cli import OneLineParser, fail
 from ..common.json_files import dumps_json
@@ -38,7 +38,7 @@ written (checked before anything is read; one line on stderr, nothing written); 
 """
 
 
-class CompareError(Exception):
+class CompareError(UserError):
     """A user error: one line, exit status 2."""
 
 
@@ -113,10 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        claim = claim_outputs({"--json": args.json_out}, inputs={p: p for p in args.results})
-    except ConfigError as exc:
-        return fail("kvtier compare", str(exc))
+    claim = claim_outputs({"--json": args.json_out}, inputs={p: p for p in args.results})
     with claim:
         return _compare(args)
 

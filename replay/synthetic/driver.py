@@ -117,6 +117,9 @@ class RunOutcome:
     rounds: list[dict] = field(default_factory=list)
     # --source: measured and predicted per-tier hit rates of the block-hash trace; empty otherwise.
     trace: dict = field(default_factory=dict)
+    # The first exception of the run that is neither a storage failure nor the user's: a bug. The run stopped there
+    # (status failed); the caller writes what was measured, then raises it (replay/cli.py logs its traceback).
+    bug: BaseException | None = None
 
     @property
     def elapsed_s(self) -> float:
@@ -161,6 +164,7 @@ class SyntheticDriver:
         self.autoscaling: list[dict] = []
         self._status = "completed"
         self._error: str | None = None
+        self.bug: BaseException | None = None
         self.stop_signal: int | None = None  # SIGINT or SIGTERM when the run was interrupted
         self._next_slot = 0.0
         self._users: list[tuple[User, asyncio.Task]] = []
@@ -210,17 +214,17 @@ class SyntheticDriver:
         self._next_slot = time.monotonic()
         self._spawners: set[asyncio.Task] = set()
         self._users_started_ns: int | None = None
-        background = [asyncio.create_task(self._sample())]
+        background = [self._watched(self._sample())]
         if self.chained is not None:
-            background.append(asyncio.create_task(self._chained_rounds()))
+            background.append(self._watched(self._chained_rounds()))
         elif self.trace is not None:
-            background.append(asyncio.create_task(self._trace_blocks()))
+            background.append(self._watched(self._trace_blocks()))
         elif self.workload.timed:
-            background.append(asyncio.create_task(self._dispatch_timed()))
+            background.append(self._watched(self._dispatch_timed()))
         else:
             self._scale_to(self.cfg.num_users)
             if self.cfg.enable_autoscaling:
-                background.append(asyncio.create_task(self._autoscale()))
+                background.append(self._watched(self._autoscale()))
         timed_out = False
         try:
             await asyncio.wait_for(self._done.wait(), timeout=self.cfg.duration)
@@ -254,6 +258,7 @@ class SyntheticDriver:
             window,
             self.chained.rows if self.chained is not None else [],
             self.trace.report() if self.trace is not None else {},
+            bug=self.bug,
         )
 
     def _window_report(self, timed_out: bool, stop_ns: int, cancelled_ns: int, end_ns: int, tasks: int) -> dict:
@@ -307,9 +312,25 @@ class SyntheticDriver:
         self._done.set()
 
     def _fail(self, exc: BaseException) -> None:
+        """End the run as failed: a storage failure (KvtierError, OSError) or, anything else, a bug (kept in
+        `self.bug` for the caller to raise once the partial results are written)."""
+        is_bug = not isinstance(exc, KvtierError | OSError)
         if self._status != "failed":
-            self._status, self._error = "failed", str(exc)
+            self._status = "failed"
+            self._error = f"internal error: {type(exc).__name__}: {exc}" if is_bug else str(exc)
+        if is_bug and self.bug is None:
+            self.bug = exc
         self._done.set()
+
+    def _watched(self, coro) -> asyncio.Task:
+        """A task of the run whose exception, should it end with one, fails the run (never lost with the task)."""
+        task = asyncio.create_task(coro)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())
 
     def _now_s(self) -> float:
         return (time.perf_counter_ns() - self.start_ns) / 1e9
@@ -337,7 +358,7 @@ class SyntheticDriver:
         for u in active[n:]:
             u.stop = True
         if n > len(active):
-            task = asyncio.create_task(self._spawn(n - len(active)))
+            task = self._watched(self._spawn(n - len(active)))
             self._spawners.add(task)
             task.add_done_callback(self._spawners.discard)
         elif self._users_started_ns is None:
@@ -351,7 +372,7 @@ class SyntheticDriver:
                     return  # the window is over: users not started yet never will be (reported)
             user = self.workload.new_user(self._next_user_id)
             self._next_user_id += 1
-            self._users.append((user, asyncio.create_task(self._user(user))))
+            self._users.append((user, self._watched(self._user(user))))
         if self._users_started_ns is None:
             self._users_started_ns = time.perf_counter_ns()
 
@@ -367,7 +388,7 @@ class SyntheticDriver:
                 self._done.set()  # the last user finished the last cycle
         except asyncio.CancelledError:
             raise
-        except (KvtierError, OSError) as exc:
+        except Exception as exc:  # a storage failure or a bug: the run ends failed (`_fail` tells which)
             self._fail(exc)
 
     async def _chained_rounds(self) -> None:
@@ -384,11 +405,8 @@ class SyntheticDriver:
             await run()
         except asyncio.CancelledError:
             raise
-        except (KvtierError, OSError) as exc:
+        except Exception as exc:  # a storage failure or a bug (never "completed" with rounds missing)
             self._fail(exc)
-        except Exception as exc:  # a bug: the run fails (never "completed" with rounds missing), traceback logged
-            self._fail(exc)
-            raise
 
     async def _dispatch_timed(self) -> None:
         """Open loop: each session starts at its first turn's (scaled) trace time, its turns at theirs."""
@@ -401,7 +419,7 @@ class SyntheticDriver:
             delay = (first + session.offset_s - base) / speed - self._now_s()
             if delay > 0:
                 await asyncio.sleep(delay)
-            task = asyncio.create_task(self._timed_session(session, base))
+            task = self._watched(self._timed_session(session, base))
             self._sessions_open.add(task)
             task.add_done_callback(self._sessions_open.discard)
         while self._sessions_open:  # trace finished: end when its last session does
@@ -413,7 +431,7 @@ class SyntheticDriver:
             await self._session(session, None, base)
         except asyncio.CancelledError:
             raise
-        except (KvtierError, OSError) as exc:
+        except Exception as exc:  # a storage failure or a bug (`_fail` tells which)
             self._fail(exc)
 
     async def _session(self, session: Session, user: User | None, base: float | None = None) -> None:

@@ -28,9 +28,11 @@ EXTRA_OUTPUTS = (
 )
 
 
-def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -> int:
+def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False, bug: BaseException | None = None) -> int:
     """Write every requested output, print the summary, and turn the run's status into an exit code. The results
-    JSON is written first and, if its path fails now, to the default location instead: finished work is not lost."""
+    JSON is written first and, if its path fails now, to the default location instead: finished work is not lost.
+    `bug`: what ended the run if it was a bug; raised once everything is written, with a note saying where (the
+    dispatcher, replay/cli.py, logs its traceback and exits 1)."""
     try:
         output, moved = write_results(output, doc, is_default=is_default)
     except OSError as exc:
@@ -52,6 +54,9 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False) -
             continue
         extra.extend(written if isinstance(written, list) else [path])
     print_summary(doc, output, extra)
+    if bug is not None:
+        bug.add_note(f"partial results in {output}")
+        raise bug
     if doc["status"] == "failed":
         err = doc["error"] or "unknown error"
         hint = " (filesystem full)" if "space" in err else ""

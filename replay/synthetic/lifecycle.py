@@ -18,7 +18,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from kvconnector.errors import ConfigError, KvtierError
+from kvconnector.errors import ConfigError, KvtierError, UserError
 
 from ..common.cli import Interrupted, stop_signals_raise
 from ..outputs.paths import OutputClaim, claim_outputs, default_results_path
@@ -125,7 +125,7 @@ def check_output_paths(cfg: BenchConfig, trials: int | None = None) -> tuple[str
 
 def set_up(bench: Bench, cfg: BenchConfig, notes: bool, progress: bool) -> tuple[list, object]:
     """Prepare and set up `bench` (its notes printed, its progress shown if asked); return its op logs and phase hook.
-    Raises ConfigError, KvtierError or Interrupted; the caller cleans up in any case."""
+    Raises a UserError, a KvtierError or Interrupted; the caller cleans up in any case."""
     bench.prepare()
     if notes:
         for note in bench.notes:
@@ -162,13 +162,13 @@ def run_single(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
                 if tracer is not None:  # the run broke off: never leave bpftrace attached
                     stop_tracer(tracer)
                 clean_up(bench, op_logs)
-    except ConfigError as exc:
-        return bench_fail(str(exc))
-    except KvtierError as exc:
+    except UserError:
+        raise  # a refusal found in set-up: the dispatcher says it in one line (exit 2)
+    except KvtierError as exc:  # the store failed during set-up: nothing measured
         return bench_fail(str(exc), 1)
     except Interrupted as exc:  # during set-up: nothing measured yet
         return bench_fail(f"interrupted during set-up ({exc}); no results", exc.exit_code)
-    return finish(doc, cfg, output, is_default)
+    return finish(doc, cfg, output, is_default, bench.bug)
 
 
 def trace_dir(output: str) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from kvconnector.errors import ConfigError
+from kvconnector.errors import UserError
 from kvconnector.units import GB
 from kvconnector.validation import describe_validation_error
 
@@ -72,7 +72,7 @@ STATUS_ORDER = {"completed": 0, "interrupted": 1, "failed": 2}
 ENDED_BY_ORDER = {"duration": 0, "workload": 1, "signal": 2, "failure": 3}
 
 
-class MergeError(Exception):
+class MergeError(UserError):
     """A user error: files that are not kvtier bench results or cannot be merged. One line, exit status 2."""
 
 
@@ -494,34 +494,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        output = args.output or default_results_path()
-        if len({os.path.realpath(p) for p in args.results}) < len(args.results):
-            raise MergeError("a file is given twice: its run would count twice")
-        try:
-            claim = claim_outputs(
-                # a default name is taken with an exclusive link when written (a same-second run gets the next)
-                {"--output": args.output, "--csv-output": args.csv_output, "--xlsx-output": args.xlsx_output},
-                {"--plots": args.plots},
-                inputs={p: p for p in args.results},
-                replace=args.force,
-                exists_hint="pass --force to replace it",
-            )
-        except ConfigError as exc:
-            raise MergeError(str(exc)) from None
-    except MergeError as exc:
-        return fail(PROG, str(exc))
+    # A refusal (MergeError, ConfigError) raises: replay/cli.py says it in one line, exit 2, nothing written.
+    output = args.output or default_results_path()
+    if len({os.path.realpath(p) for p in args.results}) < len(args.results):
+        raise MergeError("a file is given twice: its run would count twice")
+    claim = claim_outputs(
+        # a default name is taken with an exclusive link when written (a same-second run gets the next)
+        {"--output": args.output, "--csv-output": args.csv_output, "--xlsx-output": args.xlsx_output},
+        {"--plots": args.plots},
+        inputs={p: p for p in args.results},
+        replace=args.force,
+        exists_hint="pass --force to replace it",
+    )
     with claim:
-        try:
-            if args.labels is not None:
-                names = [s.strip() for s in args.labels.split(",")]
-                if len(names) != len(args.results) or len(set(names)) < len(names) or not all(names):
-                    raise MergeError(f"--labels needs {len(args.results)} distinct names, got {args.labels!r}")
-            else:
-                names = list(args.results)
-            doc = merge_results([load_source(p) for p in args.results], names)
-        except MergeError as exc:
-            return fail(PROG, str(exc))
+        if args.labels is not None:
+            names = [s.strip() for s in args.labels.split(",")]
+            if len(names) != len(args.results) or len(set(names)) < len(names) or not all(names):
+                raise MergeError(f"--labels needs {len(args.results)} distinct names, got {args.labels!r}")
+        else:
+            names = list(args.results)
+        doc = merge_results([load_source(p) for p in args.results], names)
         return write_merged(doc, output, args, is_default=args.output is None)
 
 
@@ -557,5 +549,7 @@ def write_merged(doc: dict, output: str, args, is_default: bool) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+    from replay.cli import main as kvtier
+
+    sys.exit(kvtier(["merge", *sys.argv[1:]]))

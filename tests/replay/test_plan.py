@@ -11,6 +11,7 @@ from collections import OrderedDict
 import pytest
 
 from kvconnector.units import parse_size
+from replay.cli import main as kvtier  # a refusal is answered by the dispatcher (exit 2, one line)
 from replay.plan import ChainLRU, TierSpec, Workload, simulate
 from replay.plan import cli as plan_cli
 from replay.plan.model import rounds_held
@@ -285,7 +286,7 @@ def test_mistakes_are_one_line_and_write_nothing(extra, words, tmp_path, capsys,
     monkeypatch.chdir(tmp_path)
     base = ["--concurrency", "4", "--rounds", "3", "--input-len", "10", "--output-len", "10", "--block-size", "16",
             "--kv-bytes-per-token", "1KB", "--output", "p.json"]  # fmt: skip
-    assert plan_cli.main([*base, *extra]) == 2
+    assert kvtier(["plan", *base, *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvtier plan: ") and err.count("\n") == 1, err
     assert words in err, err
@@ -293,7 +294,7 @@ def test_mistakes_are_one_line_and_write_nothing(extra, words, tmp_path, capsys,
 
 
 def test_missing_flags_are_named(capsys):
-    assert plan_cli.main(["--concurrency", "4", "--tier", "a=1GB", "--kv-bytes-per-token", "1KB"]) == 2
+    assert kvtier(["plan", "--concurrency", "4", "--tier", "a=1GB", "--kv-bytes-per-token", "1KB"]) == 2
     err = capsys.readouterr().err
     assert "missing --rounds, --input-len, --output-len, --block-size" in err
 

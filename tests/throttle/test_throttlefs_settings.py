@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from deploy.throttle.cli import check_paths, main
+from deploy.throttle.cli import check_paths
 from deploy.throttle.fs import Pipe, Throttle
 from deploy.throttle.settings import SettingError, Settings, apply_changes, parse_rate
+from replay.cli import main as kvtier  # a refusal is answered by the dispatcher (exit 2, one line)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +119,7 @@ def test_paths_refused_with_one_line(tmp_path):
 def test_cli_mistakes_exit_2_with_one_line(tmp_path, capsys, argv, needle):
     (tmp_path / "m").mkdir()
     (tmp_path / "b").mkdir()
-    assert main([str(tmp_path / "m"), "--backing", str(tmp_path / "b"), *argv]) == 2
+    assert kvtier(["throttlefs", str(tmp_path / "m"), "--backing", str(tmp_path / "b"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvtier throttlefs: ") and needle in err and err.count("\n") == 1
     assert not (tmp_path / "m").is_mount()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvconnector.errors import ConfigError
 from replay.common.cli import OneLineParser, fail
 
 from ..paths import claim_outputs, os_reason
@@ -62,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
             for run, label in zip(runs, labels):
                 run.label = label
             write_report(a.output, runs, a.title)
-    except (ReportError, ConfigError) as exc:
-        return fail(PROG, str(exc))
     except OSError as exc:
         return fail(PROG, f"cannot write {a.output}: {os_reason(exc)}", 1)
     print(f"report: {a.output}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from kvconnector.errors import UserError
 from kvconnector.validation import describe_validation_error
 from replay.common.json_files import loads_json, open_regular
 
@@ -37,7 +38,7 @@ KIND_TITLES = {
 FAMILY = {"bench": "bench", "trials": "bench", "merged": "bench"}
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A file the report cannot read: one line for the user."""
 
 

@@ -21,10 +21,16 @@ from aiohttp import web
 from helpers import wait_for
 
 from deploy.stack import metric, metrics
+from replay.cli import main as kvtier
 from replay.common.ports import free_port
-from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.fake_server import FakeServer, FakeServerConfig
+
+
+def main(argv: list[str]) -> int:
+    """`kvtier replay ARGV`: through the dispatcher, which answers a refusal (exit 2, one line) and a bug."""
+    return kvtier(["replay", *argv])
+
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from replay.openai.cli import main
+from replay.cli import main as kvtier
 from replay.openai.fake_server import FakeServer, FakeServerConfig
 from replay.plan.trace import reuse_profile
 from replay.sources.block_traces import load_block_trace
+
+
+def main(argv: list[str]) -> int:
+    """`kvtier replay ARGV`: through the dispatcher, which answers a refusal (exit 2, one line) and a bug."""
+    return kvtier(["replay", *argv])
+
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "mooncake" / "conversation_trace_head300.jsonl"
 BLOCK = 16

@@ -14,10 +14,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from replay.cli import main as kvtier
 from replay.openai import client
-from replay.openai.cli import main
 from replay.openai.client import RequestRecord, RequestSpec, send_streaming
 from replay.openai.fake_server import FakeServer, FakeServerConfig
+
+
+def main(argv: list[str]) -> int:
+    """`kvtier replay ARGV`: through the dispatcher, which answers a refusal (exit 2, one line) and a bug."""
+    return kvtier(["replay", *argv])
+
 
 SMALL = ("--source", "synthetic", "--input-len", "4", "--output-len", "4")
 

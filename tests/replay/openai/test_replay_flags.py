@@ -18,8 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from replay.openai.cli import main
+from replay.cli import main as kvtier
 from replay.openai.fake_server import FakeServer, FakeServerConfig
+
+
+def main(argv: list[str]) -> int:
+    """`kvtier replay ARGV`: through the dispatcher, which answers a refusal (exit 2, one line) and a bug."""
+    return kvtier(["replay", *argv])
+
 
 SMALL = ("--source", "synthetic", "--input-len", "8", "--output-len", "4")
 

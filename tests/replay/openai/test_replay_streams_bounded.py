@@ -22,9 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from replay.cli import main as kvtier
 from replay.common.ports import free_port
-from replay.openai.cli import main
 from replay.openai.fake_server import FakeServer
+
+
+def main(argv: list[str]) -> int:
+    """`kvtier replay ARGV`: through the dispatcher, which answers a refusal (exit 2, one line) and a bug."""
+    return kvtier(["replay", *argv])
+
 
 SMALL = ("--source", "synthetic", "--input-len", "4", "--output-len", "4", "--quiet")
 
