@@ -5,8 +5,8 @@ bridge kvn<tag>b in the root namespace by a veth pair; the bridge is 10.253.X.1/
 the state directory's POSIX cksum, skipping a /24 that an address or route here already uses.
 
 Invariant: everything made is appended to STATE/nodes.state (one KEY=VALUE line: bridge, host_addr, ns, veth, addrI,
-shared) the moment it exists, so `remove` undoes exactly that, also after a failed `up` or a killed one, and a second
-`remove` finds nothing to do.
+shared, and python: the interpreter the Redis Cluster's helper ran on) the moment it exists, so `remove` undoes
+exactly that, also after a failed `up` or a killed one, and a second `remove` finds nothing to do.
 
 Standard library only (see deploy/processes.py).
 """
@@ -124,6 +124,7 @@ def gluster_mount(state: Path, i: int) -> Path:
 
 def redis_up(state: Path, python: str, env: dict[str, str]) -> str:
     """A Redis Cluster bound to the bridge's address (every node reaches it); its redis_url."""
+    record(state, "python", python)  # `down` stops it with the interpreter that has its modules, whatever its --python
     record(state, "shared", "redis-cluster")
     cmd = [python, "-m", "deploy.redis_cluster", "up", "--state-dir", str(state / "redis")]
     with open(state / "redis.log", "a") as log:
@@ -163,7 +164,8 @@ def remove(state: Path, python: str, env: dict[str, str], out: TextIO = sys.stdo
             cmd = ["bash", str(SCRIPTS / "glusterfs.sh"), "down", "--state-dir", str(state / "gluster")]
             subprocess.run(cmd, stdout=subprocess.DEVNULL)
         elif kind == "redis-cluster":
-            cmd = [python, "-m", "deploy.redis_cluster", "down", "--state-dir", str(state / "redis")]
+            py = (recorded(state, "python") or [python])[-1]
+            cmd = [py, "-m", "deploy.redis_cluster", "down", "--state-dir", str(state / "redis")]
             subprocess.run(cmd, stdout=out, env=env)
     for ns in recorded(state, "ns"):
         subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
