@@ -1,7 +1,7 @@
 """What starts real servers and the testbed around them.
 
 Installed with kvtier so a subcommand that drives a live stack finds deploy/run-stack.sh (shipped as package data)
-outside a checkout.
+outside a checkout. run-stack.sh is only its command-line entry: deploy/run_stack.py does the work.
 """
 
 from pathlib import Path

@@ -1,6 +1,7 @@
-"""The one Python owner of a live stack started by deploy/run-stack.sh: up and down with a state directory, its
-endpoints, clearing LMCache's L1, its metrics, a completion, the model's tokenizer. People, `kvtier sweep`, the
-benchmarks and the end-to-end tests all drive a stack through this module."""
+"""The one Python owner of a live stack: up and down with a state directory, its endpoints, clearing LMCache's L1, its
+metrics, a completion, the model's tokenizer. People, `kvtier sweep`, the benchmarks and the end-to-end tests all drive
+a stack through this module. Starting and stopping is deploy/run_stack.py (what deploy/run-stack.sh runs), run as a
+child process: the servers outlive it, and whoever adopts them reaps them, not the caller."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from replay.common.ports import free_port_block
 from replay.common.prometheus_text import Series, parse_prometheus
 
-from . import RUN_STACK
+from . import SCRIPTS
 
 
 @dataclass
@@ -37,10 +38,17 @@ class Stack:
         return p.read_text(errors="replace")[-3000:] if p.exists() else ""
 
 
+def run_stack(*args: str, timeout_s: float | None = None) -> subprocess.CompletedProcess:
+    """`run-stack.sh ARGS` on this interpreter, its output captured."""
+    path = [str(SCRIPTS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    cmd = [sys.executable, "-m", "deploy.run_stack", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+
+
 def start(state_dir: Path, *args: str, timeout_s: float | None = None) -> Stack:
     """`run-stack.sh up ARGS --state-dir STATE_DIR`; a failed start is torn down and raises RuntimeError."""
-    cmd = ["bash", str(RUN_STACK), "up", *args, "--state-dir", str(state_dir)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    p = run_stack("up", *args, "--state-dir", str(state_dir), timeout_s=timeout_s)
     if p.returncode != 0:
         down(state_dir)
         raise RuntimeError(f"run-stack.sh up failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
@@ -58,7 +66,7 @@ def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: in
 
 
 def down(state_dir: Path) -> None:
-    subprocess.run(["bash", str(RUN_STACK), "down", "--state-dir", str(state_dir)], capture_output=True, timeout=120)
+    run_stack("down", "--state-dir", str(state_dir), timeout_s=120)
 
 
 def group_pids(state_dir: Path) -> list[int]:
