@@ -288,10 +288,15 @@ NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they 
     "deploy.throttle.control": ["ControlError"],  # the control endpoint failed or refused a change
     "deploy.redis_cluster": ["ClusterError"],  # the cluster did not start (ClusterRefused: what was asked)
     "deploy.sweep.cli": ["StackFailed"],  # the stack did not start
+    "deploy.nodes": ["NoFreeNet"],  # no free subnet for the nodes' bridge
+    "deploy.processes": ["NotHealthy"],  # a server exited or did not answer during start-up
+    # run-stack.sh's Python (standard library only: the thin script may find a bare python3) answers exit 2 itself
+    "deploy.run_stack": ["Refused"],
     "benchmarks.ttft_kvtier_vs_lmcache": ["BenchError"],  # benchmark scripts, not subcommands
     "benchmarks.bench_scaling": ["BenchFailed"],
     # tracing/ imports nothing of the project (it runs alone on a node): its refusals answer exit 2 themselves
-    "tracing.distill": ["DistillError", "_ArgError"],
+    "tracing.distill": ["_ArgError"],
+    "tracing.distiller": ["DistillError"],
     "tracing.histparse": ["TraceParseError"],
     "tracing.session": ["TraceSessionError", "TracingUnavailable"],  # bench turns the latter into a ConfigError
 }

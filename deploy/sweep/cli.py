@@ -20,7 +20,7 @@ from typing import Any
 
 from deploy import stack as live
 from kvconnector.errors import ConfigError
-from replay.common.cli import Interrupted, OneLineParser, stop_signals_raise
+from replay.common.cli import Interrupted, OneLineParser, command, stop_signals_raise
 from replay.common.leftovers import die_with_parent, disk_temp_dir, watchdog
 from replay.outputs.paths import claim_outputs, default_results_path, write_results
 
@@ -351,6 +351,7 @@ def run(a: argparse.Namespace, driver_args: list[str], output: str) -> int:
     return code
 
 
+@command("sweep")
 def main(argv: list[str] | None = None) -> int:
     own, driver_args = _split(list(sys.argv[1:] if argv is None else argv))
     a = build_parser().parse_args(own)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from replay.common.cli import Interrupted, OneLineParser, fail, stop_signals_raise
+from replay.common.cli import Interrupted, OneLineParser, command, fail, stop_signals_raise
 
 from .settings import OPS, SettingError, Settings, apply_changes, human_rate
 
@@ -138,6 +138,7 @@ def _unmount(mnt: str) -> None:
     subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
 
 
+@command("throttlefs")
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     # A refusal raises a SettingError: replay/cli.py says it in one line, exit 2.

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
+import functools
 import logging
 import os
+import platform
+import shlex
 import signal
 import sys
-from collections.abc import Iterator
+import tempfile
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from kvconnector.errors import UserError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -43,6 +51,84 @@ def set_log_level(prog: str, level: str) -> None:
 def fail(prog: str, msg: str, code: int = 2) -> int:
     print(f"{prog}: {msg}", file=sys.stderr)
     return code
+
+
+def command(name: str) -> Callable[[Callable[[list[str] | None], int]], Callable[[list[str] | None], int]]:
+    """The error contract, worn by every subcommand's `main(argv) -> int`, so that `kvtier NAME`, `python -m ...` and
+    a direct call answer alike (docs/errors.md):
+    - a `UserError` (kvconnector/errors.py) that escapes: one line `kvtier NAME: message` on stderr, exit 2;
+    - any other exception (a bug): exit 1, one line naming it and a log file in the temp directory holding the full
+      traceback (`crash_log`); never a traceback on the terminal. A subcommand that measured something writes its
+      partial results first and says where in a note on the exception (`exc.add_note(...)`), which the line repeats.
+    """
+
+    def wear(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+        @functools.wraps(main)
+        def contracted(argv: list[str] | None = None) -> int:
+            return under_contract(name, main, argv)
+
+        return contracted
+
+    return wear
+
+
+def under_contract(name: str, main: Callable[[list[str] | None], int], argv: list[str] | None) -> int:
+    """`main(argv)` under the error contract of `command`; the exit status."""
+    try:
+        return int(main(argv) or 0)
+    except UserError as exc:
+        return fail(f"kvtier {name}", _one_line(str(exc)) or type(exc).__name__)
+    except Exception as exc:  # a bug: one line here, the traceback in a file
+        return _bug(name, list(sys.argv[1:] if argv is None else argv), exc)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _bug(name: str, argv: list[str], exc: BaseException) -> int:
+    what = type(exc).__name__ + (f": {_one_line(str(exc))[:300]}" if str(exc).strip() else "")
+    notes = "".join(f"; {_one_line(n)}" for n in getattr(exc, "__notes__", ()))
+    try:
+        where = f"the traceback is in {crash_log(name, argv, exc)}"
+    except OSError as err:  # no log to be had: the traceback is all there is, so it goes to stderr after the line
+        where = f"no log written ({err.strerror or err}); the traceback follows"
+        print(f"kvtier {name}: internal error ({what}){notes}; {where}", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+        return 1
+    print(f"kvtier {name}: internal error ({what}){notes}; {where}", file=sys.stderr)
+    return 1
+
+
+def crash_log(name: str, argv: list[str], exc: BaseException) -> str:
+    """Write the traceback of `exc` (with the command line and versions) to a new file in the temp directory,
+    kvtier-NAME-<time>-<pid>.log; return its path. The file is created, never opened if it exists (O_EXCL, no link
+    followed), readable by its owner only (a command line may hold a URL with a secret)."""
+    stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    base = os.path.join(tempfile.gettempdir(), f"kvtier-{name}-{stamp}-{os.getpid()}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for i in range(100):
+        path = f"{base}.log" if i == 0 else f"{base}-{i}.log"
+        try:
+            fd = os.open(path, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{base}.log and 99 more exist")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        kvtier_version = version("kvtier")
+    except PackageNotFoundError:
+        kvtier_version = "unknown"
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+        f.write(f"kvtier {name}: internal error at {dt.datetime.now().astimezone().isoformat(timespec='seconds')}\n")
+        f.write(f"command: kvtier {name} {shlex.join(argv)}\n")
+        f.write(f"cwd: {os.getcwd()}\n")
+        f.write(f"kvtier {kvtier_version}, Python {platform.python_version()}, {platform.platform()}\n\n")
+        f.write("".join(traceback.format_exception(exc)))
+    return path
 
 
 class Interrupted(KeyboardInterrupt):

@@ -32,7 +32,7 @@ from replay.openai.workload import (
 from replay.sources.base import WorkloadError
 from replay.sources.block_traces import FORMATS
 
-from ..common.cli import Interrupted, OneLineParser, exit_code, fail, signal_name, stop_signals_raise
+from ..common.cli import Interrupted, OneLineParser, command, exit_code, fail, signal_name, stop_signals_raise
 from ..common.settings import documented, load_settings
 from ..mpi import world_size
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
@@ -694,6 +694,7 @@ def _write_partial(cfg: ReplayConfig, state: RunState, meta: dict, bug: BaseExce
     raise bug
 
 
+@command("replay")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if world_size() > 1:  # started by mpirun: this process is one rank of the job

@@ -18,7 +18,7 @@ from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
 from replay.models import DTYPE_BYTES, resolve_model
 
-from ..common.cli import Interrupted, OneLineParser
+from ..common.cli import Interrupted, OneLineParser, command
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
@@ -436,6 +436,7 @@ def _write(cfg, doc: dict) -> int:
     return write_outputs(PROG, doc, cfg.output, cfg.plots, plot, cfg.html_output)
 
 
+@command("plan")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--trace" or a.startswith("--trace=") for a in argv):  # a production trace instead of sessions

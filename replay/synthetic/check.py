@@ -25,7 +25,7 @@ from rich.table import Table
 
 from kvconnector.errors import UserError
 
-from ..common.cli import OneLineParser
+from ..common.cli import OneLineParser, command
 from ..outputs.results_file import ResultsFileError, load_results_file
 
 PROG = "kvtier check"
@@ -280,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("check")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     runs = load_runs(args.results)  # BadInput: replay/cli.py says it in one line, exit 2

@@ -9,7 +9,7 @@ import argparse
 from replay.models import CATALOG
 from replay.sources.block_traces import FORMATS
 
-from ..common.cli import OneLineParser, set_log_level
+from ..common.cli import OneLineParser, command, set_log_level
 from ..common.settings import documented
 from ..mpi import world_size
 from .check import main as check_main
@@ -286,6 +286,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return load_config(getattr(args, "config", None), cli_values(args), SECTION_FLAGS)
 
 
+@command("bench")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     set_log_level(PROG, args.log_level)

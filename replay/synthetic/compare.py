@@ -7,7 +7,7 @@ import sys
 
 from kvconnector.errors import UserError
 
-from ..common.cli import OneLineParser, fail
+from ..common.cli import OneLineParser, command, fail
 from ..common.json_files import dumps_json
 from ..outputs._common import default_labels
 from ..outputs.compare_rows import (
@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("compare")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     claim = claim_outputs({"--json": args.json_out}, inputs={p: p for p in args.results})

@@ -32,7 +32,7 @@ from kvconnector.errors import UserError
 from kvconnector.units import GB
 from kvconnector.validation import describe_validation_error
 
-from ..common.cli import OneLineParser, fail
+from ..common.cli import OneLineParser, command, fail
 from ..merging import union_s
 from ..outputs.paths import claim_outputs, default_results_path, write_results
 from ..outputs.results_file import ResultsFileError, load_results_file
@@ -492,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("merge")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # A refusal (MergeError, ConfigError) raises: replay/cli.py says it in one line, exit 2, nothing written.

@@ -7,6 +7,7 @@ import sys
 
 from replay.common.cli import OneLineParser, fail
 
+from ...common.cli import command
 from ..paths import claim_outputs, os_reason
 from .kinds import KIND_TITLES, ReportError, default_labels, load_run
 from .write import write_report
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("report")
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
