@@ -89,14 +89,15 @@ def _one_line(text: str) -> str:
 def _bug(name: str, argv: list[str], exc: BaseException) -> int:
     what = type(exc).__name__ + (f": {_one_line(str(exc))[:300]}" if str(exc).strip() else "")
     notes = "".join(f"; {_one_line(n)}" for n in getattr(exc, "__notes__", ()))
+    logged = None
     try:
-        where = f"the traceback is in {crash_log(name, argv, exc)}"
+        logged = crash_log(name, argv, exc)
+        where = f"the traceback is in {logged}"
     except OSError as err:  # no log to be had: the traceback is all there is, so it goes to stderr after the line
         where = f"no log written ({err.strerror or err}); the traceback follows"
-        print(f"kvtier {name}: internal error ({what}){notes}; {where}", file=sys.stderr)
-        traceback.print_exception(exc, file=sys.stderr)
-        return 1
     print(f"kvtier {name}: internal error ({what}){notes}; {where}", file=sys.stderr)
+    if logged is None:
+        traceback.print_exception(exc, file=sys.stderr)
     return 1
 
 

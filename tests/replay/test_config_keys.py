@@ -42,13 +42,17 @@ def turns(bench, n=40):
 
 
 PROBES = {}
+NO_BENCH = set()  # probes that read the key's effect without running a bench: the fast tier's
 
 
-def probe(key):
-    """Register the function as the probe of config key `key` (section keys as `section.key`)."""
+def probe(key, runs_bench=True):
+    """Register the function as the probe of config key `key` (section keys as `section.key`); `runs_bench=False`
+    for a probe that only prepares a bench (sessions, turns, the loaded dataset)."""
 
     def register(fn):
         PROBES[key] = fn
+        if not runs_bench:
+            NO_BENCH.add(key)
         return fn
 
     return register
@@ -168,7 +172,7 @@ def p_eviction_large_entry_limit_ratio(tmp):
     assert any(r["tier"] == "disk" for r in puts) and any(r["tier"] == "cpu" for r in puts)
 
 
-@probe("seed")
+@probe("seed", runs_bench=False)
 def p_seed(tmp):
     a = [t.input_tokens for t in turns(prepared(tmp, seed=1))]
     assert (
@@ -178,78 +182,78 @@ def p_seed(tmp):
     )
 
 
-@probe("user_templates")
+@probe("user_templates", runs_bench=False)
 def p_user_templates(tmp):
     tpl = {"only": {"context_tokens": [7, 7], "generate_tokens": [3, 3], "think_time_s": [0, 0]}}
     ts = turns(prepared(tmp, user_templates=tpl))
     assert {(t.input_tokens, t.output_tokens) for t in ts} == {(7, 3)}
 
 
-@probe("qos_distribution")
+@probe("qos_distribution", runs_bench=False)
 def p_qos_distribution(tmp):
     b = prepared(tmp, qos_distribution={"batch": 1.0})
     assert {b.workload.new_user(i).qos for i in range(20)} == {"batch"}
 
 
-@probe("conversation.end_probability")
+@probe("conversation.end_probability", runs_bench=False)
 def p_conversation_end_probability(tmp):
     assert {len(s.conversation.turns) for s in sessions(prepared(tmp, conversation={"end_probability": 1.0}))} == {1}
 
 
-@probe("conversation.max_turns")
+@probe("conversation.max_turns", runs_bench=False)
 def p_conversation_max_turns(tmp):
     b = prepared(tmp, conversation={"end_probability": 0.0, "max_turns": 3})
     assert {len(s.conversation.turns) for s in sessions(b)} == {3}
 
 
-@probe("disable_multi_turn")
+@probe("disable_multi_turn", runs_bench=False)
 def p_disable_multi_turn(tmp):
     b = prepared(tmp, disable_multi_turn=True, conversation={"end_probability": 0.0})
     assert {len(s.conversation.turns) for s in sessions(b)} == {1}
 
 
-@probe("disable_prefix_caching")
+@probe("disable_prefix_caching", runs_bench=False)
 def p_disable_prefix_caching(tmp):
     assert {s.system_prompt for s in sessions(prepared(tmp, disable_prefix_caching=True))} == {None}
 
 
-@probe("prefix_cache.probability")
+@probe("prefix_cache.probability", runs_bench=False)
 def p_prefix_cache_probability(tmp):
     assert {s.system_prompt for s in sessions(prepared(tmp, prefix_cache={"probability": 0.0}))} == {None}
     assert None not in {s.system_prompt for s in sessions(prepared(tmp, prefix_cache={"probability": 1.0}))}
 
 
-@probe("prefix_cache.system_prompts")
+@probe("prefix_cache.system_prompts", runs_bench=False)
 def p_prefix_cache_system_prompts(tmp):
     b = prepared(tmp, prefix_cache={"probability": 1.0, "system_prompts": [{"text": "x", "tokens": 5}]})
     assert {s.system_prompt for s in sessions(b)} == {0}
 
 
-@probe("dataset_path")
+@probe("dataset_path", runs_bench=False)
 def p_dataset_path(tmp):
     b = prepared(tmp, dataset_path=str(write_sharegpt(tmp / "sg.json", n=4)))
     assert b.workload.kind == "sharegpt" and len(b.workload.conversations) == 3
 
 
-@probe("max_conversations")
+@probe("max_conversations", runs_bench=False)
 def p_max_conversations(tmp):
     b = prepared(tmp, dataset_path=str(write_sharegpt(tmp / "sg.json", n=4)), max_conversations=2)
     assert len(b.workload.conversations) == 2
 
 
-@probe("sharegpt.min_turns")
+@probe("sharegpt.min_turns", runs_bench=False)
 def p_sharegpt_min_turns(tmp):
     with pytest.raises(ConfigError, match="no usable"):  # no conversation has 4 turns
         prepared(tmp, dataset_path=str(write_sharegpt(tmp / "sg.json", n=4)), sharegpt={"min_turns": 4})
 
 
-@probe("sharegpt.max_turn_tokens")
+@probe("sharegpt.max_turn_tokens", runs_bench=False)
 def p_sharegpt_max_turn_tokens(tmp):
     with pytest.raises(ConfigError, match="no usable"):
         prepared(tmp, dataset_path=str(write_sharegpt(tmp / "sg.json", n=4)), sharegpt={"max_turn_tokens": 5})
 
 
-@probe("use_burst_trace")
+@probe("use_burst_trace", runs_bench=False)
 def p_use_burst_trace(tmp):
     b = prepared(tmp, use_burst_trace=True, burst_trace_path=str(write_burstgpt(tmp / "t.csv")))
     assert b.workload.kind == "burstgpt" and len(b.workload.conversations) == 4
@@ -860,14 +864,14 @@ def p_request_model(tmp):
     assert prepared(tmp, num_users=20, request_model="reference", io_workers=3).cfg.effective_io_workers == 3
 
 
-@probe("prefix_cache.min_prefix_length")
+@probe("prefix_cache.min_prefix_length", runs_bench=False)
 def p_prefix_cache_min_prefix_length(tmp):
     # the default prompts have 512, 1024 and 768 tokens: at 800 only the second is cached
     b = prepared(tmp, prefix_cache={"probability": 1.0, "min_prefix_length": 800})
     assert {s.system_prompt for s in sessions(b)} == {1}
 
 
-@probe("prefix_cache.max_prefix_entries")
+@probe("prefix_cache.max_prefix_entries", runs_bench=False)
 def p_prefix_cache_max_prefix_entries(tmp):
     b = prepared(tmp, prefix_cache={"probability": 1.0, "max_prefix_entries": 1})
     assert {s.system_prompt for s in sessions(b)} == {0}
@@ -932,7 +936,7 @@ def sharegpt_turns(tmp, **sharegpt):
     return b.workload, [t for c in b.workload.conversations for t in c.turns]
 
 
-@probe("sharegpt.max_context_tokens")
+@probe("sharegpt.max_context_tokens", runs_bench=False)
 def p_sharegpt_max_context_tokens(tmp):
     _, turns_ = sharegpt_turns(tmp)
     assert max(t.input_tokens for t in turns_) > 20
@@ -940,13 +944,13 @@ def p_sharegpt_max_context_tokens(tmp):
     assert max(t.input_tokens for t in turns_) == 20 and w.report.truncated["over_sharegpt_max_context_tokens"] > 0
 
 
-@probe("sharegpt.max_generation_tokens")
+@probe("sharegpt.max_generation_tokens", runs_bench=False)
 def p_sharegpt_max_generation_tokens(tmp):
     w, turns_ = sharegpt_turns(tmp, max_generation_tokens=10)
     assert max(t.output_tokens for t in turns_) == 10 and w.report.truncated["over_sharegpt_max_generation_tokens"]
 
 
-@probe("sharegpt.chars_per_token_estimate")
+@probe("sharegpt.chars_per_token_estimate", runs_bench=False)
 def p_sharegpt_chars_per_token_estimate(tmp):
     w4, t4 = sharegpt_turns(tmp)
     if not w4.report.tokenizer.startswith("estimate"):
@@ -976,8 +980,9 @@ def test_every_config_key_has_a_probe():
     assert all_keys() - set(PROBES) == set()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("key", sorted(all_keys()))
+@pytest.mark.parametrize(
+    "key", [pytest.param(k, marks=() if k in NO_BENCH else pytest.mark.slow) for k in sorted(all_keys())]
+)
 def test_config_key_changes_behaviour(key, tmp_path, capfd):
     if key == "progress":
         run(tmp_path, duration=0.7, progress=False)
