@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(a, driver_args, output)
 
 
-if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+if __name__ == "__main__":  # as `kvtier ...`: logging and signals set up by the dispatcher (replay/cli.py)
     from replay.cli import main as kvtier
 
     sys.exit(kvtier(["sweep", *sys.argv[1:]]))

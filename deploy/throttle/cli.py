@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     return 128 + signum if signum else 0
 
 
-if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+if __name__ == "__main__":  # as `kvtier ...`: logging and signals set up by the dispatcher (replay/cli.py)
     from replay.cli import main as kvtier
 
     sys.exit(kvtier(["throttlefs", *sys.argv[1:]]))

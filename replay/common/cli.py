@@ -106,7 +106,7 @@ def crash_log(name: str, argv: list[str], exc: BaseException) -> str:
     kvtier-NAME-<time>-<pid>.log; return its path. The file is created, never opened if it exists (O_EXCL, no link
     followed), readable by its owner only (a command line may hold a URL with a secret)."""
     stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    base = os.path.join(tempfile.gettempdir(), f"kvtier-{name}-{stamp}-{os.getpid()}")
+    base = os.path.join(tempfile.gettempdir(), f"kvtier-{'-'.join(name.split())}-{stamp}-{os.getpid()}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for i in range(100):
         path = f"{base}.log" if i == 0 else f"{base}-{i}.log"

@@ -741,7 +741,7 @@ def _run_and_write(cfg: ReplayConfig) -> int:
     return report(cfg, summary, code)
 
 
-if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+if __name__ == "__main__":  # as `kvtier ...`: logging and signals set up by the dispatcher (replay/cli.py)
     from replay.cli import main as kvtier
 
     sys.exit(kvtier(["replay", *sys.argv[1:]]))

@@ -18,7 +18,7 @@ from kvconnector.units import human_bytes, parse_size
 from kvconnector.validation import describe_validation_error
 from replay.models import DTYPE_BYTES, resolve_model
 
-from ..common.cli import Interrupted, OneLineParser, command
+from ..common.cli import Interrupted, OneLineParser, command, under_contract
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from .model import ORDERS, POLICIES, MPParams, PlanResult, TierSpec, Workload, simulate
@@ -440,8 +440,9 @@ def _write(cfg, doc: dict) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--trace" or a.startswith("--trace=") for a in argv):  # a production trace instead of sessions
-        return trace_main(argv, env_known_elsewhere=frozenset(PlanConfig.model_fields))
-    cfg = load_config(argv)  # a refusal raises a ConfigError: replay/cli.py says it in one line, exit 2
+        known = frozenset(PlanConfig.model_fields)
+        return under_contract("plan --trace", lambda args: trace_main(args, env_known_elsewhere=known), argv)
+    cfg = load_config(argv)  # a refusal raises a ConfigError: `command` says it in one line, exit 2
     kv_bytes_per_token(cfg)  # a bad --model is a usage error before anything runs
     claim = claim_outputs({"--output": cfg.output, "--html-output": cfg.html_output}, {"--plots": cfg.plots})
     with claim:
@@ -464,7 +465,7 @@ def _run_and_write(cfg, argv: list[str]) -> int:
     return _write(cfg, doc)
 
 
-if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+if __name__ == "__main__":  # as `kvtier ...`: logging and signals set up by the dispatcher (replay/cli.py)
     from replay.cli import main as kvtier
 
     sys.exit(kvtier(["plan", *sys.argv[1:]]))

@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+if __name__ == "__main__":  # as `kvtier ...`: logging and signals set up by the dispatcher (replay/cli.py)
     from replay.cli import main as kvtier
 
     sys.exit(kvtier(["check", *sys.argv[1:]]))

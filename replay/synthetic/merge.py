@@ -550,7 +550,7 @@ def write_merged(doc: dict, output: str, args, is_default: bool) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the error contract is the dispatcher's (replay/cli.py)
+if __name__ == "__main__":  # as `kvtier ...`: logging and signals set up by the dispatcher (replay/cli.py)
     from replay.cli import main as kvtier
 
     sys.exit(kvtier(["merge", *sys.argv[1:]]))

@@ -48,6 +48,7 @@ def _near(measured_ms: float, injected_ms: float) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # timed: a loaded client reads tokens in bursts
 def test_measured_latencies_match_injected_delays(tmp_path):
     cfg = FakeServerConfig(ttft_ms=60, itl_ms=15, default_max_tokens=8)
     with FakeServer(cfg, process=True) as srv:  # its own process: its timers do not share our interpreter
@@ -77,6 +78,7 @@ def test_measured_latencies_match_injected_delays(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # timed: a loaded client reads tokens in bursts
 def test_achieved_rate_at_200_per_second(tmp_path):
     with FakeServer(FakeServerConfig(default_max_tokens=4), process=True) as srv:
         rc, s = _replay(
