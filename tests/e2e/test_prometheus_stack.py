@@ -1,7 +1,11 @@
 """End to end: `run-stack.sh up --prometheus` (Debian's prometheus scraping a real vLLM, LMCache and kvtier every
 second), two short `kvtier replay` runs, then Prometheus's HTTP API against the exporters' own counters.
 
-One stack, the checks in file order:
+The stack is the one this module shares with test_lmcache_stack.py (conftest.py's `disk_stack`: a 1 GB disk tier,
+Prometheus every second). This module runs on it first (marked fresh_disk_stack): kvtier has read nothing from its
+disk yet, so every read-latency bucket enters the window at zero, where rate() does not extrapolate back past a
+series' first sample; a bucket already counting would be extrapolated further than one at zero, and the quantiles
+of the rules would no longer be those of the buckets' increases. The checks in file order:
 1. a replay fills kvtier (prompts computed, chunks stored), LMCache's L1 is cleared, the same replay again reads
    them back from kvtier's disk tier, its server-side figures read from the Prometheus (`--metrics-url
    prometheus+http://...`): they equal the figures of the exporters' /metrics pages scraped directly around it;
@@ -12,7 +16,8 @@ One stack, the checks in file order:
    quantiles computed from the bucket increases as histogram_quantile does; tolerance only for the scrapes' timing
    (rate() extrapolates to the window's edges by up to one scrape interval);
 3. every query of the Grafana dashboard returns data, and its instance variable's values are the stack's instances;
-4. `status` names the Prometheus and `down` stops it.
+4. `status` names the Prometheus and `down` stops it (run after every other test of the shared stack, marked
+   stops_disk_stack).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from datetime import datetime
 from types import SimpleNamespace
 
 import pytest
-from kvtier_stack import clear_l1, complete, down, metrics, need_lmcache, prompt_text, up, wait_for
+from kvtier_stack import PROMETHEUS_INTERVAL_S, clear_l1, complete, metrics, prompt_text, wait_for
 
 from deploy import RUN_STACK, SCRIPTS
 from kvconnector.metrics import BUCKETS_S
@@ -37,13 +42,14 @@ from replay.openai.server_metrics import Snapshot, derive
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.fresh_disk_stack,
     pytest.mark.timeout(600),
     pytest.mark.skipif(
         shutil.which("prometheus") is None, reason="prometheus not installed (apt-get install prometheus)"
     ),
 ]
 
-INTERVAL_S = 1.0
+INTERVAL_S = PROMETHEUS_INTERVAL_S
 WINDOW_S = 60.0  # the rules' rate window ([1m], deploy/prometheus/kvtier-rules.yml)
 # rate() extrapolates the sampled span to the window's edges: at most one scrape interval at each end
 RATE_TOL = 2.5 * INTERVAL_S / WINDOW_S + 0.01
@@ -131,44 +137,41 @@ def _all_scraped_after(base: str, t: float) -> bool:
 
 
 @pytest.fixture(scope="module")
-def env(tiny_model_dir, tmp_path_factory):
-    need_lmcache()
+def env(disk_stack, tmp_path_factory):
+    assert disk_stack.prometheus, "the shared stack started without Prometheus"
+    stack = disk_stack.ensure_up()
     base = tmp_path_factory.mktemp("prometheus-stack")
-    state = base / "state"
-    extra = ["--disk-gb", "1", "--prometheus", "--prometheus-interval", str(INTERVAL_S)]
-    stack = up(state, tiny_model_dir, base / "kv", *extra)
-    try:
-        prom = stack.endpoints["prometheus"]
-        ctx = SimpleNamespace(stack=stack, prom=prom, state=state, out=base)
+    prom = stack.endpoints["prometheus"]
+    ctx = SimpleNamespace(stack=stack, prom=prom, state=disk_stack.state, out=base)
 
-        def targets_up() -> bool:
-            active = _api(prom, "targets")["activeTargets"]
-            return len(active) == 3 and all(t["health"] == "up" for t in active)
+    def targets_up() -> bool:
+        active = _api(prom, "targets")["activeTargets"]
+        return len(active) == 3 and all(t["health"] == "up" for t in active)
 
-        assert wait_for(targets_up, 60, 0.5), _api(prom, "targets")
-        # One request first: LMCache creates its lookup counters at the first lookup, and rate() takes a series'
-        # first sample as its start (kvtier's exporter has its counters from zero for that reason)
-        complete(stack.vllm, prompt_text(tiny_model_dir, 300, "typing.py"), max_tokens=2)
-        assert wait_for(lambda: _stores_settled(stack), 60, 0.2), stack.log("lmcache0")
-        # s1: every target scraped after the warm-up; the rules' window will start between s1 and t0, when
-        # nothing changes (a few scrapes of the idle stack), so it holds both replays and nothing of the warm-up
-        settled = _prom_now(prom)
-        assert wait_for(lambda: _all_scraped_after(prom, settled), 30, 0.2)
-        ctx.s1 = _oldest_scrape(prom)
-        assert wait_for(lambda: _all_scraped_after(prom, ctx.s1 + 2.5 * INTERVAL_S), 30, 0.2)
-        ctx.t0 = _prom_now(prom)
-        ctx.d0 = _direct(stack)
-        ctx.wall0 = time.monotonic()
-        _replay(stack, base / "fill.json")
-        assert wait_for(lambda: _stores_settled(stack), 60, 0.2), stack.log("lmcache0")
-        clear_l1(stack)
-        ctx.d1 = _direct(stack)
-        ctx.run = _replay(stack, base / "reload.json", "--metrics-url", "prometheus+" + prom)
-        ctx.d2 = _direct(stack)
-        ctx.wall1 = time.monotonic()
-        yield ctx
-    finally:
-        down(state)
+    assert wait_for(targets_up, 60, 0.5), _api(prom, "targets")
+    # One request first: LMCache creates its lookup counters at the first lookup, and rate() takes a series'
+    # first sample as its start (kvtier's exporter has its counters from zero for that reason)
+    complete(stack.vllm, prompt_text(disk_stack.model, 300, "typing.py"), max_tokens=2)
+    assert wait_for(lambda: _stores_settled(stack), 60, 0.2), stack.log("lmcache0")
+    # s1: every target scraped after the warm-up; the rules' window will start between s1 and t0, when
+    # nothing changes (a few scrapes of the idle stack), so it holds both replays and nothing of the warm-up
+    settled = _prom_now(prom)
+    assert wait_for(lambda: _all_scraped_after(prom, settled), 30, 0.2)
+    ctx.s1 = _oldest_scrape(prom)
+    assert wait_for(lambda: _all_scraped_after(prom, ctx.s1 + 2.5 * INTERVAL_S), 30, 0.2)
+    ctx.t0 = _prom_now(prom)
+    ctx.d0 = _direct(stack)
+    # the stack is fresh (see above): the read-latency buckets all start the window at zero
+    assert _inc(Snapshot(0, {}), ctx.d0, "kvtier_ops_total", tier="disk", op="read") == 0, "kvtier read its disk before"
+    ctx.wall0 = time.monotonic()
+    _replay(stack, base / "fill.json")
+    assert wait_for(lambda: _stores_settled(stack), 60, 0.2), stack.log("lmcache0")
+    clear_l1(stack)
+    ctx.d1 = _direct(stack)
+    ctx.run = _replay(stack, base / "reload.json", "--metrics-url", "prometheus+" + prom)
+    ctx.d2 = _direct(stack)
+    ctx.wall1 = time.monotonic()
+    yield ctx
 
 
 def test_replay_reads_the_same_figures_from_prometheus_as_from_the_pages(env):
@@ -258,11 +261,16 @@ def test_every_dashboard_query_returns_data(env):
             assert any(math.isfinite(v) for v in values), (panel["title"], expr, values)
 
 
-def test_status_names_prometheus_and_down_stops_it(env):
+def test_status_names_prometheus(env):
     p = subprocess.run(
         ["bash", str(RUN_STACK), "status", "--state-dir", str(env.state)], capture_output=True, text=True
     )
     assert f"prometheus  {env.prom}" in p.stdout, p.stdout
-    down(env.state)
+
+
+@pytest.mark.stops_disk_stack
+def test_down_stops_prometheus(disk_stack):
+    prom = disk_stack.endpoints["prometheus"]
+    disk_stack.down()
     with pytest.raises(OSError):
-        urllib.request.urlopen(env.prom + "/-/ready", timeout=5)
+        urllib.request.urlopen(prom + "/-/ready", timeout=5)
