@@ -32,7 +32,16 @@ from replay.openai.workload import (
 from replay.sources.base import WorkloadError
 from replay.sources.block_traces import FORMATS
 
-from ..common.cli import Interrupted, OneLineParser, command, exit_code, fail, signal_name, stop_signals_raise
+from ..common.cli import (
+    Interrupted,
+    OneLineParser,
+    command,
+    exit_code,
+    fail,
+    loop_stop_signals,
+    signal_name,
+    stop_signals_raise,
+)
 from ..common.settings import documented, load_settings
 from ..mpi import world_size
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
@@ -560,13 +569,13 @@ async def _run(cfg: ReplayConfig, state: RunState, job=None) -> dict:
         state.stop_signal = state.stop_signal or signum
         drv.abort(f"interrupted ({signal_name(signum)}): partial results")
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig)
-        except (NotImplementedError, RuntimeError):
-            pass
-    if job is not None and job.received:  # a signal before the event loop listened
-        on_signal(job.received[0])
+    with loop_stop_signals(loop, on_signal):  # the caller's handlers come back afterwards
+        if job is not None and job.received:  # a signal before the event loop listened
+            on_signal(job.received[0])
+        return await _set_up_and_window(cfg, state, job, drv, rng, loop, stop)
+
+
+async def _set_up_and_window(cfg: ReplayConfig, state: RunState, job, drv: Driver, rng, loop, stop) -> dict:
     meta: dict = {}
     async with drv.open_session():
         if job is None:  # a signal during set-up (the /tokenize probe) ends it at once, nothing sent

@@ -43,6 +43,7 @@ from kvconnector.errors import KvtierError
 from kvconnector.histogram import LatencyHistogram
 from kvconnector.store import TieredStore
 
+from ..common.cli import loop_stop_signals
 from .autoscaler import Autoscaler
 from .chained import ChainedRounds
 from .config import BenchConfig
@@ -194,6 +195,11 @@ class SyntheticDriver:
     # ---- run loop --------------------------------------------------------------------------------------------------
     async def _run(self) -> RunOutcome:
         loop = asyncio.get_running_loop()
+        # SIGINT and SIGTERM end the run alike (partial results); the caller's handlers come back afterwards.
+        with loop_stop_signals(loop, self._interrupt):
+            return await self._window(loop)
+
+    async def _window(self, loop: asyncio.AbstractEventLoop) -> RunOutcome:
         # A class's key names its queue (fair) or is its priority (strict: the smaller key first).
         fair = self.cfg.qos_scheduler == "fair"
         self._qos_key = {n: (-p.priority, n) if fair else -p.priority for n, p in self.cfg.qos_profiles.items()}
@@ -202,13 +208,6 @@ class SyntheticDriver:
         self._alloc = asyncio.Semaphore(self.cfg.max_concurrent_allocs) if self.cfg.max_concurrent_allocs else None
         self._done = asyncio.Event()
         self._sessions_open: set[asyncio.Task] = set()
-        # SIGINT and SIGTERM end the run alike (partial results); the caller's handlers come back afterwards.
-        saved_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in saved_handlers:
-            try:
-                loop.add_signal_handler(sig, self._interrupt, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-                saved_handlers = {}
         self.start_ns = time.perf_counter_ns()
         self._deadline_ns = self.start_ns + int(self.cfg.duration * 1e9)
         self._next_slot = time.monotonic()
@@ -242,9 +241,6 @@ class SyntheticDriver:
         end_ns = time.perf_counter_ns()
         window = self._window_report(timed_out, stop_ns, cancelled_ns, end_ns, len(tasks))
         self._record_sample(end_ns)
-        for sig, handler in saved_handlers.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)
         busy = self._pool.busy_ns() / max(1, self._pool.workers * (end_ns - self.start_ns))
         return RunOutcome(
             self._status,
