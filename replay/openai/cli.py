@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
@@ -46,6 +47,7 @@ from ..common.settings import documented, load_settings
 from ..mpi import world_size
 from ..outputs import replay_tables, write_jsonl, write_replay_plots, write_requests_csv
 from ..outputs.paths import OutputClaim, claim_outputs, write_results
+from ..outputs.progress import LiveLine, stderr_is_terminal
 
 PROG = "kvtier replay"
 
@@ -521,12 +523,9 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
 
 
 async def _progress(state: RunState, stop: asyncio.Event, target: float | None) -> None:
-    import time
-
-    from rich.live import Live
-
+    """The sent/done line on stderr until `stop` is set, every half second, erased at the end."""
     last_t, last_sent = time.perf_counter(), 0
-    with Live(refresh_per_second=4, transient=True) as live:
+    with LiveLine(transient=True) as line:
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), 0.5)
@@ -536,7 +535,7 @@ async def _progress(state: RunState, stop: asyncio.Event, target: float | None) 
             rate = (state.sent - last_sent) / (now - last_t) if now > last_t else 0.0
             last_t, last_sent = now, state.sent
             tgt = f" (target {target:g})" if target else ""
-            live.update(
+            line.show(
                 f"sent {state.sent}/{state.scheduled_total}  in flight {state.in_flight}  done {state.done}  "
                 f"errors {state.errors}  rate {rate:.1f}/s{tgt}"
             )
@@ -596,7 +595,7 @@ async def _set_up_and_window(cfg: ReplayConfig, state: RunState, job, drv: Drive
             if not state.metrics_start.values:
                 meta["metrics_warning"] = f"no metrics read: {'; '.join(state.metrics_start.errors)}"
         scraper = asyncio.create_task(drv.scrape_loop()) if cfg.metrics_url else None
-        show = not cfg.quiet and sys.stderr.isatty()
+        show = not cfg.quiet and stderr_is_terminal()
         prog = asyncio.create_task(_progress(state, stop, meta.get("target_rate"))) if show else None
         if job is not None:
             job.start()  # the ranks' windows start together, after rank 0's first scrape
