@@ -31,7 +31,7 @@ from replay.openai.workload import (
     synthetic_plans,
 )
 from replay.sources.base import WorkloadError
-from replay.sources.block_traces import FORMATS
+from replay.sources.registry import SOURCES, check_source, source_names
 
 from ..common.cli import (
     Interrupted,
@@ -158,7 +158,7 @@ class ReplayConfig(BaseModel):
     model: str
     endpoint: Literal["chat", "completions"] = "chat"
     api_key_env: str = "OPENAI_API_KEY"
-    source: Literal[("sharegpt", "burstgpt", "synthetic", *FORMATS)] = "synthetic"  # type: ignore[valid-type]
+    source: Literal[source_names()] = "synthetic"  # type: ignore[valid-type]
     dataset_path: str | None = None
     trace_path: str | None = None
     trace_speedup: float = Field(1.0, gt=0)
@@ -213,6 +213,10 @@ class ReplayConfig(BaseModel):
     html_output: str | None = None
     quiet: bool = False
 
+    def source_inputs(self) -> dict[str, str | None]:
+        """The workload's input files by flag (None where not given)."""
+        return {"--dataset-path": self.dataset_path, "--trace-path": self.trace_path}
+
     @model_validator(mode="after")
     def _check(self) -> ReplayConfig:
         if not self.base_url.startswith(("http://", "https://")):
@@ -224,8 +228,7 @@ class ReplayConfig(BaseModel):
                 f"{self.base_url!r}; --endpoint picks chat or completions"
             )
         self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
-        if self.source == "sharegpt" and not self.dataset_path:
-            raise ValueError("--source sharegpt needs --dataset-path FILE")
+        source = check_source(self.source, self.source_inputs(), block_tokens=self.trace_block_tokens)
         for url in self.metrics_url:
             if is_prometheus_url(url):
                 parse_prometheus_url(url)  # a ValueError says what is wrong with it
@@ -234,18 +237,7 @@ class ReplayConfig(BaseModel):
                     f"--metrics-url is a /metrics page (http://HOST:PORT/metrics) or a Prometheus "
                     f"(prometheus+http://HOST:PORT), got {url!r}"
                 )
-        if self.source == "burstgpt" and not self.trace_path:
-            raise ValueError("--source burstgpt needs --trace-path FILE|DIR|GLOB")
-        if self.source in FORMATS and not self.dataset_path:
-            raise ValueError(f"--source {self.source} needs --dataset-path FILE (a {self.source} trace)")
-        if self.trace_block_tokens is not None and self.source not in FORMATS:
-            raise ValueError(
-                f"--trace-block-tokens rescales a block-hash trace ({', '.join(FORMATS)}), not {self.source}"
-            )
-        if self.source == "synthetic":
-            if self.dataset_path or self.trace_path:
-                given = "--dataset-path" if self.dataset_path else "--trace-path"
-                raise ValueError(f"{given} is not read by --source synthetic (give --source sharegpt or burstgpt)")
+        if source.path_flag is None:  # synthetic: prompts of the lengths asked for
             rounds = self.rounds or self.turns  # each turn or round adds its input and the previous answer
             longest = (
                 self.prefix_len
@@ -292,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = group("workload")
     g(
         "--source",
-        choices=["sharegpt", "burstgpt", "synthetic", *FORMATS],
+        choices=source_names(),
         help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
     )
     g("--dataset-path", help="ShareGPT JSON file; a block-hash trace's file (weka: also a directory)")
@@ -393,7 +385,8 @@ def _config(argv: list[str]) -> ReplayConfig:
 async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: RunState):
     """Load the source, size the texts, compute the schedule. Returns (pacing, plans, offsets, traced, meta)."""
     maker = TextMaker(cfg.seed)
-    needs_text = cfg.source in ("burstgpt", "synthetic", *FORMATS)
+    source = SOURCES[cfg.source]
+    needs_text = not source.has_text
     if needs_text:
         # Set-up must not outlast what the user allowed a request, nor the run window itself.
         budget_s = min(30.0, cfg.request_timeout, cfg.duration or math.inf)
@@ -415,20 +408,11 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         "prompt_text_fallback_reason": maker.fallback_reason if needs_text else None,
     }
     convs = None
-    if cfg.source == "sharegpt":
-        from replay.sources.sharegpt import load_sharegpt
-
+    path = cfg.source_inputs()[source.path_flag] if source.path_flag else None
+    if source.has_text:  # conversations, taken in a shuffled order
         limit = cfg.concurrency * 4 if cfg.rounds else cfg.num_requests
-        convs, report = load_sharegpt(
-            cfg.dataset_path, max_conversations=limit, max_context_tokens=cfg.max_prompt_tokens
-        )
-        meta["load_report"] = {
-            "conversations": report.conversations,
-            "turns": report.turns,
-            "skipped": report.skipped,
-            "truncated": report.truncated,
-            "tokenizer": report.tokenizer,
-        }
+        convs, report = source.load(path, max_requests=limit, max_context_tokens=cfg.max_prompt_tokens)
+        meta["load_report"] = _load_report(report)
         order = list(range(len(convs)))
         rng.shuffle(order)
         convs = [convs[i] for i in order]
@@ -452,29 +436,15 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         return "rounds", plans, None, False, meta
     traced = False
     trace_offsets = None
-    if cfg.source == "burstgpt":
-        from replay.sources.burstgpt import load_burstgpt
-
-        convs, report = load_burstgpt(
-            cfg.trace_path, max_requests=cfg.num_requests, max_context_tokens=cfg.max_prompt_tokens
-        )
-        meta["load_report"] = {
-            "conversations": report.conversations,
-            "turns": report.turns,
-            "skipped": report.skipped,
-            "truncated": report.truncated,
-            "tokenizer": report.tokenizer,
-        }
+    if source.timed and not source.block_trace:  # conversations at the input's times
+        convs, report = source.load(path, max_requests=cfg.num_requests, max_context_tokens=cfg.max_prompt_tokens)
+        meta["load_report"] = _load_report(report)
         stamps = [t.arrival_s or 0.0 for c in convs for t in c.turns]
         trace_offsets = trace_offsets_ns(stamps, cfg.trace_speedup, cfg.duration)
         traced = True
         meta["trace_speedup"] = cfg.trace_speedup
-    if cfg.source in FORMATS:
-        from replay.sources.block_traces import load_block_trace
-
-        trace = load_block_trace(
-            cfg.dataset_path, cfg.source, block_tokens=cfg.trace_block_tokens, max_requests=cfg.num_requests
-        )
+    if source.block_trace:
+        trace = source.load(path, block_tokens=cfg.trace_block_tokens, max_requests=cfg.num_requests)
         meta["load_report"] = {"requests": len(trace.requests), "block_tokens": trace.block_tokens}
         meta["trace_speedup"] = cfg.trace_speedup
         offsets = trace_offsets_ns([r.arrival_s for r in trace.requests], cfg.trace_speedup, cfg.duration)
@@ -520,6 +490,16 @@ async def _prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Ru
         meta["target_rate"] = None if math.isinf(cfg.request_rate) else cfg.request_rate
         meta["burstiness"] = cfg.burstiness
     return "open", plans, offsets, traced, meta
+
+
+def _load_report(report) -> dict:
+    return {
+        "conversations": report.conversations,
+        "turns": report.turns,
+        "skipped": report.skipped,
+        "truncated": report.truncated,
+        "tokenizer": report.tokenizer,
+    }
 
 
 async def _progress(state: RunState, stop: asyncio.Event, target: float | None) -> None:
@@ -669,7 +649,7 @@ def check_output_paths(cfg: ReplayConfig) -> OutputClaim:
     return claim_outputs(
         {"--output": cfg.output, "--detail": cfg.detail, "--csv": cfg.csv, "--html-output": cfg.html_output},
         {"--plots": cfg.plots},
-        inputs={"--dataset-path": cfg.dataset_path, "--trace-path": cfg.trace_path},
+        inputs=cfg.source_inputs(),
     )
 
 
