@@ -53,7 +53,7 @@ WATCH_EVERY_S = 0.1
 
 @dataclass(frozen=True)
 class ReplaySteps:
-    """What a rank does that a run of its own does too (replay/openai/cli.py)."""
+    """What a rank does that a run of its own does too (replay/openai/cli.py puts them together)."""
 
     load: Callable[[], Any]  # the command line's ReplayConfig
     check: Callable[[Any], None]  # every output path writable (rank 0)

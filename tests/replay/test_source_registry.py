@@ -3,7 +3,7 @@
 import pydantic
 import pytest
 
-from replay.openai.cli import ReplayConfig
+from replay.openai.config import ReplayConfig
 from replay.sources.block_traces import FORMATS
 from replay.sources.registry import SOURCES, block_trace_names, check_source, source_names
 from replay.synthetic.config import BenchConfig
