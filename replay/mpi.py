@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
+from collections.abc import Iterator
 
-from .common.cli import STOP_SIGNALS
+from .common.cli import stop_signals_handled
 
 # mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
 SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -108,17 +108,10 @@ def first_error(errors: list) -> tuple[int, str] | None:
 
 
 @contextlib.contextmanager
-def recorded_stop_signals():
+def recorded_stop_signals() -> Iterator[list[int]]:
     """While the block runs, SIGINT/SIGTERM are only recorded (a rank acts on them between its collective steps, so it
-    never leaves the others waiting in one): yields (the signals received, the handler that records them)."""
+    never leaves the others waiting in one): yields the list of the signals received. An event loop run inside the
+    block hears them itself (common.cli.loop_stop_signals) and puts this recording back when it ends."""
     received: list[int] = []
-
-    def record(signum, _frame):
-        received.append(signum)
-
-    old = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
-    try:
-        yield received, record
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    with stop_signals_handled(lambda signum, _frame: received.append(signum)):
+        yield received

@@ -3,7 +3,10 @@
 - A mistake is one line on stderr, `kvtier SUB: what is wrong`, and exit 2 (argparse included: no page of usage).
 - SIGINT and SIGTERM mean the same thing: stop, write what was measured, clean up, exit 128 + the signal's number
   (130 for Ctrl-C, 143 for SIGTERM). Outside an event loop they raise `Interrupted`, a KeyboardInterrupt that knows
-  its signal, so set-up and clean-up code unwinds through its `finally` blocks.
+  its signal, so set-up and clean-up code unwinds through its `finally` blocks (`stop_signals_raise`); inside one
+  they call back into the loop (`loop_stop_signals`). Code that only notes the signal and acts on it later (an MPI
+  rank between collective steps, a parent forwarding it to its clients) installs its own handler with
+  `stop_signals_handled`. Each puts the previous handlers back when its block ends.
 - A closed stdout (`kvtier ... | head -1`) is not an error (`closed_stdout_is_fine`): the rest of the output is
   dropped, the command carries on and writes its results files, and its exit status is its own.
 """
@@ -23,9 +26,13 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from kvconnector.errors import UserError
+
+if TYPE_CHECKING:
+    import asyncio
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -157,16 +164,45 @@ def _raise_interrupted(signum, _frame):
 
 
 @contextlib.contextmanager
-def stop_signals_raise() -> Iterator[None]:
-    """Within the block SIGINT and SIGTERM raise `Interrupted`; the previous handlers come back afterwards."""
-    old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _raise_interrupted)
+def stop_signals_handled(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
+    """Within the block SIGINT and SIGTERM call `handler(signum, frame)` (a `signal.signal` handler, so only in the
+    main thread); the previous handlers come back afterwards."""
+    old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def stop_signals_raise() -> contextlib.AbstractContextManager[None]:
+    """Within the block SIGINT and SIGTERM raise `Interrupted`; the previous handlers come back afterwards."""
+    return stop_signals_handled(_raise_interrupted)
+
+
+@contextlib.contextmanager
+def loop_stop_signals(loop: asyncio.AbstractEventLoop, callback: Callable[[int], Any]) -> Iterator[bool]:
+    """Within the block SIGINT and SIGTERM call `callback(signum)` in `loop`'s thread, between its callbacks (so the
+    run can stop and still write its partial results); the previous handlers come back afterwards. Yields whether
+    the handlers are installed: off the main thread (or where the loop cannot take signal handlers) they are not,
+    and the signals keep whatever handling they had."""
+    old = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    installed: list[int] = []
+    try:
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, callback, sig)
+            installed.append(sig)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals in this loop
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, old[sig])
+        installed = []
+    try:
+        yield bool(installed)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)  # sets SIG_DFL (or Python's SIGINT handler): the caller's come back next
+            signal.signal(sig, old[sig])
 
 
 class _DropAfterBrokenPipe:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -45,7 +44,7 @@ from kvconnector.errors import ConfigError, UserError
 from replay.openai.driver import RunState
 from replay.openai.merge import merge_ranks, rank_clock
 
-from ..common.cli import STOP_SIGNALS, exit_code, fail
+from ..common.cli import exit_code, fail
 from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, split, world_size
 
 PROG = "kvtier replay"
@@ -54,7 +53,7 @@ WATCH_EVERY_S = 0.1
 
 @dataclass(frozen=True)
 class ReplaySteps:
-    """What a rank does that a run of its own does too (replay/openai/cli.py)."""
+    """What a rank does that a run of its own does too (replay/openai/cli.py puts them together)."""
 
     load: Callable[[], Any]  # the command line's ReplayConfig
     check: Callable[[Any], None]  # every output path writable (rank 0)
@@ -222,11 +221,11 @@ def run_rank(steps: ReplaySteps) -> int:
     if failed:
         return fail(PROG, failed[1], failed[0]) if rank == 0 else failed[0]
 
-    with recorded_stop_signals() as (received, record):  # a signal outside the event loop: the run stops at its start
-        return _run(MPI, comm, cfg, steps, received, record)
+    with recorded_stop_signals() as received:  # a signal outside the event loop: the run stops at its start
+        return _run(MPI, comm, cfg, steps, received)
 
 
-def _run(MPI, comm, cfg, steps: ReplaySteps, received: list[int], record) -> int:
+def _run(MPI, comm, cfg, steps: ReplaySteps, received: list[int]) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     rank_cfg = rank_config(cfg, rank, size)
     job = RankJob(comm, MPI, received)
@@ -241,9 +240,6 @@ def _run(MPI, comm, cfg, steps: ReplaySteps, received: list[int], record) -> int
             job.close(state, run_error)
         except JobFailed as failed:
             return fail(PROG, f"{failed.line}; no rank ran", failed.code) if rank == 0 else failed.code
-    finally:
-        for sig in STOP_SIGNALS:  # the event loop put the default handlers back
-            signal.signal(sig, record)
 
     # 4. the per-rank results to rank 0; the rows placed on the clock of the first rank's start.
     wall_ns = time.time_ns() - time.perf_counter_ns()

@@ -23,12 +23,14 @@ from ..outputs.paths import os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo
 from .config import BenchConfig
-from .driver import RunOutcome, SyntheticDriver, rag_key
+from .driver import SyntheticDriver
 from .mlperf_config import is_large_model, unused_key_notes
 from .null_tier import NullTier
 from .payload import RandomPayload
 from .precondition import run_precondition
+from .request import rag_key
 from .results import document_keys, fallbacks, request_histograms, summary, tier_details
+from .stats import RunOutcome
 from .validation_trace import load_validation_trace, validate_run
 from .workload import Workload
 

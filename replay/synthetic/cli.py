@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from replay.models import CATALOG
-from replay.sources.block_traces import FORMATS
+from replay.sources.registry import block_trace_names
 
 from ..common.cli import OneLineParser, command, set_log_level
 from ..common.settings import documented
@@ -127,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     w("--rounds", type=int, help="chained: turns per session (0 = each conversation's own length)")
     w(
         "--source",
-        help="a block-hash trace at --dataset-path (" + ", ".join(FORMATS) + "): each request looks its blocks up in "
+        help="a block-hash trace at --dataset-path ("
+        + ", ".join(block_trace_names())
+        + "): each request looks its blocks up in "
         "the store up to the first one missing, writes the rest, and the measured per-tier hit rates are printed "
         "beside kvtier plan's prediction for the same tiers; arrivals are the trace's times (--trace-speedup scales "
         "them, --request-rate is refused) and every request is in the first QoS class of qos_distribution",

@@ -347,7 +347,7 @@ class BenchConfig(_Section):
     use_burst_trace: bool = False
     burst_trace_path: str | None = None
     trace_speedup: float = Field(1.0, ge=0)
-    # A block-hash trace at dataset_path (a format of replay.sources.block_traces.FORMATS) replayed block by block on
+    # A block-hash trace at dataset_path (replay.sources.registry.block_trace_names()) replayed block by block on
     # the store, with the plan's per-tier prediction beside the measured hit rates (replay/synthetic/trace_blocks.py).
     source: str | None = None
     # The trace's block in tokens (lengths scaled with it); None = its format's own.
@@ -469,12 +469,9 @@ class BenchConfig(_Section):
         if self.use_burst_trace and self.dataset_path:
             raise ValueError("--use-burst-trace and --dataset-path exclude each other: pick one workload source")
         if self.source is not None:
-            from replay.sources.block_traces import FORMATS
+            from replay.sources.registry import block_trace_names, check_source
 
-            if self.source not in FORMATS:
-                raise ValueError(f"--source {self.source}: not a block-hash trace format (known: {', '.join(FORMATS)})")
-            if not self.dataset_path:
-                raise ValueError(f"--source {self.source} reads a trace file: give it with --dataset-path")
+            check_source(self.source, {"--dataset-path": self.dataset_path}, choices=block_trace_names())
         unknown = set(self.qos_distribution) - set(self.qos_profiles)
         if unknown:
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")

@@ -73,7 +73,7 @@ def run_rank(load_config: Callable[[], BenchConfig], inv: Invocation) -> int:
 
     comm = MPI.COMM_WORLD
     local_size = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    with recorded_stop_signals() as (received, _):  # a signal between the steps: the rank stops at its window's start
+    with recorded_stop_signals() as received:  # a signal between the steps: the rank stops at its window's start
         return _run(MPI, comm, local_size, load_config, inv, received)
 
 

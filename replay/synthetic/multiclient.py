@@ -22,7 +22,7 @@ import yaml
 
 from kvconnector.units import human_bytes
 
-from ..common.cli import STOP_SIGNALS, Interrupted, exit_code, signal_name, stop_signals_raise
+from ..common.cli import Interrupted, exit_code, signal_name, stop_signals_handled, stop_signals_raise
 from ..common.leftovers import OwnedDir, die_with_parent, disk_temp_dir, made_dirs, remove_dead, remove_empty
 from ..mpi import split
 from ..outputs.paths import os_reason
@@ -173,21 +173,16 @@ def _supervise(cfg: BenchConfig, procs: list[subprocess.Popen], workdir: str, st
             if p.poll() is None:
                 p.send_signal(signum)
 
-    old = {sig: signal.signal(sig, stop_all) for sig in STOP_SIGNALS}
-    try:
-        with LiveView(cfg.duration, enabled=cfg.progress) as view:
-            start = time.monotonic()
-            while any(p.poll() is None for p in procs):
-                time.sleep(0.5)
-                if not stopping and any(p.poll() not in (None, 0) for p in procs):
-                    stop_all()
-                snap = _aggregate_status(workdir, len(procs))
-                if snap:
-                    snap["t_s"] = round(time.monotonic() - start, 2)
-                    view.update(snap)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    with stop_signals_handled(stop_all), LiveView(cfg.duration, enabled=cfg.progress) as view:
+        start = time.monotonic()
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.5)
+            if not stopping and any(p.poll() not in (None, 0) for p in procs):
+                stop_all()
+            snap = _aggregate_status(workdir, len(procs))
+            if snap:
+                snap["t_s"] = round(time.monotonic() - start, 2)
+                view.update(snap)
     return [p.returncode for p in procs]
 
 

@@ -26,7 +26,7 @@ from ..common.json_files import open_regular
 from ..merging import merged_histogram
 from ..outputs.csv_out import figures_frame
 from .config import BenchConfig
-from .driver import ClassStats, RequestStats
+from .stats import ClassStats, RequestStats
 
 if TYPE_CHECKING:
     import pandas as pd

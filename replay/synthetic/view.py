@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
 from kvconnector.files import atomic_path
 from kvconnector.units import GB
 
 from ..outputs._common import sla_verdict_text
+from ..outputs.progress import LiveLine, StepBars
 from ..outputs.tables import _ROUND_COLS as ROUND_COLUMNS
 from ..outputs.tables import rows_table
 
@@ -25,31 +22,24 @@ _VERDICT = {"met": "met", "missed": "MISSED", "no data": "no data"}
 
 
 class LiveView:
-    """A one-line live status (elapsed, requests, read/write GB/s over the last interval, tier occupancy).
-    On a non-terminal it prints a plain line every `plain_every_s` seconds instead."""
+    """A one-line live status (elapsed, requests, read/write GB/s over the last interval, tier occupancy) on stderr
+    (outputs.progress.LiveLine). On a non-terminal it prints a plain line every `plain_every_s` seconds instead."""
 
     def __init__(
         self, duration_s: float, enabled: bool = True, plain_every_s: float = 10.0, status_file: str | None = None
     ) -> None:
-        self.console = Console(stderr=True)
         # A multi-client parent reads each client's latest snapshot from here for its aggregate view.
         self.status_file = status_file
         self.duration_s = duration_s
-        self.enabled = enabled
-        self.plain_every_s = plain_every_s
-        self._live: Live | None = None
+        self._line = LiveLine(enabled, plain_every_s=plain_every_s)
         self._prev: dict | None = None
-        self._last_plain = 0.0
 
     def __enter__(self) -> LiveView:
-        if self.enabled and self.console.is_terminal:
-            self._live = Live(Text("starting..."), console=self.console, refresh_per_second=4, transient=False)
-            self._live.__enter__()
+        self._line.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._live:
-            self._live.__exit__(*exc)
+        self._line.__exit__(*exc)
 
     def update(self, snap: dict) -> None:
         if self.status_file:
@@ -68,15 +58,10 @@ class LiveView:
                 if last
                 else ""
             )
-        line = (
+        self._line.show(
             f"{snap['t_s']:6.1f}/{self.duration_s:g}s  {users}requests {snap['requests']:>7}  "
             f"read {rd:6.2f} GB/s  write {wr:6.2f} GB/s  |  {tiers}"
         )
-        if self._live:
-            self._live.update(Text(line))
-        elif self.enabled and time.monotonic() - self._last_plain >= self.plain_every_s:
-            self._last_plain = time.monotonic()
-            print(line, file=sys.stderr, flush=True)
 
 
 def write_status(path: str, snap: dict) -> None:
@@ -85,40 +70,9 @@ def write_status(path: str, snap: dict) -> None:
         json.dump(snap, f)
 
 
-class SetupProgress:
-    """Progress of set-up steps (preconditioning, RAG ingest, pre-population), which can take a while."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self.console = Console(stderr=True)
-        self._progress = None
-        self._tasks: dict[str, int] = {}
-
-    def __enter__(self) -> SetupProgress:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._progress:
-            self._progress.__exit__(*exc)
-
-    def update(self, step: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        if self._progress is None:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
-            )
-            self._progress.__enter__()
-        if step not in self._tasks:
-            self._tasks[step] = self._progress.add_task(step, total=total)
-        self._progress.update(self._tasks[step], completed=done)
+class SetupProgress(StepBars):
+    """Progress of set-up steps (preconditioning, RAG ingest, pre-population), which can take a while: a bar per step
+    on stderr (outputs.progress.StepBars), `update(step, done, total)`."""
 
 
 def _ms(d: dict, key: str) -> str:

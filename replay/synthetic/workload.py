@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..sources.base import Conversation, LoadReport, Turn, WorkloadError
-from ..sources.block_traces import BlockTrace, load_block_trace
-from ..sources.burstgpt import load_burstgpt
-from ..sources.sharegpt import default_token_counter, load_sharegpt
+from ..sources.block_traces import BlockTrace
+from ..sources.registry import SOURCES
+from ..sources.sharegpt import default_token_counter
 from ..sources.synthetic_users import SyntheticUser
 from .config import REFERENCE_BURST_TRACE_PATH, BenchConfig, UserTemplate
 
@@ -111,9 +111,8 @@ class Workload:
         if cfg.source:
             self.kind = "block_trace"
             try:
-                self.block_trace = load_block_trace(
+                self.block_trace = SOURCES[cfg.source].load(
                     cfg.dataset_path,
-                    cfg.source,
                     block_tokens=cfg.trace_block_tokens,
                     max_requests=cfg.max_requests or None,
                 )
@@ -123,9 +122,9 @@ class Workload:
         elif cfg.dataset_path:
             self.kind = "sharegpt"
             count, name = sharegpt_counter(cfg.sharegpt.chars_per_token_estimate)
-            self.conversations, self.report = load_sharegpt(
+            self.conversations, self.report = SOURCES["sharegpt"].load(
                 cfg.dataset_path,
-                cfg.max_conversations,
+                max_requests=cfg.max_conversations,
                 min_turns=cfg.sharegpt.min_turns,
                 max_turn_tokens=cfg.sharegpt.max_turn_tokens,
                 max_context_tokens=max_context_tokens,
@@ -138,7 +137,7 @@ class Workload:
         elif cfg.use_burst_trace:
             self.kind = "burstgpt"
             try:
-                self.conversations, self.report = load_burstgpt(
+                self.conversations, self.report = SOURCES["burstgpt"].load(
                     cfg.burst_trace_path, max_context_tokens=max_context_tokens
                 )
             except WorkloadError as exc:

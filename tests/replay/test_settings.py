@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error, error_path
 from replay.common.settings import OTHER_VARIABLES, documented, load_settings, shown_default
-from replay.openai import cli as replay_cli
+from replay.openai import config as replay_config
 from replay.synthetic import cli as bench_cli
 from replay.synthetic.config import ENV_PREFIX as BENCH_ENV_PREFIX
 from replay.synthetic.config import BenchConfig
@@ -81,7 +81,7 @@ def test_every_command_refuses_a_misspelt_variable_and_leaves_the_others(monkeyp
     """bench's prefix (KVTIER_) holds replay's, plan's and the scripts' variables: those are not misspellings."""
     for name in OTHER_VARIABLES:
         monkeypatch.setenv(name + ("SEED" if name.endswith("_") else ""), "5")
-    model = BenchConfig if prefix == "KVTIER_" else replay_cli.ReplayConfig
+    model = BenchConfig if prefix == "KVTIER_" else replay_config.ReplayConfig
     flags = {} if model is BenchConfig else {"base_url": "http://127.0.0.1:1", "model": "m", "output": "o.json"}
     load_settings(model, env_prefix=prefix, flags=flags)
     monkeypatch.setenv(misspelt, "5")
@@ -173,7 +173,7 @@ def test_one_formatter_for_every_validation_error():
 
 def test_env_prefixes_of_the_two_commands_do_not_collide():
     bench = {BENCH_ENV_PREFIX + k.upper() for k in BenchConfig.model_fields}
-    replay = {replay_cli.ENV_PREFIX + k.upper() for k in replay_cli.ReplayConfig.model_fields}
+    replay = {replay_config.ENV_PREFIX + k.upper() for k in replay_config.ReplayConfig.model_fields}
     assert not bench & replay
 
 
@@ -198,7 +198,7 @@ def test_documented_help_ends_with_the_models_default():
 def _parsers():
     return [
         (bench_cli.build_parser(), BenchConfig, bench_cli.SECTION_FLAGS),
-        (replay_cli.build_parser(), replay_cli.ReplayConfig, {}),
+        (replay_config.build_parser(), replay_config.ReplayConfig, {}),
     ]
 
 
@@ -233,8 +233,8 @@ def test_help_defaults_are_the_models_defaults(which):
 # ---- the replay model --------------------------------------------------------------------------------------------
 
 
-def _replay(*flags: str) -> replay_cli.ReplayConfig:
-    return replay_cli._config(["--base-url", "http://h:1/v1", "--model", "m", "--output", "o.json", *flags])
+def _replay(*flags: str) -> replay_config.ReplayConfig:
+    return replay_config.load_config(["--base-url", "http://h:1/v1", "--model", "m", "--output", "o.json", *flags])
 
 
 def test_replay_config_is_typed_once():

@@ -22,7 +22,7 @@ import yaml
 from helpers import free_port, wait_for
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from replay.openai.cli import ReplayConfig
+from replay.openai.config import ReplayConfig
 from replay.openai.prometheus_source import parse_prometheus_url
 from replay.openai.server_metrics import derive, scrape
 

@@ -566,14 +566,14 @@ def test_results_go_to_the_fallback_when_the_output_dir_vanishes(tmp_path, monke
     with FakeServer(FakeServerConfig()) as srv:
         import replay.openai.cli as cli_mod
 
-        real = cli_mod._write_outputs
+        real = cli_mod.write_run_outputs
 
         def remove_then_write(cfg, state, meta):
             shutil.rmtree(gone)
             (tmp_path / "gone").write_text("now a file")  # the directory is now a file: nothing can go under it
             return real(cfg, state, meta)
 
-        monkeypatch.setattr(cli_mod, "_write_outputs", remove_then_write)
+        monkeypatch.setattr(cli_mod, "write_run_outputs", remove_then_write)
         rc = main(
             [
                 "--base-url",

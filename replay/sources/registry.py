@@ -1,0 +1,117 @@
+"""Every workload source by the name `--source` gives it, for both drivers: what it reads, whether it carries text,
+times or block hashes, and how it is loaded. The drivers take their choices, their checks of the command line and
+their loading from here, so a source is added once.
+
+- `kvtier replay --source NAME` takes every source here;
+- `kvtier bench --source NAME` takes the block-hash traces (`block_trace_names`); its ShareGPT and BurstGPT runs are
+  asked for by --dataset-path and --use-burst-trace, and loaded through the same entries.
+
+`check_source` raises a ValueError of one line (what the user gave, what is missing), which the drivers' configuration
+models turn into their one-line refusal. Loading imports the source's module then, not before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .block_traces import FORMATS
+
+__all__ = ["SOURCES", "Source", "block_trace_names", "check_source", "source_names"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One workload source. `path_flag`: the flag of `kvtier replay` that names its input (None: it reads nothing);
+    `path_what`: what that flag is given. `block_tokens`: a block-hash trace's block in tokens (None: not one)."""
+
+    name: str
+    path_flag: str | None
+    path_what: str
+    has_text: bool  # prompts from the dataset's own text (else made up to the token counts)
+    timed: bool  # arrival times from the input (--trace-speedup scales them)
+    block_tokens: int | None
+    _load: Callable[..., Any] | None
+
+    @property
+    def block_trace(self) -> bool:
+        return self.block_tokens is not None
+
+    def load(self, path: str, **options: Any) -> Any:
+        """Read `path`: a block-hash trace gives a `BlockTrace`, any other source `(conversations, LoadReport)`.
+        `options` are its loader's (`max_requests`, `max_context_tokens`, ...); a WorkloadError for a bad input."""
+        if self._load is None:
+            raise TypeError(f"--source {self.name} reads no input")
+        return self._load(path, **options)
+
+
+def _load_sharegpt(path: str, *, max_requests: int | None = None, **options: Any) -> Any:
+    from .sharegpt import load_sharegpt
+
+    return load_sharegpt(path, max_conversations=max_requests, **options)
+
+
+def _load_burstgpt(path: str, **options: Any) -> Any:
+    from .burstgpt import load_burstgpt
+
+    return load_burstgpt(path, **options)
+
+
+def _block_trace_loader(fmt: str) -> Callable[..., Any]:
+    def load(path: str, **options: Any) -> Any:
+        from .block_traces import load_block_trace
+
+        return load_block_trace(path, fmt, **options)
+
+    return load
+
+
+SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source("sharegpt", "--dataset-path", "FILE", True, False, None, _load_sharegpt),
+        Source("burstgpt", "--trace-path", "FILE|DIR|GLOB", False, True, None, _load_burstgpt),
+        Source("synthetic", None, "", False, False, None, None),
+        *(
+            Source(fmt, "--dataset-path", f"FILE (a {fmt} trace)", False, True, block, _block_trace_loader(fmt))
+            for fmt, block in FORMATS.items()
+        ),
+    )
+}
+
+
+def source_names() -> tuple[str, ...]:
+    return tuple(SOURCES)
+
+
+def block_trace_names() -> tuple[str, ...]:
+    return tuple(name for name, s in SOURCES.items() if s.block_trace)
+
+
+def check_source(
+    name: str,
+    inputs: dict[str, str | None],
+    *,
+    choices: tuple[str, ...] | None = None,
+    block_tokens: int | None = None,
+) -> Source:
+    """The source `name` with the inputs given (flag -> value, None when not given), checked: a known name (of
+    `choices` when given), its input given, no input it would not read, `block_tokens` only for a block-hash trace.
+    A ValueError of one line otherwise."""
+    choices = source_names() if choices is None else choices
+    if name not in choices or name not in SOURCES:
+        kind = "a block-hash trace format" if choices == block_trace_names() else "a known source"
+        raise ValueError(f"--source {name}: not {kind} (known: {', '.join(choices)})")
+    source = SOURCES[name]
+    if source.path_flag is not None and not inputs.get(source.path_flag):
+        raise ValueError(f"--source {name} needs {source.path_flag} {source.path_what}")
+    if source.path_flag is None:
+        given = next((flag for flag, value in inputs.items() if value), None)
+        if given is not None:
+            readers = " or ".join(n for n, s in SOURCES.items() if s.path_flag and not s.block_trace)
+            raise ValueError(f"{given} is not read by --source {name} (give --source {readers})")
+    if block_tokens is not None and not source.block_trace:
+        traces = ", ".join(block_trace_names())
+        raise ValueError(f"--trace-block-tokens rescales a block-hash trace ({traces}), not {name}")
+    return source
