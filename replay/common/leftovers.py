@@ -219,9 +219,12 @@ def made_dirs(path: str) -> list[str]:
 
 
 def remove_empty(dirs: list[str]) -> None:
-    """Remove the directories (deepest first) that are empty; one holding anything is left, with its parents."""
+    """Remove the directories (deepest first) that are empty; one holding anything is left, with its parents. One
+    already gone is passed over (a second call, once what kept a parent busy has gone, removes the parent)."""
     for d in dirs:
         try:
             os.rmdir(d)
+        except FileNotFoundError:
+            continue
         except OSError:
             return

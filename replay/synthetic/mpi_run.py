@@ -35,6 +35,7 @@ from collections.abc import Callable
 from kvconnector.errors import ConfigError, KvtierError
 
 from ..common.cli import Interrupted, stop_signals_raise
+from ..common.leftovers import remove_empty
 from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, world_size
 from .bench import Bench
 from .config import BenchConfig
@@ -163,7 +164,11 @@ def _run(MPI, comm, local_size: int, load_config, inv: Invocation, received: lis
     peers.finish()
     parts = comm.gather({"doc": doc, "error": run_error}, root=0)
     code = _write_merged(cfg, parts, output, is_default) if rank == 0 else None
-    return comm.bcast(code, root=0)
+    code = comm.bcast(code, root=0)
+    # Every rank has cleaned up by now (it joined the gather): a parent of the ranks' directories that this rank made
+    # (--cache-dir's missing part) held another rank's directory when this rank cleaned up, and is empty only now.
+    remove_empty(bench.made_dirs)
+    return code
 
 
 def _write_merged(cfg, parts: list[dict], output: str, is_default: bool) -> int:

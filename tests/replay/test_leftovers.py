@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvconnector.entry_format import ENTRY_NAME
+from replay.common.leftovers import made_dirs, remove_empty
 
 pytestmark = pytest.mark.slow
 
@@ -218,3 +219,17 @@ def test_a_fake_server_dies_with_whoever_started_it():
         p.wait()
         p.stdout.close()
     wait_for(lambda: not alive(server), "the fake server to end", 30)
+
+
+def test_a_second_remove_empty_removes_a_parent_emptied_since(tmp_path):
+    """MPI ranks share --cache-dir's missing parent: the rank that made it cleans up while another rank's directory
+    is still in it, and removes it on its second call, once every rank has cleaned up."""
+    mine, theirs = tmp_path / "cache" / "rank-0", tmp_path / "cache" / "rank-1"
+    made = made_dirs(str(mine))
+    os.makedirs(mine)
+    theirs.mkdir()
+    remove_empty(made)
+    assert not mine.exists() and theirs.parent.exists()
+    theirs.rmdir()
+    remove_empty(made)
+    assert not (tmp_path / "cache").exists()
