@@ -7,6 +7,7 @@ import threading
 import urllib.error
 
 import pytest
+from helpers import QuietHTTPServer
 
 from deploy import RUN_STACK
 from deploy.stack import clear_l1_at, metric, metrics, pid_of
@@ -38,7 +39,7 @@ def server():
         def log_message(self, *a):
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd = QuietHTTPServer(Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
     httpd.shutdown()

@@ -88,6 +88,8 @@ def test_without_sudo_rights_one_line_says_what_to_run(home):
     assert not (home / "r.json").exists()
 
 
+# serial: while its sudoers rule exists, nobody may run the tracer, and the test above (on the other core) would see it
+@pytest.mark.serial
 @pytest.mark.skipif(shutil.which("sudo") is None, reason="sudo not installed (apt-get install sudo)")
 def test_with_sudo_for_the_script_the_bench_runs_as_the_user_and_is_traced(home):
     # a sudoers rule for the tracer script alone, for this test's user, removed afterwards

@@ -19,7 +19,7 @@ import urllib.request
 import aiohttp
 import pytest
 import yaml
-from helpers import free_port, wait_for
+from helpers import QuietHTTPServer, free_port, wait_for
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from replay.openai.config import ReplayConfig
@@ -91,7 +91,7 @@ def exporter_and_prometheus(tmp_path):
         def log_message(self, *a):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    server = QuietHTTPServer(Page)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     target = f"127.0.0.1:{server.server_address[1]}"
     port = free_port()

@@ -13,10 +13,11 @@ import re
 import statistics
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from helpers import QuietHTTPServer
 
 from replay.cli import main as kvtier
 from replay.openai.fake_server import FakeServer, FakeServerConfig
@@ -501,7 +502,7 @@ class CounterServer:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = QuietHTTPServer(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
 
     def __enter__(self) -> CounterServer:

@@ -17,10 +17,11 @@ import sys
 import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from helpers import QuietHTTPServer
 
 from replay.cli import main as kvtier
 from replay.common.ports import free_port
@@ -116,8 +117,7 @@ class OddServer:
                 except (BrokenPipeError, ConnectionResetError):  # the client read no more of it (the cap)
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = QuietHTTPServer(Handler)
         self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __enter__(self) -> OddServer:
