@@ -5,7 +5,8 @@ Markers (pyproject.toml lists them) decide where a test runs in `make test`:
 - no marker: the fast tier (`make test-fast`), on every core, each test under a minute;
 - `slow`: over about a second of wall time; still run on every core, after the fast tier;
 - `serial`: needs the machine alone (it times something, loads both cores, starts a vLLM stack, or changes machine-wide
-  configuration another test reads, such as a sudoers rule): run one at a time at the end. `e2e` (starts real servers) implies `serial`.
+  configuration another test reads, such as a sudoers rule): run one at a time at the end. `e2e` (starts real
+  servers) implies `serial`.
 The `root` marker is also the skip: a test marked `@pytest.mark.root` (optionally with reason="what needs root") is
 skipped with that reason when the suite does not run as root, so no test checks os.geteuid() itself.
 
