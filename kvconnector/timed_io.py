@@ -344,8 +344,11 @@ def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[me
     not fill its page is copied into a zeroed scratch page; anything else misaligned is copied once into scratch."""
     sc = scratch
     tail_len = nbytes % PAGE
-    zero_copy = mode is IOMode.BUFFERED or all(
-        is_aligned(c) and (len(c) % PAGE == 0 or i == len(chunks) - 1) for i, c in enumerate(chunks)
+    # The tail page is made from the last chunk alone: chunks whose last one is shorter than the tail (small pieces
+    # at the end) are copied.
+    zero_copy = (not chunks or len(chunks[-1]) >= tail_len) and (
+        mode is IOMode.BUFFERED
+        or all(is_aligned(c) and (len(c) % PAGE == 0 or i == len(chunks) - 1) for i, c in enumerate(chunks))
     )
     if not zero_copy:
         buf = sc.data_buffer(aligned(nbytes))
