@@ -100,7 +100,8 @@ class TieredStore:
             owner = t._store() if t._store is not None else None
             if owner is not None and not owner.closed:
                 raise ConfigError(f"tier {t.name!r} already belongs to another store that is not closed")
-        for what, v in (("target_usage_ratio", target_usage_ratio), ("large_entry_limit_ratio", large_entry_limit_ratio)):
+        ratios = {"target_usage_ratio": target_usage_ratio, "large_entry_limit_ratio": large_entry_limit_ratio}
+        for what, v in ratios.items():
             if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 < v <= 1:
                 raise ConfigError(f"{what} must be a number in (0, 1], not {v!r}")
         self.tiers = tiers

@@ -305,9 +305,7 @@ class DiskTier(Tier):
             if spare:
                 self._spare_bytes -= size
                 self.counters["spare_writes"] += 1
-        return write_entry(
-            path, key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared
-        )
+        return write_entry(path, key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared)
 
     def read(self, key, nbytes, dest=None):
         try:

@@ -44,7 +44,7 @@ def temp_files(directory) -> list[str]:
 
 def consistent(s: TieredStore) -> None:
     """The store's count of each tier is the sum of its entries' sizes, and the disk holds one file per entry."""
-    for i, u in enumerate(s.usage()):
+    for u in s.usage():
         keys = s.keys_by_tier()[u["tier"]]
         assert u["used_bytes"] == sum(s.entry_info(k)[0] for k in keys), u
         assert u["entries"] == len(keys)
@@ -264,7 +264,7 @@ def test_destinations_of_every_buffer_kind(tmp_path, io_mode):
         "int": n,
         "list": [0] * n,
     }
-    for name, dest in refused.items():
+    for dest in refused.values():
         with pytest.raises(InvalidArgumentError):
             s.get("k", dest)
     assert s.get("k").hit  # the entry is intact
@@ -360,7 +360,7 @@ def test_a_capacity_that_is_not_a_finite_positive_number_is_a_config_error(tmp_p
     }
     if cap is not False:  # 0 is the disk tier's "all the free space", False is refused as a bool below
         makers["disk"] = lambda: DiskTier(str(tmp_path / "disk"), cap)
-    for name, make in makers.items():
+    for make in makers.values():
         with pytest.raises(ConfigError, match="capacity"):
             make()
     assert not (tmp_path / "disk").exists() or os.listdir(tmp_path / "disk") == []
@@ -382,7 +382,8 @@ def test_disk_capacity_zero_means_the_free_space_and_nothing_below_it_does(tmp_p
 
 
 @pytest.mark.parametrize(
-    "kw", [{"io_mode": "bogus"}, {"io_mode": None}, {"spare_ratio": math.nan}, {"spare_ratio": -0.1}, {"spare_ratio": 2}]
+    "kw",
+    [{"io_mode": "bogus"}, {"io_mode": None}, {"spare_ratio": math.nan}, {"spare_ratio": -0.1}, {"spare_ratio": 2}],
 )
 def test_disk_tier_settings_are_config_errors(tmp_path, kw):
     with pytest.raises(ConfigError):
@@ -442,7 +443,7 @@ def test_every_operation_after_close_is_refused_and_nothing_is_written(tmp_path,
         "touch": lambda: s.touch(["k"]),
         "adopt": lambda: s.adopt(1, "other", KB),
     }
-    for name, call in calls.items():
+    for call in calls.values():
         with pytest.raises(StoreClosedError):
             call()
     assert s.closed and s.usage()[0]["entries"] == 1  # the figures as they were at close
