@@ -478,3 +478,45 @@ def test_close_during_puts_waits_for_them_and_leaves_no_temp_file(tmp_path, io_m
     assert outcomes.count("closed") == 4 and set(outcomes) <= {"stored", "closed", "no tier has room"}
     names = os.listdir(tmp_path / "disk")
     assert not temp_files(tmp_path / "disk"), names
+
+
+# ---- the backend's configuration ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"disk_dir": "/tmp/a\0b"}, "disk_dir"),
+        ({"shared_dir": "/tmp/s\0"}, "shared_dir"),
+        ({"disk_dir": "/tmp/a", "snapshot_path": "/tmp/s\0.json"}, "snapshot_path"),
+        ({"redis_url": "redis://h\0st:6379"}, "redis_url"),
+        ({"disk_dir": "/tmp/a", "metrics_host": "127.0.0.1\0"}, "metrics_host"),
+        ({"disk_dir": "/tmp/a", "disk_capacity_gb": True}, "disk_capacity_gb"),
+        ({"disk_dir": "/tmp/a", "disk_capacity_gb": False}, "disk_capacity_gb"),
+        ({"shared_dir": "/tmp/s", "shared_capacity_gb": True}, "shared_capacity_gb"),
+        ({"redis_url": "redis://h:1", "redis_capacity_gb": True}, "redis_capacity_gb"),
+        ({"disk_dir": "/tmp/a", "disk_capacity_gb": "4"}, "disk_capacity_gb"),
+        ({"disk_dir": "/tmp/a", "disk_capacity_gb": math.nan}, "disk_capacity_gb"),
+        ({"disk_dir": "/tmp/a", "disk_capacity_gb": math.inf}, "disk_capacity_gb"),
+        ({"disk_dir": "/tmp/a", "disk_capacity_gb": -0.5}, "disk_capacity_gb"),
+        ({"disk_dir": "/tmp/a", "io_uring_pin_gb": True}, "io_uring_pin_gb"),
+        ({"disk_dir": "/tmp/a", "io_workers": True}, "io_workers"),
+        ({"disk_dir": "/tmp/a", "metrics_port": True}, "metrics_port"),
+        ({"disk_dir": "/tmp/a", "target_usage_ratio": True}, "target_usage_ratio"),
+        ({"disk_dir": "/tmp/a", "promote_on_hit": "yes"}, "promote_on_hit"),
+        ({"disk_dir": "/tmp/a", "promote_on_hit": 1}, "promote_on_hit"),
+    ],
+)
+def test_backend_config_refuses_nul_bytes_and_values_of_the_wrong_type_naming_the_key(extra, key):
+    from kvconnector.backend_config import BackendConfig
+
+    with pytest.raises(ConfigError) as info:
+        BackendConfig.from_params(extra)
+    line = str(info.value)
+    assert line.startswith(f"kvtier: invalid configuration: kvtier.{key}: ") and "\n" not in line
+
+
+def test_backend_config_takes_numbers_as_numbers():
+    from kvconnector.backend_config import BackendConfig
+
+    cfg = BackendConfig.from_params({"disk_dir": "/tmp/a", "disk_capacity_gb": 4, "shared_dir": "/tmp/s"})
+    assert cfg.disk_capacity_gb == 4.0 and isinstance(cfg.disk_capacity_gb, float)
+    assert BackendConfig.from_params({"disk_dir": "/tmp/a", "disk_capacity_gb": 0.5}).disk_capacity_gb == 0.5
