@@ -33,7 +33,10 @@ import numbers
 import threading
 import weakref
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .entry_format import check_header_fields, check_key, show_key
 from .errors import (
@@ -600,12 +603,17 @@ def byte_view(obj: object, what: str, writable: bool = False) -> memoryview:
     return mv
 
 
-def byte_chunks(chunks: object) -> list[memoryview]:
-    """put()'s chunks as flat byte views: the given list itself when it already is one (what every caller here
-    passes), so the common put builds nothing."""
-    if isinstance(chunks, (list, tuple)):
-        for c in chunks:
-            if type(c) is not memoryview or c.format != "B" or c.ndim != 1 or not c.c_contiguous:
-                return [byte_view(c, "a chunk") for c in chunks]
-        return chunks if isinstance(chunks, list) else list(chunks)
-    return [byte_view(chunks, "chunks")]
+def byte_chunks(chunks: object) -> Sequence[memoryview]:
+    """put()'s chunks as flat byte views: a sequence of buffers (a list, a tuple, a lazy Sequence such as the
+    benchmark's) or one buffer alone. The sequence itself when every item already is a flat byte memoryview (what
+    every caller here passes), so the common put builds nothing."""
+    if isinstance(chunks, (bytes, bytearray, memoryview, np.ndarray)):
+        return [byte_view(chunks, "chunks")]
+    if not isinstance(chunks, Sequence):
+        if isinstance(chunks, (str, int, float)) or chunks is None:
+            raise InvalidArgumentError(f"chunks must be a sequence of byte buffers, not {type(chunks).__name__}")
+        return [byte_view(chunks, "chunks")]  # another buffer type, or a clear refusal
+    for c in chunks:
+        if type(c) is not memoryview or c.format != "B" or c.ndim != 1 or not c.c_contiguous:
+            return [byte_view(c, "a chunk") for c in chunks]
+    return chunks

@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -271,6 +272,23 @@ def test_destinations_of_every_buffer_kind(tmp_path, io_mode):
     s.close()
 
 
+class Pieces(Sequence):
+    """A sequence that makes its views when asked (as the benchmark's payload does): no list, no buffer itself."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.view, self.size = memoryview(data), size
+
+    def __len__(self) -> int:
+        return -(-len(self.view) // self.size)
+
+    def __getitem__(self, i):
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.view[i * self.size : (i + 1) * self.size]
+
+
 def test_chunks_of_every_buffer_kind_are_stored_as_their_bytes(tmp_path, io_mode):
     s = make_store(tmp_path, io_mode, cpu=0)
     floats = np.arange(1024, dtype=np.float32)  # 4 KiB as 1024 elements: len() of its memoryview is 1024
@@ -282,21 +300,23 @@ def test_chunks_of_every_buffer_kind_are_stored_as_their_bytes(tmp_path, io_mode
         "numpy-2d": [np.ones((4, 8), np.uint16)],
         "mixed": [b"x", bytearray(b"yy"), memoryview(b"zzz"), np.array([1, 2], np.uint8)],
         "tuple": (b"t" * 10, b"u" * 10),
+        "lazy-sequence": Pieces(b"abcdefgh", 3),
         "lone-bytes": b"lone",
         "page-and-small-pieces": [bytes(PAGE + 10), b"ab", b"c"],  # the tail page spans three chunks
         "small-pieces-only": [b"a", b"b", b"c"],
         "page-multiple-then-empty": [bytes(PAGE), b""],
     }
     for name, chunks in cases.items():
-        expect = b"".join(
-            memoryview(c).cast("B").tobytes() for c in (chunks if isinstance(chunks, (list, tuple)) else [chunks])
-        )
+        items = [chunks] if isinstance(chunks, bytes) else list(chunks)
+        expect = b"".join(memoryview(c).cast("B").tobytes() for c in items)
         r = s.put(name, chunks)
         assert r.stored and s.entry_info(name)[0] == len(expect), name
         assert read(s, name, len(expect))[1] == expect, name
     for name, chunks in {
         "int": [5],
         "str": ["abc"],
+        "a str alone": "abc",
+        "a float": 1.5,
         "None": None,
         "strided": [np.zeros(64, np.uint8)[::2]],
     }.items():
