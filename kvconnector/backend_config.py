@@ -28,7 +28,9 @@ MAX_CAPACITY_GB = 10_000_000
 
 
 class BackendConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # strict: a value must already have its type (YAML and JSON give numbers and booleans as such), so True is not a
+    # capacity of 1 GB, nor "4" one of 4 GB; an int is still a float. No NaN or infinity either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     # Local disk tier: one file per entry (4 KiB header with key and checksum, payload), timed O_DIRECT I/O.
     disk_dir: str | None = None
@@ -64,6 +66,14 @@ class BackendConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     # JSON snapshot of all statistics written on close; "" = off, None = <disk_dir or shared_dir>/kvtier-stats.json.
     snapshot_path: str | None = None
+
+    @field_validator("disk_dir", "shared_dir", "snapshot_path", "redis_url", "redis_namespace", "metrics_host")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        # No path, URL or host name holds a NUL byte: the OS would refuse it later, as a ValueError of its own.
+        if v is not None and "\0" in v:
+            raise ValueError("must not contain a NUL byte")
+        return v
 
     @field_validator("disk_dir", "shared_dir")
     @classmethod

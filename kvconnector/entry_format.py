@@ -11,13 +11,14 @@ O_DIRECT probe) and the directory's marker (`MARKER_NAME`, which names the entry
 
 from __future__ import annotations
 
+import operator
 import re
 import struct
 from dataclasses import dataclass
 
 import xxhash
 
-from .errors import CorruptEntryError
+from .errors import CorruptEntryError, InvalidArgumentError
 
 PAGE = 4096
 MAGIC = b"KVTR"
@@ -57,13 +58,57 @@ def checksum(views) -> int:
     return h.intdigest()
 
 
+def show_key(key: str, n: int = 40) -> str:
+    """A key for an error message: its start, so a 4 KB key does not become a 4 KB line."""
+    return repr(key[:n]) + (f"... ({len(key)} characters)" if len(key) > n else "")
+
+
+def check_key(key: object, max_bytes: int | None = MAX_KEY_BYTES) -> None:
+    """Refuse a key a tier cannot hold, with InvalidArgumentError: not a str; with a byte limit (tiers that write
+    the key into a header: disk, shared directory, Redis) also one that UTF-8 cannot encode (a lone surrogate) or
+    longer than `max_bytes` once encoded. Any other str is fine: '/', '..', NUL, newlines and '' included, since a
+    key never becomes a path (file_name_for hashes it) and the header stores its length."""
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"a key must be a str, not {type(key).__name__}")
+    if max_bytes is None:
+        return
+    # Within the limit even at 4 bytes a character: no need to encode (the hot path of short ASCII keys).
+    if 4 * len(key) <= max_bytes and key.isascii():
+        return
+    try:
+        n = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"key {show_key(key)} cannot be stored: UTF-8 cannot encode its character {exc.start} (a lone surrogate)"
+        ) from None
+    if n > max_bytes:
+        raise InvalidArgumentError(
+            f"key {show_key(key)} cannot be stored: {n} bytes in UTF-8, an entry header holds at most {max_bytes}"
+        )
+
+
+def check_header_fields(shape: object, dtype: object) -> None:
+    """Refuse a shape or dtype an entry header cannot hold (InvalidArgumentError): at most MAX_DIMS sizes, each an
+    int from 0 to 2**64-1; a dtype name of 1 to 8 ASCII characters (a longer one would be cut short on disk)."""
+    if not isinstance(shape, (tuple, list)) or len(shape) > MAX_DIMS:
+        raise InvalidArgumentError(f"shape {shape!r} must be a tuple of at most {MAX_DIMS} sizes")
+    for d in shape:
+        try:
+            v = operator.index(d)
+        except TypeError:
+            v = -1
+        if isinstance(d, bool) or not 0 <= v < 1 << 64:
+            raise InvalidArgumentError(f"shape {shape!r}: each size must be an int from 0 to 2**64-1")
+    if not isinstance(dtype, str) or not dtype.isascii() or not 0 < len(dtype) <= 8:
+        raise InvalidArgumentError(f"dtype {dtype!r} must be a name of 1 to 8 ASCII characters")
+
+
 def pack_header(into: memoryview, hdr: EntryHeader) -> None:
-    """Write the header into a PAGE-sized buffer (the rest of the page is zeroed)."""
+    """Write the header into a PAGE-sized buffer (the rest of the page is zeroed). InvalidArgumentError for a key,
+    shape or dtype it cannot hold."""
+    check_key(hdr.key)
+    check_header_fields(hdr.shape, hdr.dtype)
     key = hdr.key.encode("utf-8")
-    if len(key) > MAX_KEY_BYTES:
-        raise ValueError(f"key of {len(key)} bytes exceeds {MAX_KEY_BYTES}")
-    if len(hdr.shape) > MAX_DIMS:
-        raise ValueError(f"shape {hdr.shape} has more than {MAX_DIMS} dims")
     shape = tuple(hdr.shape) + (0,) * (MAX_DIMS - len(hdr.shape))
     into[:PAGE] = bytes(PAGE)
     _FIXED.pack_into(
@@ -107,8 +152,13 @@ def unpack_header(page: memoryview | bytes, where: str = "entry") -> EntryHeader
 
 
 def file_name_for(key: str) -> str:
-    """A fixed-length hex name: keys (which hold '/', '..', '@') never reach the filesystem as paths."""
-    return xxhash.xxh3_128_hexdigest(key.encode("utf-8")) + ".kv"
+    """A fixed-length hex name: keys (which hold '/', '..', '@') never reach the filesystem as paths. A key UTF-8
+    cannot encode has no name (InvalidArgumentError): no tier with files holds it."""
+    try:
+        return xxhash.xxh3_128_hexdigest(key.encode("utf-8")) + ".kv"
+    except (UnicodeEncodeError, AttributeError):
+        check_key(key)  # raises InvalidArgumentError saying why: not a str, or a lone surrogate
+        raise
 
 
 # Exactly what file_name_for makes (xxh3-128 in lower-case hex), and exactly the temp names below.

@@ -19,7 +19,7 @@ from time import perf_counter_ns
 
 import xxhash
 
-from .entry_format import PAGE, EntryHeader, file_name_for, pack_header, unpack_header
+from .entry_format import MAX_KEY_BYTES, PAGE, EntryHeader, file_name_for, pack_header, unpack_header
 from .errors import ConfigError, CorruptEntryError, EntryNotFound
 from .tiers import Tier
 from .timed_io import OpTiming
@@ -29,6 +29,7 @@ CLUSTER_SCHEME = "redis-cluster://"
 
 class RedisTier(Tier):
     kind = "redis"
+    max_key_bytes = MAX_KEY_BYTES  # the key is in each value's header
 
     def __init__(
         self,

@@ -10,17 +10,43 @@
   an entry is never demoted twice at once.
 - With `promote_on_hit`, a hit in a lower tier moves the entry back to the top tier (what production engines do);
   off by default, which is the benchmark's no-promotion waterfall.
+- A move that fails leaves the store as if the entry had been evicted: the destination's reservation is returned,
+  whatever the destination wrote is removed, the entry is dropped from its source (counted as `move_failed`). A failed
+  promotion only leaves the entry where it was (`promote_failed`): the read that caused it has its bytes.
 Demotion and promotion I/O is recorded in the statistics of the tier that performed it and added to the latency of
 the operation that caused it.
+
+The API's contract (errors.py): arguments are checked before anything is reserved or written. A key must be a str
+that every tier of the store can hold (tiers writing an entry header: at most `max_key_bytes` in UTF-8, no lone
+surrogate), so a key one tier cannot hold never enters the store, where it would fail only later, when an eviction
+pushes it down; chunks and destinations must be byte buffers (bytes, bytearray, memoryview, numpy arrays; read as
+their raw bytes), a destination at least the entry's size. A refusal is `InvalidArgumentError`. An empty entry (0
+bytes) is a value like any other. After `close()` (which waits for the operations in flight, then closes the tiers;
+a second call does nothing) every operation raises `StoreClosedError`; `usage()`, `stats` and `events` still read the
+figures as they were.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
+import weakref
 from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import ConfigError, CorruptEntryError, EntryNotFound, StorageFullError
+import numpy as np
+
+from .entry_format import check_header_fields, check_key, show_key
+from .errors import (
+    ConfigError,
+    CorruptEntryError,
+    EntryNotFound,
+    InvalidArgumentError,
+    StorageFullError,
+    StoreClosedError,
+)
 from .telemetry import TierStats
 from .tiers import Tier
 from .timed_io import OpTiming, aligned_buffer
@@ -62,11 +88,26 @@ class TieredStore:
         large_entry_limit_ratio: float = 0.95,
         promote_on_hit: bool = False,
     ) -> None:
+        tiers = list(tiers)
         if not tiers:
             raise ConfigError("the store needs at least one tier with capacity > 0")
-        if not 0 < target_usage_ratio <= 1 or not 0 < large_entry_limit_ratio <= 1:
-            raise ConfigError("target_usage_ratio and large_entry_limit_ratio must be in (0, 1]")
-        self.tiers = list(tiers)
+        for t in tiers:
+            if not isinstance(t, Tier):
+                raise ConfigError(f"the store's tiers must be Tier objects, not {type(t).__name__}")
+        names = [t.name for t in tiers]
+        for i, t in enumerate(tiers):
+            if any(t is u for u in tiers[:i]):
+                raise ConfigError(f"tier {t.name!r} is given twice: each tier object is one level of the store")
+            if t.name in names[:i]:
+                raise ConfigError(f"two tiers are named {t.name!r}: the store reports its tiers by name")
+            owner = t._store() if t._store is not None else None
+            if owner is not None and not owner.closed:
+                raise ConfigError(f"tier {t.name!r} already belongs to another store that is not closed")
+        ratios = {"target_usage_ratio": target_usage_ratio, "large_entry_limit_ratio": large_entry_limit_ratio}
+        for what, v in ratios.items():
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 < v <= 1:
+                raise ConfigError(f"{what} must be a number in (0, 1], not {v!r}")
+        self.tiers = tiers
         self.target_usage_ratio = target_usage_ratio
         self.large_entry_limit_ratio = large_entry_limit_ratio
         self.promote_on_hit = promote_on_hit
@@ -82,10 +123,38 @@ class TieredStore:
         # Called after every tier operation as (op, tier, key, nbytes, timing or None, phase), phase one of
         # put/get/demote/promote/evict; runs on the I/O thread, so it must be cheap (e.g. an I/O trace writer).
         self.op_listener = None
+        # The strictest key limit of the tiers (None: memory tiers only, any str).
+        limits = [t.max_key_bytes for t in self.tiers if t.max_key_bytes is not None]
+        self.max_key_bytes = min(limits) if limits else None
+        self._closed = False
+        self._active = 0  # operations past their closed check that may still do I/O; close() waits for them
+        for t in self.tiers:
+            t._store = weakref.ref(self)
+
+    # ---- the API's checks ----------------------------------------------------------------------------------------
+    def _check_key(self, key: object) -> None:
+        check_key(key, self.max_key_bytes)
+
+    def _check_open(self) -> None:
+        """Caller holds the lock."""
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+    def _leave(self) -> None:
+        """An operation counted in `_active` is done. Caller holds the lock."""
+        self._active -= 1
+        if self._closed and not self._active:
+            self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # ---- queries -------------------------------------------------------------------------------------------------
     def contains(self, key: str) -> str | None:
+        self._check_key(key)
         with self._lock:
+            self._check_open()
             e = self._entries.get(key)
             return self.tiers[e.tier].name if e else None
 
@@ -110,7 +179,9 @@ class TieredStore:
 
     def entry_info(self, key: str) -> tuple[int, tuple, str, str] | None:
         """(nbytes, shape, dtype, tier name) of a stored entry, or None."""
+        self._check_key(key)
         with self._lock:
+            self._check_open()
             e = self._entries.get(key)
             return (e.nbytes, e.shape, e.dtype, self.tiers[e.tier].name) if e else None
 
@@ -122,10 +193,17 @@ class TieredStore:
         False if the key is already known or the tier cannot take it, and the caller decides what to do with the
         bytes. Adopted entries become the most recently used ones, so adopt in oldest-first order. With
         make_room=False only free room is taken, nothing is evicted (a shared tier's entries are others' too)."""
+        self._check_key(key)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InvalidArgumentError(f"adopt: nbytes must be an int >= 0, not {nbytes!r}")
+        if not 0 <= t < len(self.tiers):
+            raise InvalidArgumentError(f"adopt: tier index {t!r} is not one of the store's {len(self.tiers)} tiers")
         with self._lock:
+            self._check_open()
             if key in self._entries or key in self._pending:
                 return False
             self._pending.add(key)
+            self._active += 1
         try:
             if nbytes > self.large_entry_limit_ratio * self.tiers[t].capacity_bytes:
                 return False
@@ -146,16 +224,26 @@ class TieredStore:
         finally:
             with self._lock:
                 self._pending.discard(key)
+                self._leave()
 
     # ---- put -------------------------------------------------------------------------------------------------------
     def put(self, key: str, chunks: list[memoryview], shape: tuple = (), dtype: str = "uint8") -> PutResult:
-        """Store an entry in the fastest tier that takes it. An existing key is left as it is (`stored=False`)."""
+        """Store an entry (the concatenation of `chunks`: byte buffers, or one buffer alone) in the fastest tier that
+        takes it. An existing key is left as it is (`stored=False`, reason "exists"); an entry no tier has room for
+        is not stored (reason "no tier has room"). InvalidArgumentError for a key, chunk, shape or dtype the store
+        cannot hold; StoreClosedError after close()."""
+        self._check_key(key)
+        chunks = byte_chunks(chunks)
+        if self.max_key_bytes is not None:  # a tier writes them into an entry header
+            check_header_fields(shape, dtype)
         nbytes = sum(len(c) for c in chunks)
         timing = OpTiming()
         with self._lock:
+            self._check_open()
             if key in self._entries or key in self._pending:
                 return PutResult(False, None, timing, "exists")
             self._pending.add(key)
+            self._active += 1
         try:
             for t in range(len(self.tiers)):
                 if nbytes > self.large_entry_limit_ratio * self.tiers[t].capacity_bytes:
@@ -169,7 +257,7 @@ class TieredStore:
                 except BaseException as exc:
                     with self._lock:
                         self._used[t] -= nbytes
-                    self.tiers[t].delete(key)
+                    self._discard_bytes(t, key)
                     self.stats[t].count("enospc" if isinstance(exc, StorageFullError) else "write_errors")
                     raise
                 self._record(t, "write", key, w, "put")
@@ -184,6 +272,7 @@ class TieredStore:
         finally:
             with self._lock:
                 self._pending.discard(key)
+                self._leave()
 
     def _record(self, t: int, op: str, key: str, timing: OpTiming, phase: str) -> None:
         (self.stats[t].read if op == "read" else self.stats[t].write).record(timing)
@@ -228,9 +317,17 @@ class TieredStore:
             self._move(victim, t, t + 1, timing)
 
     def _move(self, e: _Entry, src: int, dst: int, timing: OpTiming) -> None:
-        """Move a `moving` entry from tier src to dst; on any failure the entry is dropped (it is only a cache)."""
+        """Move a `moving` entry from tier src to dst; on any failure the entry is dropped (it is only a cache) and
+        the error raised, unless the source was bad or gone."""
         fits = e.nbytes <= self.large_entry_limit_ratio * self.tiers[dst].capacity_bytes
-        if not (fits and self._reserve(dst, e.nbytes, timing)):
+        try:
+            reserved = fits and self._reserve(dst, e.nbytes, timing)
+        except BaseException:
+            # Making room below failed (a deeper move's write): nothing reserved in dst, the entry leaves src.
+            self._drop(e, src)
+            self.stats[src].count("move_failed")
+            raise
+        if not reserved:
             self._drop(e, src)
             self.stats[src].count("evictions")
             return
@@ -247,7 +344,7 @@ class TieredStore:
         except BaseException as exc:
             with self._lock:
                 self._used[dst] -= e.nbytes
-            self.tiers[dst].delete(e.key)
+            self._discard_bytes(dst, e.key)
             self._drop(e, src)
             self.stats[src].count("move_failed")
             if isinstance(exc, (CorruptEntryError, EntryNotFound)):
@@ -272,6 +369,14 @@ class TieredStore:
             self._changed.notify_all()
         self._delete_bytes(t, e.key)
 
+    def _discard_bytes(self, t: int, key: str) -> None:
+        """Remove what a failed write or move may have left in tier t, on the way out of that failure: a second error
+        here is counted (`delete_errors`), not raised, so it cannot hide the first or skip the clean-up after it."""
+        try:
+            self.tiers[t].delete(key)
+        except Exception:
+            self.stats[t].count("delete_errors")
+
     def _delete_bytes(self, t: int, key: str) -> None:
         """Remove the bytes of an entry the index has just forgotten (the caller marked the key pending under the
         lock): until they are gone a put of the same key is refused, so it cannot write a file this removes."""
@@ -283,19 +388,41 @@ class TieredStore:
 
     # ---- get -------------------------------------------------------------------------------------------------------
     def get(self, key: str, dest: memoryview | None = None) -> GetResult:
-        """Read an entry (into `dest`, or through scratch). A hit is counted only once the read has succeeded; a
-        corrupt entry is dropped and counts as a miss."""
+        """Read an entry (into the first bytes of `dest`, a writable byte buffer at least the entry's size, or
+        through scratch). A hit is counted only once the read has succeeded; a corrupt entry is dropped and counts as
+        a miss. InvalidArgumentError for a key the store cannot hold or a `dest` that cannot take the entry (the entry
+        stays); StoreClosedError after close()."""
+        self._check_key(key)
+        if dest is not None:
+            dest = byte_view(dest, "dest", writable=True)
         with self._lock:
+            self._check_open()
             e = self._entries.get(key)
             if e is not None and e.moving:
                 self._changed.wait_for(lambda: not e.moving)
+                self._check_open()  # closed while it waited
                 e = self._entries.get(key)
             if e is None:
                 self.events["misses"] += 1
                 return GetResult(False, None)
+            if dest is not None and len(dest) < e.nbytes:
+                raise InvalidArgumentError(
+                    f"dest holds {len(dest)} bytes, entry {show_key(key)} has {e.nbytes}: nothing was read"
+                )
             e.readers += 1
+            self._active += 1
             t = e.tier
             self._lru[t].move_to_end(key)
+        try:
+            return self._read(e, key, t, dest)
+        finally:
+            with self._lock:
+                self._leave()
+
+    def _read(self, e: _Entry, key: str, t: int, dest: memoryview | None) -> GetResult:
+        """get() once the entry is counted as read (e.readers) in tier t."""
+        if dest is not None and len(dest) != e.nbytes:
+            dest = dest[: e.nbytes]
         promote = self.promote_on_hit and t > 0
         buf = dest if dest is not None or not promote else aligned_buffer(e.nbytes)[: e.nbytes]
         try:
@@ -306,7 +433,7 @@ class TieredStore:
                 raise
             # A corrupt entry, or one another instance removed from a shared tier: dropped, counted, a miss.
             self.stats[t].count("corrupt_dropped" if isinstance(exc, CorruptEntryError) else "vanished")
-            self.delete(key)
+            self._remove(key)
             self._count("misses")
             return GetResult(False, None)
         self._record(t, "read", key, r, "get")
@@ -326,17 +453,28 @@ class TieredStore:
         return result
 
     def _promote(self, e: _Entry, src: int, data: memoryview, timing: OpTiming) -> None:
-        """Write an entry just read from tier src into the top tier (making room there by waterfall)."""
-        if not (
-            e.nbytes <= self.large_entry_limit_ratio * self.tiers[0].capacity_bytes
-            and self._reserve(0, e.nbytes, timing)
-        ):
-            with self._lock:
-                e.moving = False
-                self._lru[src][e.key] = e
-                self._changed.notify_all()
+        """Write an entry just read from tier src into the top tier (making room there by waterfall). Should that
+        fail, the entry stays in src (counted as `promote_failed`): the read that asked for it has its bytes."""
+        reserved = False
+        try:
+            reserved = e.nbytes <= self.large_entry_limit_ratio * self.tiers[0].capacity_bytes and self._reserve(
+                0, e.nbytes, timing
+            )
+            if reserved:
+                w = self.tiers[0].write(e.key, [data], e.nbytes, e.shape, e.dtype)
+        except BaseException as exc:
+            if reserved:
+                with self._lock:
+                    self._used[0] -= e.nbytes
+                self._discard_bytes(0, e.key)
+                reserved = False
+            self.stats[src].count("promote_failed")
+            if not isinstance(exc, Exception):
+                self._stay(e, src)
+                raise
+        if not reserved:
+            self._stay(e, src)
             return
-        w = self.tiers[0].write(e.key, [data], e.nbytes, e.shape, e.dtype)
         self._record(0, "write", e.key, w, "promote")
         timing.add(w)
         with self._lock:
@@ -348,6 +486,13 @@ class TieredStore:
         self.stats[src].count("promotions_out")
         self.stats[0].count("promotions_in")
 
+    def _stay(self, e: _Entry, src: int) -> None:
+        """A promotion that did not happen: the entry is back in src's LRU, as the most recently used."""
+        with self._lock:
+            e.moving = False
+            self._lru[src][e.key] = e
+            self._changed.notify_all()
+
     def _release_reader(self, e: _Entry) -> None:
         with self._lock:
             e.readers -= 1
@@ -356,7 +501,9 @@ class TieredStore:
 
     # ---- pins and removal ------------------------------------------------------------------------------------------
     def pin(self, key: str) -> bool:
+        self._check_key(key)
         with self._lock:
+            self._check_open()
             e = self._entries.get(key)
             if e is None:
                 return False
@@ -364,7 +511,9 @@ class TieredStore:
             return True
 
     def unpin(self, key: str) -> bool:
+        self._check_key(key)
         with self._lock:
+            self._check_open()
             e = self._entries.get(key)
             if e is None or e.pins == 0:
                 return False
@@ -374,8 +523,12 @@ class TieredStore:
     def touch(self, keys: list[str]) -> list[bool]:
         """Make each key held here the most recently used of its tier's LRU, without I/O (LMCache 0.5.7's
         `submit_touch`); an entry being moved between tiers is in no LRU and stays so. Which keys are held."""
+        keys = list(keys)
+        for key in keys:
+            self._check_key(key)
         held = []
         with self._lock:
+            self._check_open()
             for key in keys:
                 e = self._entries.get(key)
                 held.append(e is not None)
@@ -384,7 +537,18 @@ class TieredStore:
         return held
 
     def delete(self, key: str) -> bool:
-        """Remove an entry once nobody reads or moves it."""
+        """Remove an entry once nobody reads or moves it. False if the key is not here."""
+        self._check_key(key)
+        with self._lock:
+            self._check_open()
+            self._active += 1
+        try:
+            return self._remove(key)
+        finally:
+            with self._lock:
+                self._leave()
+
+    def _remove(self, key: str) -> bool:
         with self._lock:
             e = self._entries.get(key)
             if e is None:
@@ -401,7 +565,15 @@ class TieredStore:
         return True
 
     def close(self) -> None:
+        """Wait for the operations in flight, then close every tier (their memory, files and connections go). Any
+        later operation raises StoreClosedError; a second close() does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._changed.wait_for(lambda: not self._active)
         for tier in self.tiers:
+            tier._store = None
             tier.close()
 
     def reset_stats(self) -> None:
@@ -409,3 +581,39 @@ class TieredStore:
         with self._lock:
             self.stats = [TierStats(t.name) for t in self.tiers]
             self.events.clear()
+
+
+def byte_view(obj: object, what: str, writable: bool = False) -> memoryview:
+    """`obj`'s raw bytes as a flat unsigned-byte memoryview (the same memory, no copy), or InvalidArgumentError: not a
+    buffer (a torch tensor: pass `tensor.numpy()`), not contiguous, or read-only where the bytes are to be written."""
+    mv = obj if type(obj) is memoryview else None
+    if mv is None:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"{what} must be a byte buffer (bytes, bytearray, memoryview, numpy array), not {type(obj).__name__}"
+            ) from None
+    if writable and mv.readonly:
+        raise InvalidArgumentError(f"{what} is read-only ({type(obj).__name__}); a destination must be writable")
+    if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
+        if not mv.c_contiguous:
+            raise InvalidArgumentError(f"{what} is not contiguous in memory")
+        mv = mv.cast("B")
+    return mv
+
+
+def byte_chunks(chunks: object) -> Sequence[memoryview]:
+    """put()'s chunks as flat byte views: a sequence of buffers (a list, a tuple, a lazy Sequence such as the
+    benchmark's) or one buffer alone. The sequence itself when every item already is a flat byte memoryview (what
+    every caller here passes), so the common put builds nothing."""
+    if isinstance(chunks, (bytes, bytearray, memoryview, np.ndarray)):
+        return [byte_view(chunks, "chunks")]
+    if not isinstance(chunks, Sequence):
+        if isinstance(chunks, (str, int, float)) or chunks is None:
+            raise InvalidArgumentError(f"chunks must be a sequence of byte buffers, not {type(chunks).__name__}")
+        return [byte_view(chunks, "chunks")]  # another buffer type, or a clear refusal
+    for c in chunks:
+        if type(c) is not memoryview or c.format != "B" or c.ndim != 1 or not c.c_contiguous:
+            return [byte_view(c, "a chunk") for c in chunks]
+    return chunks

@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import math
+import numbers
 import os
 import shutil
 import threading
@@ -20,7 +22,7 @@ from time import perf_counter_ns
 import numpy as np
 
 from .cpu_pool import BufferPool, PoolBuffer
-from .entry_format import file_name_for, file_nbytes, spare_name
+from .entry_format import MAX_KEY_BYTES, file_name_for, file_nbytes, spare_name
 from .errors import ConfigError, EntryNotFound
 from .persistence import claim_dir
 from .timed_io import CHUNK_BYTES, PAGE, IOMode, OpTiming, probe_direct, read_entry, scratch, write_entry
@@ -28,14 +30,34 @@ from .timed_io import CHUNK_BYTES, PAGE, IOMode, OpTiming, probe_direct, read_en
 log = logging.getLogger(__name__)
 
 
+def capacity_bytes_of(name: str, value: object, auto_zero: bool = False) -> int:
+    """A tier's capacity as whole bytes, or ConfigError: a finite number of at least one byte (a float is cut to
+    whole bytes); not a bool (True is not 1 byte), not a str, NaN or infinity. `auto_zero`: 0 is allowed (it asks
+    the caller to pick, as the disk tier's "all the free space" does)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"tier {name}: capacity must be a number of bytes, not {type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"tier {name}: capacity must be a finite number of bytes, not {value!r}")
+    if auto_zero and value == 0:
+        return 0
+    if value < 1:
+        raise ConfigError(f"tier {name}: capacity must be at least one byte, not {value!r}")
+    return int(value)
+
+
 class Tier(ABC):
     kind: str = "tier"
+    # The longest key (UTF-8 bytes) the tier can hold, for tiers that write keys into an entry header (which also
+    # need keys UTF-8 can encode); None: any str. The store checks every key against its strictest tier up front.
+    max_key_bytes: int | None = None
+    # The open store this tier is a level of (a weak reference, set by TieredStore): a tier serves one store.
+    _store = None
 
     def __init__(self, name: str, capacity_bytes: int) -> None:
-        if capacity_bytes <= 0:
-            raise ConfigError(f"tier {name}: capacity must be positive")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"a tier's name must be a non-empty str, not {name!r}")
+        self.capacity_bytes = capacity_bytes_of(name, capacity_bytes)
         self.name = name
-        self.capacity_bytes = int(capacity_bytes)
         # Fallbacks and other non-silent degradations, reported with the results.
         self.fallbacks: Counter[str] = Counter()
         # Events only the tier sees (spare_writes), reported with the store's per-tier events.
@@ -110,7 +132,7 @@ class CPUTier(Tier):
         try:
             entry = _CPUEntry(buf, tail_len)
             t1 = perf_counter_ns()
-            if len(chunks) == 1 and not tail_len:
+            if len(chunks) == 1 and entry.body is not None and not tail_len:
                 np.copyto(entry.body, np.frombuffer(chunks[0], dtype=np.uint8))
             else:
                 _scatter([np.frombuffer(c, dtype=np.uint8) for c in chunks], entry.segments())
@@ -212,6 +234,7 @@ class DiskTier(Tier):
     """
 
     kind = "disk"
+    max_key_bytes = MAX_KEY_BYTES  # the key is in each file's header
     # Several instances write the directory at once (SharedDirTier): its lock is shared, and each write in flight
     # holds a lock on its temp file so that another instance's rescan never removes it (persistence.py).
     shared = False
@@ -224,6 +247,17 @@ class DiskTier(Tier):
         name: str = "disk",
         spare_ratio: float = 0.05,
     ) -> None:
+        if not isinstance(directory, (str, os.PathLike)) or "\0" in os.fspath(directory) or not os.fspath(directory):
+            raise ConfigError(f"tier {name}: directory must be a non-empty path without NUL bytes, not {directory!r}")
+        try:
+            io_mode = IOMode(io_mode)
+        except ValueError:
+            modes = ", ".join(m.value for m in IOMode)
+            raise ConfigError(f"tier {name}: io_mode must be one of {modes}, not {io_mode!r}") from None
+        if isinstance(spare_ratio, bool) or not isinstance(spare_ratio, numbers.Real) or not 0 <= spare_ratio <= 1:
+            raise ConfigError(f"tier {name}: spare_ratio must be a number from 0 to 1, not {spare_ratio!r}")
+        # Only 0 means "all the free space": a negative or NaN capacity is refused, not read as "auto".
+        capacity_bytes = capacity_bytes_of(name, capacity_bytes, auto_zero=True)
         directory = os.path.abspath(directory)
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -237,7 +271,7 @@ class DiskTier(Tier):
         # one that another live process holds is refused (a private tier) or shared with it (a shared one).
         self._dir_lock = claim_dir(directory, shared=self.shared)
         try:
-            if capacity_bytes <= 0:  # auto: what the filesystem has free now
+            if capacity_bytes == 0:  # auto: what the filesystem has free now
                 capacity_bytes = shutil.disk_usage(directory).free
             super().__init__(name, capacity_bytes)
         except BaseException:
@@ -264,15 +298,14 @@ class DiskTier(Tier):
         return os.path.join(self.directory, file_name_for(key))
 
     def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
+        path = self.path_for(key)  # before a spare is taken: a key with no file name must not cost one
         size = file_nbytes(nbytes)
         with self._spare_lock:
             spare = self._spares[size].pop() if self._spares.get(size) else None
             if spare:
                 self._spare_bytes -= size
                 self.counters["spare_writes"] += 1
-        return write_entry(
-            self.path_for(key), key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared
-        )
+        return write_entry(path, key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared)
 
     def read(self, key, nbytes, dest=None):
         try:

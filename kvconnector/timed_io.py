@@ -206,12 +206,12 @@ def write_entry(
     renamed, so that other instances sharing the directory see a live writer's file (persistence.rescan_dir)."""
     t0 = perf_counter_ns()
     nbytes = sum(len(c) for c in chunks)
-    payload = _payload_iov(chunks, nbytes, mode)
     tmp = spare or temp_path_for(path, os.getpid(), threading.get_ident())
     flags = os.O_WRONLY | os.O_CLOEXEC | (O_DIRECT if mode is IOMode.DIRECT else 0)
     device_ns = 0
     fd = -1
     try:
+        payload = _payload_iov(chunks, nbytes, mode)
         fd = os.open(tmp, flags if spare else flags | os.O_CREAT | os.O_TRUNC, 0o600)
         if lock_tmp:
             _lock_quietly(fd)
@@ -239,11 +239,13 @@ def write_entry(
         d0 = perf_counter_ns()
         sync_dir(os.path.dirname(path))
         device_ns += perf_counter_ns() - d0
-    except OSError as exc:
+    except BaseException as exc:
+        # Whatever failed (an I/O error, a header that cannot hold the key, an interrupt), no temp file or spare is
+        # left behind: nothing else would ever remove it while this process lives.
         if fd >= 0:
             os.close(fd)
         unlink_quietly(tmp)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StorageFullError(exc.errno, f"no space left for a {nbytes}-byte entry", path) from exc
         raise
     total = perf_counter_ns() - t0
@@ -342,8 +344,11 @@ def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[me
     not fill its page is copied into a zeroed scratch page; anything else misaligned is copied once into scratch."""
     sc = scratch
     tail_len = nbytes % PAGE
-    zero_copy = mode is IOMode.BUFFERED or all(
-        is_aligned(c) and (len(c) % PAGE == 0 or i == len(chunks) - 1) for i, c in enumerate(chunks)
+    # The tail page is made from the last chunk alone: chunks whose last one is shorter than the tail (small pieces
+    # at the end) are copied.
+    zero_copy = (not chunks or len(chunks[-1]) >= tail_len) and (
+        mode is IOMode.BUFFERED
+        or all(is_aligned(c) and (len(c) % PAGE == 0 or i == len(chunks) - 1) for i, c in enumerate(chunks))
     )
     if not zero_copy:
         buf = sc.data_buffer(aligned(nbytes))

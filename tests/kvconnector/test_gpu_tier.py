@@ -42,3 +42,24 @@ def test_waterfall_gpu_to_cpu_to_disk_keeps_bytes(tmp_path):
         out = aligned_buffer(len(v))[: len(v)]
         assert store.get(k, out).hit and bytes(out) == bytes(v), (k, tiers[k])
     assert store.stats[0].events["demotions_out"] > 0 and store.stats[1].events["demotions_out"] > 0
+
+
+def test_empty_entries_odd_buffers_and_close_on_the_gpu_tier(tmp_path):
+    """The store's API contract (test_store_api.py) with a GPU tier on top: an empty entry goes down the waterfall,
+    a numpy float destination takes the bytes, a too-small one is refused, a closed store refuses everything."""
+    from kvconnector.errors import InvalidArgumentError, StoreClosedError
+
+    store = TieredStore([GPUTier(4 * MB), DiskTier(str(tmp_path), 40 * MB, IOMode.DIRECT)])
+    assert store.put("empty", [memoryview(b"")]).tier == "gpu"
+    floats = np.arange(MB // 4, dtype=np.float32)
+    assert store.put("f", [floats]).tier == "gpu" and store.entry_info("f")[0] == MB
+    for i in range(4):  # pushes both down to the disk tier
+        store.put(f"fill{i}", [payload(MB, i)])
+    assert store.get("empty", bytearray()).hit
+    out = np.zeros(MB // 4, dtype=np.float32)
+    assert store.get("f", out).hit and np.array_equal(out, floats)
+    with pytest.raises(InvalidArgumentError, match="dest holds 10 bytes"):
+        store.get("fill3", bytearray(10))
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.put("late", [memoryview(b"x")])
