@@ -20,7 +20,7 @@ from ..common.cli import Interrupted, OneLineParser
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
-from ..sources.block_traces import FORMATS, load_block_trace, merge_traces
+from ..sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, load_block_trace, merge_traces
 from .trace import ReuseProfile, reuse_profile, sweep_capacities
 
 PROG = "kvtier plan --trace"
@@ -87,7 +87,7 @@ class TracePlanConfig(BaseModel):
 
     trace: Annotated[list[str], Field(min_length=1)]
     format: Literal[tuple(FORMATS)] = "mooncake"  # type: ignore[valid-type]
-    trace_block_tokens: int | None = Field(None, ge=1)
+    trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
     max_requests: int | None = Field(None, ge=1)
     tiers: list[Annotated[TraceTier, BeforeValidator(_tier)]] = []
     capacity_sweep: str = "1e4..1e9"
@@ -104,6 +104,8 @@ class TracePlanConfig(BaseModel):
     def _check(self) -> TracePlanConfig:
         if self.model is not None and self.kv_bytes_per_token is not None:
             raise ValueError("give the KV size as --model M or as --kv-bytes-per-token SIZE, not both")
+        if self.model is None and self.kv_dtype != type(self).model_fields["kv_dtype"].default:
+            raise ValueError(f"--kv-dtype {self.kv_dtype} is read with --model M only (the KV size of its token)")
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names):
             raise ValueError(f"a tier name is given twice ({', '.join(names)})")
