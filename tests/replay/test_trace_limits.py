@@ -215,7 +215,7 @@ def test_replay_sends_no_prompt_over_max_prompt_tokens(tmp_path, fmt):
     with FakeServer(FakeServerConfig(block_size=16)) as srv:
         out = tmp_path / "r.json"
         rc = kvtier([
-            *REPLAY[:3], srv.base_url, "--model", "fake", "--endpoint", "completions", "--quiet", *_trace(fmt),
+            *REPLAY[:2], srv.base_url, "--model", "fake", "--endpoint", "completions", "--quiet", *_trace(fmt),
             "--num-requests", "40", "--trace-speedup", "1000000", "--max-tokens", "1",
             "--max-prompt-tokens", str(limit), "--output", str(out),
         ])  # fmt: skip
