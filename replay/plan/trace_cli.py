@@ -55,6 +55,8 @@ What it prints: per trace the requests, prompt tokens, distinct blocks, the hit 
 the theoretical maximum (an infinite cache) and the share of it reached; then the hit rate at each capacity of the
 sweep. --output writes all of it as JSON, --plots DIR/plan-trace.png (hit rate against capacity, log scale, a dashed
 line at each tier's capacity).
+Bounds: at most 256 MiB of traces unless --max-requests N takes the first N requests of each, and 3 x 10^7 block
+uses in all (about 2 GB and 3 minutes), counted as the rows are read.
 exit status: 0 done; 2 a usage error or a bad trace row (one line naming file:line, nothing written); 130/143 stopped.
 """
 
