@@ -44,7 +44,7 @@ def mooncake_rows(path: Path, rows: int, *, input_tokens=2048, ids=4, step_ms=10
     return path
 
 
-# ---- the loader: one place every driver's bounds go through ----------------------------------------------------------
+# ---- the loader: one place every driver's bounds go through ----
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("limit", [1, 36, 60])
 def test_every_format_cuts_its_rows_to_the_context_bound_and_counts_them(fmt, limit):
@@ -96,7 +96,7 @@ def test_a_stop_asked_for_abandons_the_load(fmt):
     assert load_block_trace(FIXTURES[fmt], fmt, should_stop=lambda: False).requests
 
 
-# ---- values out of range and options not read: one line, exit 2, in every mode ------------------------------------------
+# ---- values out of range and options not read: one line, exit 2, in every mode ----
 REPLAY = ["replay", "--base-url", "http://127.0.0.1:1", "--model", "m", "--quiet"]
 
 
@@ -205,7 +205,7 @@ def test_plan_refuses_traces_too_large_to_model_before_reading_them(tmp_path, ca
     assert "over the 256 MiB" in one_line(capsys)
 
 
-# ---- the limits applied, end to end -----------------------------------------------------------------------------------
+# ---- the limits applied, end to end ----
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_replay_sends_no_prompt_over_max_prompt_tokens(tmp_path, fmt):
@@ -256,7 +256,7 @@ def test_bench_without_delays_starts_the_trace_at_once(tmp_path):
     assert doc["summary"]["window"]["overrun_s"] < 2.0, doc["summary"]["window"]
 
 
-# ---- signals during the preparation: 130 / 143 within seconds ---------------------------------------------------------
+# ---- signals during the preparation: 130 / 143 within seconds ----
 def _spawn(argv: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "replay.cli", *argv],
