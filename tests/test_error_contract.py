@@ -284,6 +284,7 @@ NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they 
     "replay.openai.server_metrics": ["_TooLarge"],  # a /metrics page over the bound: recorded, not raised out
     "replay.openai.prometheus_source": ["PrometheusError"],  # a query failed: recorded in the run's scrape errors
     "replay.openai.client": ["_SSEError"],  # the server's stream is malformed: recorded on the request
+    "replay.sources.block_traces": ["LoadStopped"],  # a signal stopped a trace's load in a worker thread
     "deploy.throttle.runner": ["MountError"],  # throttlefs did not mount
     "deploy.throttle.control": ["ControlError"],  # the control endpoint failed or refused a change
     "deploy.redis_cluster": ["ClusterError"],  # the cluster did not start (ClusterRefused: what was asked)

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from replay.sources.registry import check_source, source_names
+from replay.sources.block_traces import MAX_BLOCK_TOKENS
+from replay.sources.registry import MIN_TRACE_SPEEDUP, REPLAY_READS, check_reads, check_source, source_names
 
 from ..common.cli import (
     OneLineParser,
@@ -131,8 +132,8 @@ class ReplayConfig(BaseModel):
     source: Literal[source_names()] = "synthetic"  # type: ignore[valid-type]
     dataset_path: str | None = None
     trace_path: str | None = None
-    trace_speedup: float = Field(1.0, gt=0)
-    trace_block_tokens: Count | None = None
+    trace_speedup: float = Field(1.0, ge=MIN_TRACE_SPEEDUP)
+    trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
     num_requests: Count | None = None
     duration: float | None = Field(None, gt=0)
     request_rate: float = Field(math.inf, ge=0, allow_inf_nan=True)
@@ -199,6 +200,7 @@ class ReplayConfig(BaseModel):
             )
         self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
         source = check_source(self.source, self.source_inputs(), block_tokens=self.trace_block_tokens)
+        check_reads(self, source, REPLAY_READS)
         for url in self.metrics_url:
             if is_prometheus_url(url):
                 parse_prometheus_url(url)  # a ValueError says what is wrong with it

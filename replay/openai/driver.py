@@ -151,17 +151,17 @@ class Driver:
     def aborted(self) -> bool:
         return self._abort.is_set()
 
-    def _payload(self, plan: SessionPlan, history: list[tuple[str, str]], turn: TurnPlan) -> dict[str, Any]:
+    def _payload(self, plan: SessionPlan, history: list[tuple[str, str]], text: str, turn: TurnPlan) -> dict[str, Any]:
         o = self.o
         if o.endpoint == "chat":
             msgs = [{"role": "system", "content": plan.system_prompt}] if plan.system_prompt else []
             for u, a in history:
                 msgs.append({"role": "user", "content": u})
                 msgs.append({"role": "assistant", "content": a})
-            msgs.append({"role": "user", "content": turn.user_text})
+            msgs.append({"role": "user", "content": text})
             p: dict[str, Any] = {"model": o.model, "messages": msgs}
         else:
-            p = {"model": o.model, "prompt": render_completion_prompt(plan.system_prompt, history, turn.user_text)}
+            p = {"model": o.model, "prompt": render_completion_prompt(plan.system_prompt, history, text)}
         p["max_tokens"] = turn.max_tokens
         p["stream"] = True
         p["stream_options"] = (
@@ -186,6 +186,7 @@ class Driver:
         plan: SessionPlan,
         history: list[tuple[str, str]],
         turn: TurnPlan,
+        text: str,
         turn_index: int,
         scheduled_ns: int,
         round_index: int | None = None,
@@ -210,7 +211,7 @@ class Driver:
             plan.session_id,
             turn_index,
             self._url,
-            self._payload(plan, history, turn),
+            self._payload(plan, history, text, turn),
             headers,
             round_index,
             warmup,
@@ -269,13 +270,14 @@ class Driver:
             await self._sleep_until(ready)
             if self.aborted:
                 return
-            rec = await self._send_turn(plan, history, turn, k, ready)
+            text = turn.text()  # made now, for a source that makes its prompts (TurnPlan.make_text)
+            rec = await self._send_turn(plan, history, turn, text, k, ready)
             prev_done = time.perf_counter_ns()
             if not rec.success:
                 if k + 1 < len(plan.turns):
                     self.s.sessions_cut_by_error += 1
                 return  # the history would lack an answer: the rest of the session is not sent
-            history.append((turn.user_text, rec.output_text))
+            history.append((text, rec.output_text))
             rec.output_text = ""  # the history holds it now; the record need not
 
     # ---------------------------------------------------------------- warm-up and metrics
@@ -287,8 +289,8 @@ class Driver:
         for i in range(n):
             plan = plans[i % len(plans)]
             wplan = SessionPlan(f"warmup-{i}", plan.turns[:1], plan.system_prompt)
-            t = TurnPlan(f"warm-up {i}: " + plan.turns[0].user_text[:200], min(plan.turns[0].max_tokens, 16), 0)
-            tasks.append(self._send_turn(wplan, [], t, 0, time.perf_counter_ns(), warmup=True))
+            t = TurnPlan(f"warm-up {i}: " + plan.turns[0].text()[:200], min(plan.turns[0].max_tokens, 16), 0)
+            tasks.append(self._send_turn(wplan, [], t, t.user_text, 0, time.perf_counter_ns(), warmup=True))
         await asyncio.gather(*tasks)
 
     async def scrape_loop(self) -> None:
@@ -415,9 +417,10 @@ class Driver:
             hist = histories[plan.session_id]
             if hist is None or r >= len(plan.turns):
                 return
-            rec = await self._send_turn(plan, hist, plan.turns[r], r, start, round_index=r)
+            text = plan.turns[r].text()
+            rec = await self._send_turn(plan, hist, plan.turns[r], text, r, start, round_index=r)
             if rec.success:
-                hist.append((plan.turns[r].user_text, rec.output_text))
+                hist.append((text, rec.output_text))
                 rec.output_text = ""
             else:
                 histories[plan.session_id] = None

@@ -1,11 +1,17 @@
 """What a run of `kvtier replay` sends, made before its window: the source loaded (replay/sources/registry.py), the
-prompts sized, the requests planned and their arrival times computed."""
+prompts sized, the requests planned and their arrival times computed.
+
+A block-hash trace is read in a worker thread, so the event loop hears SIGINT/SIGTERM while it reads (the thread is
+told to stop and does within a few thousand rows); rows past the --duration window are not read; rows are cut to
+--max-prompt-tokens as every dataset's are; and each prompt is made when it is sent (TurnPlan.make_text)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import sys
+import threading
 
 from replay.sources.base import WorkloadError
 from replay.sources.registry import SOURCES
@@ -84,8 +90,13 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
         traced = True
         meta["trace_speedup"] = cfg.trace_speedup
     if source.block_trace:
-        trace = source.load(path, block_tokens=cfg.trace_block_tokens, max_requests=cfg.num_requests)
-        meta["load_report"] = {"requests": len(trace.requests), "block_tokens": trace.block_tokens}
+        trace = await _load_block_trace(source, path, cfg)
+        meta["load_report"] = {
+            "requests": len(trace.requests),
+            "block_tokens": trace.block_tokens,
+            "max_prompt_tokens": cfg.max_prompt_tokens,
+            "truncated": dict(trace.report.truncated),
+        }
         meta["trace_speedup"] = cfg.trace_speedup
         offsets = trace_offsets_ns([r.arrival_s for r in trace.requests], cfg.trace_speedup, cfg.duration)
         plans = await plans_from_block_trace(
@@ -130,6 +141,24 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
         meta["target_rate"] = None if math.isinf(cfg.request_rate) else cfg.request_rate
         meta["burstiness"] = cfg.burstiness
     return "open", plans, offsets, traced, meta
+
+
+async def _load_block_trace(source, path: str, cfg: ReplayConfig):
+    """The trace as this run sends it, read in a worker thread that a cancellation (a signal during set-up) stops."""
+    stop = threading.Event()
+    options = {
+        "block_tokens": cfg.trace_block_tokens,
+        "max_requests": cfg.num_requests,
+        "max_context_tokens": cfg.max_prompt_tokens,
+        # a row this late after the first is past the window at this speed: neither it nor any later one is sent
+        "until_s": cfg.duration * cfg.trace_speedup if cfg.duration else None,
+        "should_stop": stop.is_set,
+    }
+    try:
+        return await asyncio.to_thread(source.load, path, **options)
+    except asyncio.CancelledError:
+        stop.set()
+        raise
 
 
 def _load_report(report) -> dict:

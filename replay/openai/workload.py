@@ -9,8 +9,10 @@ summary reports it; the server's `usage.prompt_tokens` gives the exact count aft
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -42,6 +44,12 @@ class TurnPlan:
     max_tokens: int
     target_input_tokens: int
     arrival_offset_ns: int | None = None  # trace time from the run start; None = as soon as the previous turn allows
+    # Makes the text when the turn is sent, for sources whose every prompt is made (a block-hash trace): the run
+    # starts at once and holds only the prompts in flight, not one per row. None: `user_text` is the text.
+    make_text: Callable[[], str] | None = field(default=None, compare=False)
+
+    def text(self) -> str:
+        return self.user_text if self.make_text is None else self.make_text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +186,10 @@ async def plans_from_conversations(
     return plans
 
 
+# Plans made between two yields to the event loop, so a signal is heard while a long trace is planned.
+_PLANS_PER_YIELD = 4096
+
+
 async def plans_from_block_trace(
     trace: BlockTrace,
     maker: TextMaker,
@@ -187,14 +199,16 @@ async def plans_from_block_trace(
     trace_offsets_ns: list[int],
 ) -> list[SessionPlan]:
     """A block-hash trace (Mooncake) -> one single-turn plan per request, at its trace time (-1 = past the window),
-    its prompt made block by block from its hash ids (TextMaker.block_prompt)."""
+    its prompt made block by block from its hash ids (TextMaker.block_prompt) when it is sent, not here."""
     plans = []
     for i, (req, off) in enumerate(zip(trace.requests, trace_offsets_ns, strict=True)):
+        if i % _PLANS_PER_YIELD == _PLANS_PER_YIELD - 1:
+            await asyncio.sleep(0)
         if off < 0:
             continue
-        text = maker.block_prompt(req.hash_ids, req.input_tokens, trace.block_tokens, unique=f"request:{i}")
+        make = functools.partial(maker.block_prompt, req.hash_ids, req.input_tokens, trace.block_tokens, f"request:{i}")
         max_tokens = _max_tokens(req.output_tokens, fixed_max_tokens, max_tokens_cap)
-        plans.append(SessionPlan(f"{trace.name}-{i}", (TurnPlan(text, max_tokens, req.input_tokens, off),)))
+        plans.append(SessionPlan(f"{trace.name}-{i}", (TurnPlan("", max_tokens, req.input_tokens, off, make),)))
     return plans
 
 

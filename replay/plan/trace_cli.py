@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import os
 import re
 import sys
 from typing import Annotated, Any, Literal
@@ -20,7 +21,7 @@ from ..common.cli import Interrupted, OneLineParser
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
-from ..sources.block_traces import FORMATS, load_block_trace, merge_traces
+from ..sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, load_block_trace, merge_traces
 from .trace import ReuseProfile, reuse_profile, sweep_capacities
 
 PROG = "kvtier plan --trace"
@@ -54,6 +55,8 @@ What it prints: per trace the requests, prompt tokens, distinct blocks, the hit 
 the theoretical maximum (an infinite cache) and the share of it reached; then the hit rate at each capacity of the
 sweep. --output writes all of it as JSON, --plots DIR/plan-trace.png (hit rate against capacity, log scale, a dashed
 line at each tier's capacity).
+Bounds: at most 256 MiB of traces unless --max-requests N takes the first N requests of each, and 3 x 10^7 block
+uses in all (about 2 GB and 3 minutes), counted as the rows are read.
 exit status: 0 done; 2 a usage error or a bad trace row (one line naming file:line, nothing written); 130/143 stopped.
 """
 
@@ -87,7 +90,7 @@ class TracePlanConfig(BaseModel):
 
     trace: Annotated[list[str], Field(min_length=1)]
     format: Literal[tuple(FORMATS)] = "mooncake"  # type: ignore[valid-type]
-    trace_block_tokens: int | None = Field(None, ge=1)
+    trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
     max_requests: int | None = Field(None, ge=1)
     tiers: list[Annotated[TraceTier, BeforeValidator(_tier)]] = []
     capacity_sweep: str = "1e4..1e9"
@@ -104,6 +107,8 @@ class TracePlanConfig(BaseModel):
     def _check(self) -> TracePlanConfig:
         if self.model is not None and self.kv_bytes_per_token is not None:
             raise ValueError("give the KV size as --model M or as --kv-bytes-per-token SIZE, not both")
+        if self.model is None and self.kv_dtype != type(self).model_fields["kv_dtype"].default:
+            raise ValueError(f"--kv-dtype {self.kv_dtype} is read with --model M only (the KV size of its token)")
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names):
             raise ValueError(f"a tier name is given twice ({', '.join(names)})")
@@ -209,14 +214,40 @@ def trace_entry(profile: ReuseProfile, files: list[str], tiers: list[tuple[str, 
     }
 
 
+# What one plan may model: block uses (one per whole block of every request, the union's counted again) cost about
+# 60 bytes of memory and 6 microseconds each (a 500 MB Mooncake-like trace: 4.4 GB, 6.5 minutes), so 3 x 10^7 is
+# about 2 GB and 3 minutes. Trace files past MAX_TRACE_BYTES in all are refused before a byte is read, unless
+# --max-requests says how much of them to take; the uses are counted as the rows are read, whatever the files' size.
+MAX_BLOCK_USES = 30_000_000
+MAX_TRACE_BYTES = 256 << 20
+
+
+def _trace_bytes(path: str) -> int:
+    """The bytes a trace path holds (a Weka directory: its *.json files); 0 where it cannot be read (the load says
+    why, with its own line)."""
+    try:
+        if os.path.isdir(path):
+            return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".json") and e.is_file())
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def check_size(cfg: TracePlanConfig) -> None:
+    """Refuse up front traces too large to model in one plan (the bound and how to go on in the one line)."""
+    total = sum(_trace_bytes(p) for p in cfg.trace)
+    if cfg.max_requests is None and total > MAX_TRACE_BYTES:
+        raise ConfigError(
+            f"--trace: {total / 1e6:,.0f} MB of traces, over the {MAX_TRACE_BYTES >> 20} MiB a plan reads whole "
+            f"(at most {MAX_BLOCK_USES:,} block uses, about 2 GB and 3 minutes); give --max-requests N to plan the "
+            "first N requests of each"
+        )
+
+
 def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
     bpt = _bytes_per_token(cfg)
     tiers = tier_tokens(cfg, bpt)
     caps = sweep_capacities(*cfg.sweep_bounds(), cfg.points_per_decade)
-    traces = [
-        load_block_trace(p, cfg.format, block_tokens=cfg.trace_block_tokens, max_requests=cfg.max_requests)
-        for p in cfg.trace
-    ]
     doc = {
         "kind": "kvtier plan --trace",
         "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
@@ -229,6 +260,19 @@ def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
         "status": "interrupted",
     }
     try:
+        # A signal while the traces are read is as one while they are modelled: the traces done so far are written.
+        traces = []
+        budget = MAX_BLOCK_USES // (2 if len(cfg.trace) > 1 else 1)  # the union models every use once more
+        for p in cfg.trace:
+            trace = load_block_trace(
+                p,
+                cfg.format,
+                block_tokens=cfg.trace_block_tokens,
+                max_requests=cfg.max_requests,
+                max_block_uses=budget,
+            )
+            budget -= sum(min(len(r.hash_ids), r.input_tokens // trace.block_tokens) for r in trace.requests)
+            traces.append(trace)
         for t, path in zip(traces, cfg.trace, strict=True):
             doc["traces"].append(trace_entry(reuse_profile(t), [path], tiers, caps))
         if len(traces) > 1:
@@ -251,6 +295,7 @@ def main(argv: list[str], env_known_elsewhere: frozenset[str] = frozenset()) -> 
     # A refusal raises a UserError (ConfigError, WorkloadError): replay/cli.py says it in one line, exit 2.
     cfg = load_config(argv, env_known_elsewhere)
     _bytes_per_token(cfg)  # a bad --model is a usage error before anything is read
+    check_size(cfg)
     claim = claim_outputs(
         {"--output": cfg.output, "--html-output": cfg.html_output},
         {"--plots": cfg.plots},

@@ -31,7 +31,15 @@ blocks without an id are never reusable).
 
 ``block_tokens`` rescales the trace's block: a 512-token block becomes N tokens and every length is scaled with it,
 so a long-context trace fits a small model and the block structure is kept exactly (a prompt of k whole blocks and a
-partial one still has k + 1 blocks).
+partial one still has k + 1 blocks). A block is at most ``MAX_BLOCK_TOKENS``.
+
+What a load keeps is bounded by its options, each as the other sources read it: ``max_context_tokens`` cuts a request
+whose prompt and answer exceed it (the prompt keeps up to the bound, the answer what is left, the ids past the
+prompt's last block dropped) and counts it in the report's ``truncated``; ``max_requests`` keeps the first rows;
+``until_s`` stops at the first row that arrives that long after the first (rows are in arrival order, so none
+after it is sent within a window of that length); ``max_block_uses`` refuses a trace whose hash ids outgrow it, as
+they are read; ``should_stop`` is asked every few thousand rows, and when it answers true the load raises
+``LoadStopped`` (a loader in a worker thread stopped by a signal).
 """
 
 from __future__ import annotations
@@ -40,17 +48,43 @@ import csv
 import json
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from replay.common.json_files import InputError, loads_json
-from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines, read_text
+from replay.sources.base import (
+    LoadReport,
+    Turn,
+    WorkloadError,
+    bound_turn,
+    parse_count,
+    parse_number,
+    read_lines,
+    read_text,
+)
 
-__all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]
+__all__ = [
+    "FORMATS",
+    "MAX_BLOCK_TOKENS",
+    "BlockTrace",
+    "LoadStopped",
+    "TraceRequest",
+    "load_block_trace",
+    "merge_traces",
+]
 
 # Each format's block size in tokens, as its publisher documents it (azure has none: vLLM's default block).
 FORMATS: dict[str, int] = {"mooncake": 512, "bailian": 16, "weka": 64, "azure": 16}
+# The largest block --trace-block-tokens may ask for: 2^20 tokens, bench's largest --block-size. Every length is
+# scaled by block / native, so an unbounded block makes unbounded prompts; no engine's block comes near it.
+MAX_BLOCK_TOKENS = 1 << 20
+# Rows read between two questions to `should_stop` (a few milliseconds of parsing).
+_CHECK_EVERY = 2048
+
+
+class LoadStopped(Exception):
+    """`should_stop` answered true: the load was abandoned (a signal arrived while a worker thread read the trace)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,21 +113,46 @@ def load_block_trace(
     *,
     block_tokens: int | None = None,
     max_requests: int | None = None,
+    max_context_tokens: int | None = None,
+    until_s: float | None = None,
+    max_block_uses: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> BlockTrace:
-    """Read a block-hash trace. `block_tokens` rescales the block (None: the format's own); `max_requests` keeps the
-    first N rows. WorkloadError (one line, file:line) for a file or row that cannot be used."""
+    """Read a block-hash trace. `block_tokens` rescales the block (None: the format's own); the other options bound
+    what is kept (the module's docstring). WorkloadError (one line, file:line) for a file or row that cannot be used,
+    or a trace past `max_block_uses`; LoadStopped when `should_stop` said so."""
     if fmt not in FORMATS:
         raise WorkloadError(f"--format {fmt}: not a block-hash trace format (known: {', '.join(FORMATS)})")
     native = FORMATS[fmt]
     block = native if block_tokens is None else block_tokens
-    if block < 1:
-        raise WorkloadError(f"--trace-block-tokens {block}: must be at least 1")
+    if not 1 <= block <= MAX_BLOCK_TOKENS:
+        raise WorkloadError(f"--trace-block-tokens {block}: must be 1 to {MAX_BLOCK_TOKENS:,}")
     report = LoadReport(source=fmt, tokenizer="trace token counts")
     requests = []
-    for req in _READERS[fmt](path, native):
+    uses = 0
+    first_s = None
+
+    def check() -> None:
+        if should_stop is not None and should_stop():
+            raise LoadStopped(str(path))
+
+    for n, req in enumerate(_READERS[fmt](path, native, check)):
+        if n % _CHECK_EVERY == 0:
+            check()
         if max_requests is not None and len(requests) >= max_requests:
             break
-        requests.append(_rescale(req, native, block) if block != native else req)
+        first_s = req.arrival_s if first_s is None else first_s
+        if until_s is not None and req.arrival_s - first_s >= until_s:
+            break
+        req = _rescale(req, native, block) if block != native else req
+        req = _bound(req, block, max_context_tokens, report)
+        uses += min(len(req.hash_ids), req.input_tokens // block)
+        if max_block_uses is not None and uses > max_block_uses:
+            raise WorkloadError(
+                f"{path}: more than {max_block_uses:,} block uses by its request {len(requests) + 1:,}, more than "
+                "this run may hold; give --max-requests N to take the first N requests"
+            )
+        requests.append(req)
     if not requests:
         raise WorkloadError(f"{path}: no request in this {fmt} trace")
     report.conversations = report.turns = len(requests)
@@ -109,6 +168,16 @@ def _rescale(req: TraceRequest, native: int, block: int) -> TraceRequest:
         math.ceil(req.output_tokens * block / native),
         req.hash_ids,
     )
+
+
+def _bound(req: TraceRequest, block: int, max_tokens: int | None, report: LoadReport) -> TraceRequest:
+    """The request cut so that its prompt plus its answer fit `max_tokens` (replay/sources/base.py: bound_turn, as
+    every source cuts), its ids cut to the prompt's blocks; counted in the report."""
+    if max_tokens is None or req.input_tokens + req.output_tokens <= max_tokens:
+        return req
+    turn = bound_turn(Turn(req.input_tokens, req.output_tokens), max_tokens, report)
+    ids = req.hash_ids[: -(-turn.input_tokens // block)]
+    return TraceRequest(req.arrival_s, turn.input_tokens, turn.output_tokens, ids)
 
 
 def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
@@ -158,14 +227,14 @@ def _request(where: str, ts_s: float, row: dict, inp: str, out: str, block: int)
     return TraceRequest(ts_s, input_tokens, output_tokens, ids)
 
 
-def _read_mooncake(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+def _read_mooncake(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("ms")
     for where, row in _jsonl_rows(path, "Mooncake", ("timestamp", "input_length", "output_length", "hash_ids")):
         ms = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
         yield _request(where, ms / 1000.0, row, "input_length", "output_length", block)
 
 
-def _read_bailian(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+def _read_bailian(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("s")
     fields = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
     for where, row in _jsonl_rows(path, "Bailian", fields):
@@ -173,7 +242,8 @@ def _read_bailian(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]
         yield _request(where, s, row, "input_length", "output_length", block)
 
 
-def _read_weka(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
+    # Every file is read before the first call is yielded (calls are sorted by time), so `check` is asked per file.
     if os.path.isdir(path):
         files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".json"))
         if not files:
@@ -183,6 +253,7 @@ def _read_weka(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
     dense: dict[tuple[int, int], int] = {}  # (namespace, id) -> an id unique across the files
     calls: list[tuple[float, int, TraceRequest]] = []
     for n, file in enumerate(files):
+        check()
         doc = _weka_document(file, block)
         scope = -1 if doc["hash_id_scope"] == "global" else n
         for where, call in _weka_calls(doc["requests"], f"{file}: requests"):
@@ -233,7 +304,7 @@ def _weka_calls(requests: list, where: str) -> Iterator[tuple[str, dict]]:
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
-def _read_azure(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
+def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     lines = read_lines(path, "Azure LLM inference trace (CSV)")
     reader = csv.reader(lines)
     header = next(reader, None)

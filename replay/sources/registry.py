@@ -8,6 +8,11 @@ their loading from here, so a source is added once.
 
 `check_source` raises a ValueError of one line (what the user gave, what is missing), which the drivers' configuration
 models turn into their one-line refusal. Loading imports the source's module then, not before.
+
+`check_reads` is the one place that says which source reads which of a driver's workload options (`REPLAY_READS`,
+`BENCH_TRACE_READS`): an option given a value other than its default that the chosen source does not read is refused,
+never silently ignored. A value equal to the default changes nothing, so a configuration written back and read
+again (results files, MPI ranks, `--num-clients` children) passes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,21 @@ from typing import Any
 
 from .block_traces import FORMATS
 
-__all__ = ["SOURCES", "Source", "block_trace_names", "check_source", "source_names"]
+__all__ = [
+    "BENCH_TRACE_READS",
+    "MIN_TRACE_SPEEDUP",
+    "REPLAY_READS",
+    "SOURCES",
+    "Source",
+    "block_trace_names",
+    "check_reads",
+    "check_source",
+    "source_names",
+]
+
+# The slowest a timed trace may be replayed: a thousand times slower than it was recorded. Far below it the arrival
+# times leave any clock (--trace-speedup 1e-300 puts the second row 10^300 s out).
+MIN_TRACE_SPEEDUP = 1e-3
 
 
 @dataclass(frozen=True)
@@ -115,3 +134,39 @@ def check_source(
         traces = ", ".join(block_trace_names())
         raise ValueError(f"--trace-block-tokens rescales a block-hash trace ({traces}), not {name}")
     return source
+
+
+def _synthetic(s: Source, _cfg: Any) -> bool:
+    return s.path_flag is None
+
+
+# kvtier replay: option -> (which sources read it, what the refusal adds). Options every source reads are not here.
+REPLAY_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
+    "trace_speedup": (lambda s, _c: s.timed, "its requests have no times; --request-rate paces them"),
+    "input_len": (_synthetic, "the dataset gives the lengths"),
+    "range_ratio": (_synthetic, "the dataset gives the lengths"),
+    "prefix_len": (_synthetic, "the dataset gives the prompts"),
+    "prefix_groups": (_synthetic, "the dataset gives the prompts"),
+    "turns": (_synthetic, "the dataset gives the sessions"),
+    "output_len": (
+        lambda s, c: s.path_flag is None or bool(c.rounds),
+        "the dataset gives the answers' lengths; --max-tokens N fixes them",
+    ),
+}
+
+# kvtier bench --source (a block-hash trace): the workload options of its other sources, which a trace does not read.
+BENCH_TRACE_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
+    "max_conversations": (lambda s, _c: not s.block_trace, "--max-requests N takes the trace's first N requests"),
+    "replay_cycles": (lambda s, _c: not s.block_trace, "a trace is replayed once, its hash ids as they are"),
+    "burst_trace_path": (lambda s, _c: not s.block_trace, "the trace is --dataset-path"),
+}
+
+
+def check_reads(cfg: Any, source: Source, reads: dict[str, tuple[Callable[[Source, Any], bool], str]]) -> None:
+    """Refuse (a ValueError of one line) an option of `reads` that `cfg` sets to other than its default while
+    `source` does not read it."""
+    fields = type(cfg).model_fields
+    for key, (reads_it, why) in reads.items():
+        if getattr(cfg, key) != fields[key].default and not reads_it(source, cfg):
+            flag = "--" + key.replace("_", "-")
+            raise ValueError(f"{flag} is not read by --source {source.name} ({why})")

@@ -19,6 +19,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from kvconnector.units import GB
 from replay.models import CATALOG
+from replay.sources.block_traces import MAX_BLOCK_TOKENS
 
 from ..common.settings import load_settings
 from .mlperf_config import check_validation_limits, from_reference
@@ -346,12 +347,13 @@ class BenchConfig(_Section):
     max_conversations: int = Field(500, ge=1)
     use_burst_trace: bool = False
     burst_trace_path: str | None = None
+    # 0 = no delay; else at least registry.MIN_TRACE_SPEEDUP (checked in _check).
     trace_speedup: float = Field(1.0, ge=0)
     # A block-hash trace at dataset_path (replay.sources.registry.block_trace_names()) replayed block by block on
     # the store, with the plan's per-tier prediction beside the measured hit rates (replay/synthetic/trace_blocks.py).
     source: str | None = None
     # The trace's block in tokens (lengths scaled with it); None = its format's own.
-    trace_block_tokens: int | None = Field(None, ge=1)
+    trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
     replay_cycles: int = Field(0, ge=0)
     # ---- tiers (sizes in size_unit: GiB as the reference reads them, or GB)
     size_unit: Literal["GiB", "GB"] = "GiB"
@@ -468,10 +470,25 @@ class BenchConfig(_Section):
             raise ValueError("--prefill-only and --decode-only exclude each other")
         if self.use_burst_trace and self.dataset_path:
             raise ValueError("--use-burst-trace and --dataset-path exclude each other: pick one workload source")
-        if self.source is not None:
-            from replay.sources.registry import block_trace_names, check_source
+        from replay.sources.registry import (
+            BENCH_TRACE_READS,
+            MIN_TRACE_SPEEDUP,
+            block_trace_names,
+            check_reads,
+            check_source,
+        )
 
-            check_source(self.source, {"--dataset-path": self.dataset_path}, choices=block_trace_names())
+        if 0 < self.trace_speedup < MIN_TRACE_SPEEDUP:
+            raise ValueError(
+                f"--trace-speedup {self.trace_speedup:g}: 0 (no delay) or at least {MIN_TRACE_SPEEDUP:g} (a thousand "
+                "times slower than recorded)"
+            )
+        if self.source is not None:
+            source = check_source(self.source, {"--dataset-path": self.dataset_path}, choices=block_trace_names())
+            check_reads(self, source, BENCH_TRACE_READS)
+        elif self.trace_block_tokens is not None:
+            traces = ", ".join(block_trace_names())
+            raise ValueError(f"--trace-block-tokens rescales a block-hash trace: give --source ({traces})")
         unknown = set(self.qos_distribution) - set(self.qos_profiles)
         if unknown:
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")

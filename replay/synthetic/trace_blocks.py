@@ -28,7 +28,11 @@ from ..sources.base import Conversation, Turn
 from .chained import RoundsDriver, check_block_fits, tier_blocks
 from .workload import Session
 
-__all__ = ["TraceBlocks", "trace_key"]
+__all__ = ["MAX_PENDING", "TraceBlocks", "trace_key"]
+
+# Requests of the trace started and not yet done, at most: they queue on the one GPU lock in arrival order, so a few
+# are enough to keep the store busy while the decode of earlier ones (simulated time, outside the lock) goes on.
+MAX_PENDING = 256
 
 
 def trace_key(hash_id: int) -> str:
@@ -67,17 +71,34 @@ class TraceBlocks:
     async def run(self) -> None:
         d, speed = self.d, self.d.cfg.trace_speedup
         start = time.perf_counter()
-        tasks = []
+        t0 = self.trace.requests[0].arrival_s
+        pending: set[asyncio.Task] = set()
+        try:
+            await self._start_each(pending, speed, start, t0)
+            await asyncio.gather(*pending)
+        finally:  # cancelled (the window ended) or failed: no request of the trace outlives the run
+            for t in pending:
+                t.cancel()
+        d._done.set()
+
+    async def _start_each(self, pending: set[asyncio.Task], speed: float, start: float, t0: float) -> None:
+        d = self.d
         for i, req in enumerate(self.trace.requests):
             if time.perf_counter_ns() >= d._deadline_ns:
                 break
             if speed:
-                delay = req.arrival_s / speed - (time.perf_counter() - start)
+                delay = (req.arrival_s - t0) / speed - (time.perf_counter() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self._request(i, req)))
-        await asyncio.gather(*tasks)
-        d._done.set()
+            # At most MAX_PENDING requests exist at once: a trace without delays (--trace-speedup 0) does not make
+            # one task per row before the first runs, and the window's end and a signal get their turn.
+            while len(pending) >= MAX_PENDING:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                pending -= done
+                for t in done:
+                    t.result()  # a storage failure or a bug ends the run (the caller fails it)
+            pending.add(asyncio.create_task(self._request(i, req)))
+            await asyncio.sleep(0)
 
     async def _request(self, i: int, req) -> None:
         d, cfg, bs = self.d, self.d.cfg, self.block

@@ -115,6 +115,9 @@ class Workload:
                     cfg.dataset_path,
                     block_tokens=cfg.trace_block_tokens,
                     max_requests=cfg.max_requests or None,
+                    max_context_tokens=max_context_tokens,
+                    # a timed run reads no row past its window (rows are in arrival order)
+                    until_s=cfg.duration * cfg.trace_speedup if cfg.trace_speedup else None,
                 )
             except WorkloadError as exc:
                 raise WorkloadError(f"--dataset-path {exc}") from exc
