@@ -278,7 +278,14 @@ REFUSALS = {  # raised for what the user gave: each derives from UserError (one 
     "deploy.redis_cluster": ["ClusterRefused"],
 }
 NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they escape
-    "kvconnector.errors": ["StorageFullError", "CorruptEntryError", "EntryNotFound"],  # the store failed, a miss
+    # the store failed, a miss; or its caller misused the library (a key no tier holds, a call after close): a bug
+    "kvconnector.errors": [
+        "StorageFullError",
+        "CorruptEntryError",
+        "EntryNotFound",
+        "InvalidArgumentError",
+        "StoreClosedError",
+    ],
     "kvconnector.vllm.driver": ["DriverTimeout"],  # an I/O did not finish in time
     "replay.openai.mpi_run": ["JobFailed"],  # another rank failed (it carries that rank's exit status)
     "replay.openai.server_metrics": ["_TooLarge"],  # a /metrics page over the bound: recorded, not raised out

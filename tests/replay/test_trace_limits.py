@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from bench_helpers import write_config
+from helpers import wait_for
 
 from replay.cli import main as kvtier
 from replay.sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, LoadStopped, load_block_trace
@@ -267,9 +268,23 @@ def _spawn(argv: list[str]) -> subprocess.Popen:
     )
 
 
-def _stop_while_reading(proc: subprocess.Popen, sig: int, started: float, settle_s: float) -> tuple[int, float, str]:
-    time.sleep(max(0.0, started + settle_s - time.monotonic()))
-    assert proc.poll() is None, proc.communicate()[1]  # still reading: the signal lands in the preparation
+def _reading(proc: subprocess.Popen, trace: Path) -> bool:
+    """The process holds the trace open and has read into it: the signal then lands in the preparation."""
+    assert proc.poll() is None, proc.communicate()[1]  # still running
+    fds = Path(f"/proc/{proc.pid}/fd")
+    for fd in fds.iterdir() if fds.exists() else ():
+        try:
+            if os.readlink(fd) == str(trace):
+                pos = (Path(f"/proc/{proc.pid}/fdinfo") / fd.name).read_text().split()[1]
+                return int(pos) > 0
+        except OSError:  # the fd closed meanwhile
+            continue
+    return False
+
+
+def _stop_while_reading(proc: subprocess.Popen, sig: int, trace: Path) -> tuple[int, float, str]:
+    # an event, not a delay: on a loaded machine the interpreter's start-up alone can take seconds
+    wait_for(lambda: _reading(proc, trace), timeout_s=60, interval_s=0.02, what="the trace being read")
     proc.send_signal(sig)
     t0 = time.monotonic()
     _, err = proc.communicate(timeout=15)
@@ -291,7 +306,7 @@ def test_replay_stops_on_a_signal_while_it_reads_a_trace(tmp_path, big_trace, si
         out = tmp_path / "r.json"
         argv = [*REPLAY[:1], "--base-url", srv.base_url, "--model", "m", "--quiet", "--endpoint", "completions"]
         proc = _spawn([*argv, "--source", "mooncake", "--dataset-path", str(big_trace), "--output", str(out)])
-        rc, took, err = _stop_while_reading(proc, sig, time.monotonic(), 2.5)
+        rc, took, err = _stop_while_reading(proc, sig, big_trace)
     assert rc == 128 + sig, err
     assert took < 5.0, took
     assert "Traceback" not in err
@@ -304,7 +319,7 @@ def test_replay_stops_on_a_signal_while_it_reads_a_trace(tmp_path, big_trace, si
 def test_plan_stops_on_a_signal_while_it_reads_a_trace(tmp_path, big_trace, sig):
     out = tmp_path / "p.json"
     proc = _spawn(["plan", "--trace", str(big_trace), "--tier", "a=1e5", "--output", str(out), "--quiet"])
-    rc, took, err = _stop_while_reading(proc, sig, time.monotonic(), 2.0)
+    rc, took, err = _stop_while_reading(proc, sig, big_trace)
     assert rc == 128 + sig, err
     assert took < 5.0 and "AttributeError" not in err and "internal error" not in err, err
     assert json.loads(out.read_text())["status"] == "interrupted"
@@ -316,7 +331,7 @@ def test_bench_stops_on_a_signal_while_it_reads_a_trace(tmp_path, big_trace, sig
     cfg = write_config(tmp_path, duration=60, cpu_mem_gb=0.5)
     argv = ["bench", "--config", cfg, "--source", "mooncake", "--dataset-path", str(big_trace), "--trace-speedup", "0"]
     proc = _spawn(argv)
-    rc, took, err = _stop_while_reading(proc, sig, time.monotonic(), 2.5)
+    rc, took, err = _stop_while_reading(proc, sig, big_trace)
     assert rc == 128 + sig, err
     assert took < 5.0 and "Traceback" not in err and "internal error" not in err, err
     assert not os.path.exists(tmp_path / "cache") or not any((tmp_path / "cache").rglob("trace*"))
