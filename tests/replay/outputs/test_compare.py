@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from replay.outputs._common import default_labels
 from replay.outputs.html.cli import main as report_main
-from replay.synthetic.compare import build_table, default_labels, main
+from replay.synthetic.compare import build_table, main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -135,8 +136,8 @@ def test_through_the_kvtier_command(tmp_path, two_runs):
         ("a,", "name 2 is empty"),
         (",b", "name 1 is empty"),
         (" ,b", "name 1 is empty"),
-        ("a,a", "'a' names two columns"),
-        ("a, a", "'a' names two columns"),
+        ("a,a", "'a' names two files"),
+        ("a, a", "'a' names two files"),
         ("a,b,", "has 3 names for 2 files"),
     ],
 )

@@ -114,7 +114,7 @@ def test_user_mistakes_are_one_line_and_write_nothing(plan, tmp_path, capsys):
         ([str(tmp_path / "missing.json")], "missing.json: no such file"),
         ([str(tmp_path)], "is a directory"),
         ([str(plan), str(trace_plan)], "cannot overlay results of different kinds"),
-        ([str(plan), "--labels", "a,b"], "--labels: 2 names for 1 files"),
+        ([str(plan), "--labels", "a,b"], "--labels has 2 names for 1 files"),
     ]
     for args, message in cases:
         assert main([*args, "-o", str(out)]) == 2
