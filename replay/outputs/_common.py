@@ -209,7 +209,9 @@ def distinct_files(paths: list[str]) -> None:
             st = os.stat(p)
         except OSError:
             continue
-        first = seen.setdefault((st.st_dev, st.st_ino), p)
-        if first is not p:
+        first = seen.get((st.st_dev, st.st_ino))
+        if first is None:
+            seen[(st.st_dev, st.st_ino)] = p
+        else:
             said = f"{p!r} is given twice" if p == first else f"{first!r} and {p!r} are the same file"
             raise ValueError(f"{said}; give each result once")

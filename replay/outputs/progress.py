@@ -109,7 +109,7 @@ class StepBars:
             self._progress = Progress(
                 TextColumn("{task.description}", markup=False),
                 BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
+                TextColumn("{task.percentage:>3.0f}%", markup=False),
                 TimeRemainingColumn(),
                 console=console,
                 refresh_per_second=REFRESH_PER_SECOND,

@@ -12,9 +12,10 @@ and `%` become character references, which plotly turns back into the characters
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import plotly.graph_objects as go
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 __all__ = ["literal_figure", "plot_literal"]
 

@@ -191,3 +191,12 @@ def test_compare_and_the_report_show_each_figure_alike(tmp_path, two_runs, monke
     assert len(reported) > 10
     for label, cells in reported.items():
         assert shown.get(label) == cells, label
+
+
+def test_one_file_given_twice_is_refused(two_runs, capsys, tmp_path):
+    a = two_runs[0]
+    (tmp_path / "link.json").symlink_to(a)
+    for twice, said in [(str(a), "is given twice"), (str(tmp_path / "link.json"), "are the same file")]:
+        assert main([str(a), twice]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("kvtier compare: ") and said in err[0], err

@@ -424,10 +424,13 @@ def test_user_text_with_markup_is_shown_as_typed(browser, benches, work):
     assert browser.execute_script("return document.querySelector('h1').textContent") == title
     assert browser.execute_script("return document.title") == title
     # no link anywhere made from the user's text (plotly's own logo links are the only ones)
-    assert browser.execute_script(
-        "return Array.from(document.querySelectorAll('a')).map(a => a.getAttribute('href') || "
-        "a.getAttribute('xlink:href') || '').filter(h => !h.startsWith('https://plotly.com'))"
-    ) == []
+    assert (
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll('a')).map(a => a.getAttribute('href') || "
+            "a.getAttribute('xlink:href') || '').filter(h => !h.startsWith('https://plotly.com'))"
+        )
+        == []
+    )
     drawn = _drawn(browser)
     _shown_as_typed(drawn, [f"{lab}: {tier} read" for lab in labels for tier in tiers.values()])
     # the hover labels: every trace's name as typed (plotly cuts a long one short at 15 characters, with "..."),
