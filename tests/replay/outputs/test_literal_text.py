@@ -193,3 +193,31 @@ def test_bench_summary_shows_the_results_path_as_typed(tmp_path):
     r = kvtier("bench", "--config", cfg)
     assert r.returncode == 0, r.stderr
     assert f"results: {out}" in r.stdout and out.exists()
+
+
+@pytest.mark.slow  # matplotlib and a PNG
+def test_png_figures_show_dollars_as_typed(tmp_path):
+    """matplotlib reads text between two `$` as TeX and fails the save on TeX it cannot parse (`$\\frac$`)."""
+    from matplotlib import cbook
+
+    from replay.outputs.plots import save_figures
+
+    names = [r"model $\frac$", "$x^2$ tier", "cost $5", r"a\$b", "<b>x</b> [bold] %{x}"]
+    kept = {}
+
+    def draw(plt, data):
+        fig, ax = plt.subplots()
+        for n in names:
+            ax.plot([0, 1], [0, 1], label=n)
+        ax.set_title(names[0])
+        ax.legend()
+        kept["fig"] = fig
+        return fig
+
+    written = save_figures(tmp_path, names[1], [("x.png", draw)], None)
+    assert written == [str(tmp_path / "x.png")] and (tmp_path / "x.png").stat().st_size > 0
+    texts = [t.get_text() for t in kept["fig"].findobj(lambda a: hasattr(a, "get_text")) if t.get_text()]
+    assert not any(cbook.is_math_text(t) for t in texts), texts
+    # what matplotlib draws for a text that is not TeX: the escaped dollars as dollars
+    shown = {t.replace(r"\$", "$") for t in texts}
+    assert set(names) <= shown, shown
