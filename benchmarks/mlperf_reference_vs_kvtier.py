@@ -432,9 +432,9 @@ def _gb(v) -> str:
 
 
 def print_tables(runs: list[dict], rats: list[dict]) -> None:
-    from rich.console import Console
 
     from replay.outputs.tables import rows_table
+    from replay.outputs.terminal import console
 
     rows = []
     for r in runs:
@@ -469,7 +469,7 @@ def print_tables(runs: list[dict], rats: list[dict]) -> None:
         ("after", "GB after window"),
         ("dec", "decode_bytes_read_gb"),
     ]
-    con = Console(width=max(Console().width, 240))
+    con = console(min_width=240)
     con.print(rows_table("per run (process = the child's own block I/O; diskstats = the whole device)", rows, cols))
     ratio_rows = [
         {

@@ -157,11 +157,11 @@ def measure(stack: live.Stack, trace, block: int, progress) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
     from kvconnector.backend_config import BackendConfig
+    from replay.outputs.terminal import console
     from replay.sources.block_traces import load_block_trace
 
     a = parse(argv)
@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{mb:g} MB: starting the stack (vLLM + LMCache + kvtier, {entries} entries of {entry_bytes} B)")
         try:
             stack = live.up(state, a.model, kv, *up)
-            with Progress(transient=True) as bar:
+            columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn())
+            columns += (TimeRemainingColumn(),)
+            with Progress(*columns, console=console(), transient=True) as bar:
                 task = bar.add_task(f"{mb:g} MB: {len(trace.requests)} requests", total=len(trace.requests))
                 t0 = time.monotonic()
                 m = measure(stack, trace, block, lambda n, task=task: bar.update(task, completed=n))
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['plan_hit_rate']:.3f}", f"{r['vllm_external_hit_rate']:.3f} ({100 * r['vllm_minus_plan']:+.1f} pt)",
             f"{r['kvtier_hit_rate']:.3f} ({100 * r['kvtier_minus_plan']:+.1f} pt)", f"{r['max_hit_rate']:.3f}",
         )  # fmt: skip
-    Console().print(t)
+    console().print(t)
     plot(doc, out / "trace_vs_plan.png")
     print(f"{'within' if ok else 'NOT within'} {100 * TARGET_POINTS:g} points of the plan; results in {out}")
     return 0 if ok else 1

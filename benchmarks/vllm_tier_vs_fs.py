@@ -281,8 +281,9 @@ def summarize(rounds: dict[str, list[dict]], kills: dict[str, dict]) -> dict:
 
 
 def print_table(med: dict, a) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from replay.outputs.terminal import console
 
     t = Table(
         title=f"kvtier vs vLLM fs tier behind vLLM's TieringOffloadingManager: {a.n} x {a.chunk_mib} MiB chunks, "
@@ -321,7 +322,7 @@ def print_table(med: dict, a) -> None:
         t.add_row(*row, style="bold")
         per_round = [f"{statistics.median(rr[k]):.2f}x ({min(rr[k]):.2f}-{max(rr[k]):.2f})" for k in rr]
         t.add_row("kvtier / fs, per round: median (range)", *per_round, "", "", "", *([""] * 5 if a.kills else []))
-    Console(width=200).print(t)
+    console(min_width=200).print(t)
     print("CPU-s/GB: the process's CPU per GB moved, less the baseline's (same calls, same copies, no tier I/O).")
 
 

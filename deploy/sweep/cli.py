@@ -154,9 +154,8 @@ def summarize(driver: str, runs: list[dict]) -> dict[str, Any]:
 
 
 def print_table(driver: str, summary: dict) -> None:
-    from rich.console import Console
-
     from replay.outputs.tables import rows_table
+    from replay.outputs.terminal import console
 
     cols = [("bw", "bw cap"), ("lat_ms", "+lat ms"), ("runs", "runs")]
     rows = []
@@ -168,7 +167,7 @@ def print_table(driver: str, summary: dict) -> None:
         rows.append(row)
     cols += [(key, head) for key, head, *_ in METRICS[driver]]
     # wide enough for every column even when piped (rich would otherwise squeeze it to 80 columns)
-    Console(width=max(Console().width, 170)).print(
+    console(min_width=170).print(
         rows_table(f"kvtier sweep ({driver}): median per point (x = / unthrottled)", rows, cols)
     )
 

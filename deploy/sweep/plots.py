@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from replay.outputs.paths import atomic_path
+from replay.outputs.plots import literal_texts
 
 from .metrics import METRICS
 
@@ -66,6 +67,7 @@ def write_heatmaps(doc: dict, directory: str | os.PathLike) -> list[str]:
                 fontsize=7,
                 color="0.45",
             )
+            literal_texts(fig)
             fig.tight_layout()
             path = out / f"heatmap_{key}.png"
             with atomic_path(path, suffix=".png") as tmp:  # written whole: a temp file, then a rename

@@ -70,12 +70,12 @@ def report(cfg: ReplayConfig, summary: dict, code: int) -> int:
         n = summary["errors_by_kind"]["client_limit"]
         print(f"{PROG}: {n} requests failed on the client's side: {fd_limit_message()}", file=sys.stderr)
     if not cfg.quiet:
-        from rich.console import Console
+        from ..outputs.terminal import console
 
-        console = Console(stderr=False)
+        out = console()
         for t in replay_tables(summary):
-            console.print(t)
-        console.print(f"results: {summary['results_path']}" + (f", {cfg.detail}" if cfg.detail else ""))
+            out.print(t)
+        out.print(f"results: {summary['results_path']}" + (f", {cfg.detail}" if cfg.detail else ""))
     return code
 
 

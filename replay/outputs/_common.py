@@ -179,3 +179,39 @@ def default_labels(paths: list[str]) -> list[str]:
     if len(set(labels)) < len(labels):
         labels = [f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
     return labels
+
+
+def run_labels(labels: str | None, paths: list[str]) -> list[str]:
+    """The name of each result file's column or series (kvtier compare, kvtier report): `--labels` split at commas,
+    spaces around each name dropped, or else `default_labels`. ValueError, said in one line, for names that do not
+    name each file once: too many or too few, an empty one (`a,` or `,b`), one name given twice."""
+    if labels is None:
+        return default_labels(paths)
+    if not labels.strip():
+        raise ValueError(f"--labels is empty; give one name per file ({len(paths)})")
+    names = [s.strip() for s in labels.split(",")]
+    if len(names) != len(paths):
+        raise ValueError(f"--labels has {len(names)} names for {len(paths)} files")
+    if not all(names):
+        raise ValueError(f"--labels {labels!r}: name {names.index('') + 1} is empty")
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:  # two columns or series of one name: nobody could tell them apart
+        raise ValueError(f"--labels {labels!r}: {twice[0]!r} names two files")
+    return names
+
+
+def distinct_files(paths: list[str]) -> None:
+    """ValueError when two of `paths` are one file (the same name twice, a link to it, ./a and a): a run beside
+    itself shows nothing. A path that cannot be looked at is left to the reader, which says why."""
+    seen: dict[tuple[int, int], str] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        first = seen.get((st.st_dev, st.st_ino))
+        if first is None:
+            seen[(st.st_dev, st.st_ino)] = p
+        else:
+            said = f"{p!r} is given twice" if p == first else f"{first!r} and {p!r} are the same file"
+            raise ValueError(f"{said}; give each result once")

@@ -35,7 +35,7 @@ from kvconnector.units import GB
 from ._common import OPS, sla_verdict_text, timeline_series
 from .paths import atomic_path
 
-__all__ = ["FIGURES", "REPLAY_FIGURES", "cdf_points", "write_plots", "write_replay_plots"]
+__all__ = ["FIGURES", "REPLAY_FIGURES", "cdf_points", "literal_texts", "write_plots", "write_replay_plots"]
 
 log = logging.getLogger("kvtier.outputs")
 
@@ -129,12 +129,26 @@ def save_figures(
                 log.info("plots: skipped %s (%s)", name, fig)
                 continue
             fig.text(0.995, 0.005, title, ha="right", va="bottom", fontsize=7, color="0.45")
+            literal_texts(fig)
             path = out / name
             with atomic_path(path, suffix=".png") as tmp:  # written whole: a temp file, then a rename
                 fig.savefig(tmp, dpi=_DPI)
             plt.close(fig)
             written.append(str(path))
     return written
+
+
+def literal_texts(fig: Any) -> None:
+    """Every text of `fig` shown as typed: matplotlib reads a string with two `$` as TeX (mathtext), and one it cannot
+    parse fails the save. Names in figures are mostly the user's (model, tier, configuration, trace names) and none of
+    ours is TeX, so each `$` is escaped (`\\$`, which matplotlib draws as `$`). Tick labels are drawn later by their
+    formatters, which may use TeX of their own."""
+    from matplotlib.text import Text
+
+    for t in fig.findobj(Text):
+        s = t.get_text()
+        if "$" in s:
+            t.set_text(s.replace("$", r"\$"))
 
 
 def _run_title(doc: dict) -> str:

@@ -19,9 +19,9 @@ REFRESH_PER_SECOND = 4
 
 
 def stderr_console() -> Any:
-    from rich.console import Console
+    from .terminal import console
 
-    return Console(stderr=True)
+    return console(stderr=True)
 
 
 def stderr_is_terminal() -> bool:
@@ -107,9 +107,9 @@ class StepBars:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
-                TextColumn("{task.percentage:>3.0f}%"),
+                TextColumn("{task.percentage:>3.0f}%", markup=False),
                 TimeRemainingColumn(),
                 console=console,
                 refresh_per_second=REFRESH_PER_SECOND,

@@ -457,11 +457,10 @@ def _run_and_write(cfg, argv: list[str]) -> int:
         print(f"{PROG}: interrupted ({exc}); wrote what was simulated", file=sys.stderr)
         return exc.exit_code
     if not cfg.quiet:
-        from rich.console import Console
-
+        from ..outputs.terminal import console
         from .report import plan_table
 
-        Console(width=max(100, Console().width)).print(plan_table(doc))
+        console(min_width=100).print(plan_table(doc))
     return _write(cfg, doc)
 
 

@@ -313,13 +313,12 @@ def _run_and_write(cfg, argv: list[str]) -> int:
         print(f"{PROG}: interrupted ({exc}); wrote the traces done so far", file=sys.stderr)
         return exc.exit_code
     if not cfg.quiet:
-        from rich.console import Console
-
+        from ..outputs.terminal import console
         from .report import trace_tables
 
-        console = Console(width=max(100, Console().width))
+        out = console(min_width=100)
         for table in trace_tables(doc):
-            console.print(table)
+            out.print(table)
     return _write(cfg, doc)
 
 

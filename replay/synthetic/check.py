@@ -20,13 +20,13 @@ import os
 import statistics
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
 from kvconnector.errors import UserError
 
 from ..common.cli import OneLineParser, command
 from ..outputs.results_file import ResultsFileError, load_results_file
+from ..outputs.terminal import console as terminal_console
 
 PROG = "kvtier check"
 
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     for _, text in lines:
         print(text)
     for table in medians_tables(medians):
-        Console().print(table)
+        terminal_console().print(table)
     failed = sum(not ok for ok, _ in lines)
     print(f"{PROG}: {len(lines) - failed} of {len(lines)} items pass", file=sys.stderr)
     return 1 if failed else 0

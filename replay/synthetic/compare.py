@@ -9,7 +9,7 @@ from kvconnector.errors import UserError
 
 from ..common.cli import OneLineParser, command, fail
 from ..common.json_files import dumps_json
-from ..outputs._common import default_labels
+from ..outputs._common import distinct_files, run_labels
 from ..outputs.compare_rows import (
     bench_rows,
     format_ratio,
@@ -21,6 +21,7 @@ from ..outputs.compare_rows import (
 )
 from ..outputs.paths import atomic_path, claim_outputs
 from ..outputs.results_file import ResultsFileError, load_results_file
+from ..outputs.terminal import console as terminal_console
 
 EXAMPLES = """\
 examples:
@@ -60,9 +61,11 @@ def build_table(docs: list[dict], labels: list[str], paths: list[str]) -> dict:
     return {"runs": [{"label": lab, "path": p} for lab, p in zip(labels, paths)], "rows": table_rows}
 
 
-def _ratio_text(r: float | None, better: str | None) -> str:
+def _ratio_text(r: float | None, better: str | None):
+    from rich.text import Text
+
     verdict = ratio_verdict(r, better)
-    return f"[{'green' if verdict == 'good' else 'red'}]{format_ratio(r)}[/]" if verdict else format_ratio(r)
+    return Text(format_ratio(r), style={"good": "green", "bad": "red"}.get(verdict or "", ""))
 
 
 def render(table: dict):
@@ -122,17 +125,11 @@ def main(argv: list[str] | None = None) -> int:
 def _compare(args: argparse.Namespace) -> int:
     try:
         docs = [load_result(p) for p in args.results]
-        if args.labels is not None:
-            labels = [s.strip() for s in args.labels.split(",")]
-            if len(labels) != len(args.results):
-                raise CompareError(f"--labels has {len(labels)} names for {len(args.results)} files")
-            if not all(labels):  # 'a,' or ',b': a column with no name
-                raise CompareError(f"--labels {args.labels!r}: name {labels.index('') + 1} is empty")
-            twice = sorted({x for x in labels if labels.count(x) > 1})
-            if twice:  # two columns of one name: the table and its JSON could not tell them apart
-                raise CompareError(f"--labels {args.labels!r}: {twice[0]!r} names two columns")
-        else:
-            labels = default_labels(args.results)
+        try:
+            distinct_files(args.results)
+            labels = run_labels(args.labels, args.results)
+        except ValueError as exc:
+            raise CompareError(str(exc)) from None
         table = build_table(docs, labels, args.results)
         if args.json_out:
             try:
@@ -142,9 +139,7 @@ def _compare(args: argparse.Namespace) -> int:
                 raise CompareError(f"--json {args.json_out}: {exc.strerror or exc}") from None
     except CompareError as exc:
         return fail("kvtier compare", str(exc))
-    from rich.console import Console
-
-    Console().print(render(table))
+    terminal_console().print(render(table))
     if args.json_out:
         print(f"table: {args.json_out}")
     return 0

@@ -36,6 +36,7 @@ from ..common.cli import OneLineParser, command, fail
 from ..merging import union_s
 from ..outputs.paths import claim_outputs, default_results_path, write_results
 from ..outputs.results_file import ResultsFileError, load_results_file
+from ..outputs.terminal import console as terminal_console
 from .config import BenchConfig
 from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
@@ -442,10 +443,8 @@ def sources_table(doc: dict):
 
 
 def print_sources(doc: dict) -> None:
-    from rich.console import Console
-
     if doc.get("clients"):
-        Console().print(sources_table(doc))
+        terminal_console().print(sources_table(doc))
 
 
 # ---- kvtier merge ----------------------------------------------------------------------------------------------------

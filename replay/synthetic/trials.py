@@ -26,11 +26,11 @@ import os
 import statistics
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
 from ..common.cli import Interrupted, stop_signals_raise
 from ..outputs.paths import write_results
+from ..outputs.terminal import console as terminal_console
 from .config import BenchConfig
 from .finish import PROG, bench_fail
 from .lifecycle import run_single
@@ -238,7 +238,7 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
         return bench_fail(f"{exc}; the trials document could not be saved (each trial's file is kept)", 1)
     if moved:
         print(f"{PROG}: {moved}; trials document written to {written} instead", file=sys.stderr)
-    Console().print(trials_table(doc))
+    terminal_console().print(trials_table(doc))
     if cfg.plots:
         try:
             plot = write_trials_plot(doc, cfg.plots)

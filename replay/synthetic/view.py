@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from rich.console import Console
 from rich.table import Table
 
 from kvconnector.files import atomic_path
@@ -14,6 +13,7 @@ from ..outputs._common import sla_verdict_text
 from ..outputs.progress import LiveLine, StepBars
 from ..outputs.tables import _ROUND_COLS as ROUND_COLUMNS
 from ..outputs.tables import rows_table
+from ..outputs.terminal import console as terminal_console
 
 # Set for each process of --num-clients: the file its live figures go to, for the parent's aggregate view.
 STATUS_ENV = "KVTIER_CLIENT_STATUS"
@@ -238,7 +238,7 @@ def trace_table(trace: dict) -> Table:
 
 
 def print_summary(doc: dict, output_path: str | None, extra: list[str] = ()) -> None:
-    console = Console()
+    console = terminal_console()
     for table in summary_tables(doc):
         console.print(table)
     for note in doc.get("notes", []):

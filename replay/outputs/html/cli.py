@@ -8,8 +8,9 @@ import sys
 from replay.common.cli import OneLineParser, fail
 
 from ...common.cli import command
+from .._common import distinct_files, run_labels
 from ..paths import claim_outputs, os_reason
-from .kinds import KIND_TITLES, ReportError, default_labels, load_run
+from .kinds import KIND_TITLES, ReportError, load_run
 from .write import write_report
 
 PROG = "kvtier report"
@@ -55,9 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
-        labels = a.labels.split(",") if a.labels else default_labels(a.results)
-        if len(labels) != len(a.results):
-            raise ReportError(f"--labels: {len(labels)} names for {len(a.results)} files")
+        try:
+            distinct_files(a.results)
+            labels = run_labels(a.labels, a.results)
+        except ValueError as exc:
+            raise ReportError(str(exc)) from None
+        if a.title is not None and not a.title.strip():
+            raise ReportError("--title is empty; leave it out for the kind and the labels")
         with claim_outputs({"--output": a.output}, inputs={p: p for p in a.results}):
             runs = [load_run(p) for p in a.results]
             for run, label in zip(runs, labels):

@@ -18,6 +18,7 @@ from plotly.offline import get_plotlyjs
 from ..compare_rows import Row, format_ratio, format_value, metric_label, ratio, ratio_verdict, value_at
 from ..provenance import kvtier_version
 from .kinds import FAMILY, KIND_TITLES, ReportError, Run
+from .plot_text import literal_figure
 from .sections import VIEWS, overlay_style
 
 CSS = """
@@ -114,7 +115,7 @@ def render_report(runs: list[Run], title: str | None = None) -> str:
     plots = "".join(
         '<div class="plot">'
         + pio.to_html(
-            f,
+            literal_figure(f),  # user text drawn as typed, not as plotly's markup
             full_html=False,
             include_plotlyjs=False,
             div_id=f"plot-{i}",

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from replay.outputs._common import default_labels
 from replay.outputs.html.cli import main as report_main
-from replay.synthetic.compare import build_table, default_labels, main
+from replay.synthetic.compare import build_table, main
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -135,8 +136,8 @@ def test_through_the_kvtier_command(tmp_path, two_runs):
         ("a,", "name 2 is empty"),
         (",b", "name 1 is empty"),
         (" ,b", "name 1 is empty"),
-        ("a,a", "'a' names two columns"),
-        ("a, a", "'a' names two columns"),
+        ("a,a", "'a' names two files"),
+        ("a, a", "'a' names two files"),
         ("a,b,", "has 3 names for 2 files"),
     ],
 )
@@ -190,3 +191,12 @@ def test_compare_and_the_report_show_each_figure_alike(tmp_path, two_runs, monke
     assert len(reported) > 10
     for label, cells in reported.items():
         assert shown.get(label) == cells, label
+
+
+def test_one_file_given_twice_is_refused(two_runs, capsys, tmp_path):
+    a = two_runs[0]
+    (tmp_path / "link.json").symlink_to(a)
+    for twice, said in [(str(a), "is given twice"), (str(tmp_path / "link.json"), "are the same file")]:
+        assert main([str(a), twice]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("kvtier compare: ") and said in err[0], err

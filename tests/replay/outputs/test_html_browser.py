@@ -335,3 +335,128 @@ def test_storage_traces_overlaid_with_their_warning(browser, work):
         assert float(rows[f"{layer} {what}: p99 (us)"][1]["value"]) == h.quantile(0.99)
     warn = [text for level, text in got["banners"] if level == "warn"]
     assert any("fio_randrw70_512k_qd4_unseen_completions" in t and "no completion" in t for t in warn)
+
+
+# Labels, names and file names as a user might give them, each with characters plotly or HTML would read as markup
+# (a link, bold, a line break, an entity, a template variable, TeX) or rich would (tags, an emoji code).
+MARKUP = (
+    '<a href="https://example.com">x</a>',
+    "<b>bold</b>",
+    "a<br>b",
+    "&amp; &lt;",
+    "%{x} %{y:.1f}",
+    "$x^2$",
+    "[/] [bold]r[/bold] :rocket:",
+    "🚀 שלום",
+    "long " + "x" * 120,
+)
+
+
+def _renamed_tiers(doc: dict, names: dict[str, str]) -> dict:
+    """`doc` with its tiers renamed, as a hand-edited results file (or a store with its own tier names) would be."""
+    doc = json.loads(json.dumps(doc))
+    doc["tiers"] = {names.get(k, k): v for k, v in doc["tiers"].items()}
+    for point in doc.get("timeline") or []:
+        point["tiers"] = {names.get(k, k): v for k, v in (point.get("tiers") or {}).items()}
+    return doc
+
+
+def _drawn(browser) -> list[dict]:
+    """Per plot: every SVG text drawn, the links and bold spans in it, and each trace's hover label (drawn by
+    hovering its first point; plotly draws at most one hover per 50 ms, hence the waits)."""
+    return browser.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        const pause = () => new Promise(r => setTimeout(r, 120));
+        (async () => {
+            const out = [];
+            for (const g of document.querySelectorAll('.plotly-graph-div')) {
+                const hover = [];
+                for (let i = 0; i < g.data.length; i++) {
+                    const t = g.data[i];
+                    Plotly.Fx.hover(g, [{curveNumber: i, pointNumber: 0}], (t.xaxis || 'x') + (t.yaxis || 'y'));
+                    await pause();
+                    hover.push({label: Array.from(g.querySelectorAll('.hoverlayer text')).map(e => e.textContent),
+                                links: g.querySelectorAll('.hoverlayer a').length});
+                    Plotly.Fx.unhover(g);
+                    await pause();
+                }
+                out.push({
+                    texts: Array.from(g.querySelectorAll('svg text')).map(e => e.textContent),
+                    links: Array.from(g.querySelectorAll('svg a')).map(a => a.outerHTML),
+                    bold: Array.from(g.querySelectorAll('svg [style*="bold"]')).map(e => e.textContent),
+                    hover,
+                });
+            }
+            return out;
+        })().then(done);
+        """
+    )
+
+
+def _shown_as_typed(drawn: list[dict], strings: list[str]) -> None:
+    everything = [t for p in drawn for t in p["texts"]]
+    for p in drawn:
+        assert p["links"] == [], p["links"]  # no user text became a link
+        assert p["bold"] == [], p["bold"]  # nor bold
+        assert all(h["links"] == 0 for h in p["hover"]), p["hover"]
+    for s in strings:
+        assert any(s in t for t in everything), (s, everything)
+
+
+def test_user_text_with_markup_is_shown_as_typed(browser, benches, work):
+    """Run labels, tier names, the title and merged sources' file names with HTML, plotly and rich markup in them:
+    shown character for character in the page, its plots (legend, titles, category ticks, hover labels) and the
+    terminal lines of the commands, and no link or bold made from them."""
+    d = work / "markup"
+    d.mkdir()
+    tiers = {"cpu": "<b>cpu</b> $x$", "disk": '<a href="https://example.com">disk</a> %{x}'}
+    files = []
+    for i, p in enumerate(benches):
+        f = d / (f"run[nvme] <i>{i}.json" if i == 0 else "run[sata] &amp; %{x} $y$.json")
+        f.write_text(json.dumps(_renamed_tiers(json.loads(p.read_text()), tiers)))
+        files.append(f)
+    labels = [MARKUP[0] + " " + MARKUP[5], MARKUP[1] + " " + MARKUP[4] + " " + MARKUP[6]]
+    title = " ".join(MARKUP)
+    kvtier("report", *map(str, files), "--labels", ",".join(labels), "--title", title, "-o", str(d / "r.html"))
+    browser.get((d / "r.html").as_uri())
+    load(browser, d / "r.html", "markup")  # waits for the plots; no JavaScript error
+    assert browser.execute_script("return document.querySelector('h1').textContent") == title
+    assert browser.execute_script("return document.title") == title
+    # no link anywhere made from the user's text (plotly's own logo links are the only ones)
+    assert (
+        browser.execute_script(
+            "return Array.from(document.querySelectorAll('a')).map(a => a.getAttribute('href') || "
+            "a.getAttribute('xlink:href') || '').filter(h => !h.startsWith('https://plotly.com'))"
+        )
+        == []
+    )
+    drawn = _drawn(browser)
+    _shown_as_typed(drawn, [f"{lab}: {tier} read" for lab in labels for tier in tiers.values()])
+    # the hover labels: every trace's name as typed (plotly cuts a long one short at 15 characters, with "..."),
+    # its %{x} not read as the template's variable
+    hovers = [lab for p in drawn for h in p["hover"] for lab in h["label"]]
+    for lab in labels:
+        for tier in tiers.values():
+            assert any(f"{lab}: {tier} read"[:12] in h for h in hovers), (lab, tier, hovers)
+
+    # a merge of the two: its sources (file names) are the categories of a bar chart
+    kvtier("merge", *map(str, files), "-o", str(d / "merged.json"))
+    merged = kvtier("report", str(d / "merged.json"), "-o", str(d / "merged.html"))
+    assert "[/]" not in merged.stdout
+    load(browser, d / "merged.html", "markup-merged")
+    _shown_as_typed(_drawn(browser), [Path(f).stem for f in files])
+
+    # a plan over traces whose file names hold markup: the traces are named by them, in the terminal's tables and
+    # in the capacity curves
+    names = ["conv[v2] <b>x %{y} $a$", "[bold]b &amp; <br> 🚀"]
+    for n in names:
+        shutil.copy(MOONCAKE / "conversation_trace_head300.jsonl", d / f"{n}.jsonl")
+    plan = kvtier(
+        "plan", "--trace", str(d / f"{names[0]}.jsonl"), "--trace", str(d / f"{names[1]}.jsonl"), "--tier",
+        "local=3e4", "--capacity-sweep", "1e3..1e5", "--output", str(d / "plan.json"), "--html-output",
+        str(d / "plan.html"),
+    )  # fmt: skip
+    assert all(n in plan.stdout for n in names), plan.stdout  # the terminal's tables too
+    load(browser, d / "plan.html", "markup-plan")
+    _shown_as_typed(_drawn(browser), names)

@@ -7,6 +7,7 @@ changed, as a hand-edited or truncated file would be."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_user_mistakes_are_one_line_and_write_nothing(plan, tmp_path, capsys):
         ([str(tmp_path / "missing.json")], "missing.json: no such file"),
         ([str(tmp_path)], "is a directory"),
         ([str(plan), str(trace_plan)], "cannot overlay results of different kinds"),
-        ([str(plan), "--labels", "a,b"], "--labels: 2 names for 1 files"),
+        ([str(plan), "--labels", "a,b"], "--labels has 2 names for 1 files"),
     ]
     for args, message in cases:
         assert main([*args, "-o", str(out)]) == 2
@@ -145,3 +146,43 @@ def test_plan_html_output_is_checked_before_the_run(plan, tmp_path, capsys):
     assert "--html-output" in capsys.readouterr().err and not out.exists()
     assert plan_main([*PLAN, "--output", str(out), "--html-output", str(tmp_path / "p.html")]) == 0
     assert "plan.json" not in (tmp_path / "p.html").read_text() and "p.json" in (tmp_path / "p.html").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--labels", ""], "--labels is empty"),
+        (["--labels", "  "], "--labels is empty"),
+        (["--labels", "a,"], "name 2 is empty"),
+        (["--labels", ",b"], "name 1 is empty"),
+        (["--labels", " ,b"], "name 1 is empty"),
+        (["--labels", "a,a"], "'a' names two files"),
+        (["--labels", "a, a "], "'a' names two files"),
+        (["--labels", "a,b,c"], "--labels has 3 names for 2 files"),
+        (["--title", ""], "--title is empty"),
+        (["--title", " \t"], "--title is empty"),
+    ],
+)
+def test_labels_and_a_title_that_name_nothing_are_refused(plan, tmp_path, capsys, args, message):
+    other = tmp_path / "other.json"
+    other.write_bytes(plan.read_bytes())
+    out = tmp_path / "r.html"
+    assert main([str(plan), str(other), *args, "-o", str(out)]) == 2
+    assert message in one_line(capsys)
+    assert not out.exists()
+
+
+def test_one_file_given_twice_is_refused(plan, tmp_path, capsys):
+    """By the same name, by another spelling of it, through a symbolic or a hard link: a run beside itself."""
+    (tmp_path / "sym.json").symlink_to(plan)
+    os.link(plan, tmp_path / "hard.json")
+    out = tmp_path / "r.html"
+    for twice, said in [
+        (str(plan), "is given twice"),
+        (f"{tmp_path}/./{plan.name}", "are the same file"),
+        (str(tmp_path / "sym.json"), "are the same file"),
+        (str(tmp_path / "hard.json"), "are the same file"),
+    ]:
+        assert main([str(plan), twice, "-o", str(out)]) == 2
+        assert said in one_line(capsys)
+    assert not out.exists()

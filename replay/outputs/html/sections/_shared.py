@@ -70,7 +70,7 @@ def cdf_trace(fig: go.Figure, encoded: str, name: str, source: str) -> None:
                 name=f"{name} (n={n:,})",
                 mode="lines",
                 line={"shape": "hv"},
-                hovertemplate="%{y:.1%} within %{x:.3g} ms<extra>" + name + "</extra>",
+                hovertemplate="%{y:.1%} within %{x:.3g} ms<extra>%{fullData.name}</extra>",
             )
         )
 

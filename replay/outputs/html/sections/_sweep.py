@@ -106,7 +106,7 @@ def figures(runs: list[Run]) -> list[go.Figure]:
                     zmax=span,
                     colorbar={"tickvals": [math.log2(t) for t in ticks], "ticktext": [f"{t:.2g}x" for t in ticks]},
                     texttemplate="%{text}",
-                    hovertemplate="bw %{x}, +%{y} ms: %{text} (%{customdata:.4g})<extra>" + k + "</extra>",
+                    hovertemplate="bw %{x}, +%{y} ms: %{text} (%{customdata:.4g})<extra>%{fullData.name}</extra>",
                     name=k,
                 )
             )
