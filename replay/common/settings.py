@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error
 
-from .json_files import InputError, check_input, open_regular, too_deep
+from .json_files import MALFORMED, check_input, describe_malformed, open_regular, refuse_malformed
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -56,23 +56,15 @@ def read_yaml(path: str) -> dict:
     """The top-level mapping of a YAML config file; ConfigError (one line naming the file) for anything else, a key
     given twice in one mapping included."""
     try:
-        with open_regular(path) as f:
-            loaded = yaml.load(f, Loader=_UniqueKeyLoader) or {}
-        check_input(loaded)
-    except RecursionError:
-        raise ConfigError(f"--config {path}: {too_deep()}") from None
-    except InputError as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
-    except ConfigError as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
+        # MALFORMED: YAML syntax, bytes that are no text, a number past Python's int digits, a date out of range, ...
+        with open_regular(path) as f, refuse_malformed(f"--config {path}", ConfigError):
+            try:
+                loaded = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+            except ConfigError as exc:  # a key given twice
+                raise ConfigError(f"--config {path}: {exc}") from None
+            check_input(loaded)
     except OSError as exc:
         raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"--config {path}: not a text file") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"--config {path}{where}: not valid YAML") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"--config {path}: expected a mapping of keys at the top")
     return loaded
@@ -124,6 +116,8 @@ def env_layer(
             raise ConfigError(f"{where}: not a valid value") from exc
         except RecursionError:  # a value of nested brackets: not one value either
             raise ConfigError(f"{where[:80]}...: expected a single value") from None
+        except MALFORMED as exc:  # a number past Python's int digits, a date out of range
+            raise ConfigError(f"{where[:80]}: {describe_malformed(exc)}") from None
         if isinstance(val, (list, dict)):
             raise ConfigError(f"{where}: expected a single value")
         out[key] = (where, val)

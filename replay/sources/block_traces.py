@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from replay.common.json_files import InputError, loads_json
+from replay.common.json_files import loads_json, refuse_malformed
 from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines, read_text
 
 __all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]
@@ -90,10 +90,12 @@ def load_block_trace(
         raise WorkloadError(f"--trace-block-tokens {block}: must be at least 1")
     report = LoadReport(source=fmt, tokenizer="trace token counts")
     requests = []
-    for req in _READERS[fmt](path, native):
-        if max_requests is not None and len(requests) >= max_requests:
-            break
-        requests.append(_rescale(req, native, block) if block != native else req)
+    # The readers name the line of what they find; anything a parser raises past them is still one line.
+    with refuse_malformed(os.fspath(path), WorkloadError):
+        for req in _READERS[fmt](path, native):
+            if max_requests is not None and len(requests) >= max_requests:
+                break
+            requests.append(_rescale(req, native, block) if block != native else req)
     if not requests:
         raise WorkloadError(f"{path}: no request in this {fmt} trace")
     report.conversations = report.turns = len(requests)
@@ -117,12 +119,11 @@ def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> I
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            row = loads_json(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
-        except InputError as exc:
-            raise WorkloadError(f"{where}: {exc}") from None
+        with refuse_malformed(where, WorkloadError):
+            try:
+                row = loads_json(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
         if not isinstance(row, dict):
             raise WorkloadError(f"{where}: expected a JSON object, found {type(row).__name__}")
         missing = [f for f in fields if f not in row]
@@ -198,12 +199,11 @@ def _read_weka(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
 
 
 def _weka_document(file: str, block: int) -> dict:
-    try:
-        doc = loads_json(read_text(file, "Weka trace (JSON)"))
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
-    except InputError as exc:
-        raise WorkloadError(f"{file}: {exc}") from None
+    with refuse_malformed(file, WorkloadError):
+        try:
+            doc = loads_json(read_text(file, "Weka trace (JSON)"))
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
     if doc.get("block_size") != block:
@@ -236,6 +236,12 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 def _read_azure(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
     lines = read_lines(path, "Azure LLM inference trace (CSV)")
     reader = csv.reader(lines)
+    # csv.Error (a field over csv's 128 KiB limit, which an unclosed quote soon makes) at the line the reader is at
+    with refuse_malformed(lambda: f"{path}:{max(1, reader.line_num)}", WorkloadError):
+        yield from _azure_rows(path, reader, block)
+
+
+def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRequest]:
     header = next(reader, None)
     if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
         found = ",".join(header or []) or "nothing"
@@ -254,6 +260,10 @@ def _read_azure(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
             when = datetime.fromisoformat(row[0].strip())
         except ValueError:
             raise WorkloadError(f"{where}: TIMESTAMP {row[0].strip()!r} is not a date and time") from None
+        if start is not None and (when.tzinfo is None) != (start.tzinfo is None):
+            # no time to subtract: a time without a zone is in no zone we could compare with one that has a zone
+            has = "has a time zone, the first row's has none" if when.tzinfo else "has none, the first row's has one"
+            raise WorkloadError(f"{where}: TIMESTAMP {row[0].strip()!r} {has} (every row has one or none)")
         start = when if start is None else start
         s = clock((when - start).total_seconds(), where)
         yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
