@@ -164,6 +164,13 @@ def describe_malformed(exc: BaseException) -> str:
     return first[:200]
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """repr(value) for a one-line message, its head only past `limit` characters: a refusal quotes what it refuses,
+    and a 200 KB field or a 4300-digit number quoted whole would bury the line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text):,} characters)"
+
+
 @contextmanager
 def refuse_malformed(where: str | Callable[[], str], error: Callable[[str], UserError]) -> Iterator[None]:
     """Read a user's file inside this: what the parsers raise for a malformed input (`MALFORMED`, and this module's

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error
 
-from .json_files import MALFORMED, check_input, describe_malformed, open_regular, refuse_malformed
+from .json_files import MALFORMED, check_input, describe_malformed, open_regular, refuse_malformed, shown
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -50,6 +50,25 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if first != key_node.start_mark.line + 1:
                 raise ConfigError(f"key {key!r} given twice (lines {first} and {key_node.start_mark.line + 1})")
         return super().construct_mapping(node, deep)
+
+    def construct_object(self, node, deep=False):
+        # A value PyYAML's constructors take apart with int() or datetime() (past Python's 4300 digits, a month 13):
+        # a YAML error at its line, as a syntax error is.
+        try:
+            return super().construct_object(node, deep)
+        except ConfigError:
+            raise
+        except (ValueError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(None, None, describe_malformed(exc), node.start_mark) from None
+
+    def construct_yaml_timestamp(self, node):
+        # `!!timestamp x`: PyYAML's own constructor does not check that its pattern matched (AttributeError)
+        if self.timestamp_regexp.match(self.construct_scalar(node)) is None:
+            raise yaml.constructor.ConstructorError(None, None, "not a timestamp", node.start_mark)
+        return super().construct_yaml_timestamp(node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeyLoader.construct_yaml_timestamp)
 
 
 def read_yaml(path: str) -> dict:
@@ -108,16 +127,16 @@ def env_layer(
         raw = os.environ.get(var)
         if raw is None:
             continue
-        where = f"environment {var}={raw!r}"
+        where = f"environment {var}={shown(raw)}"
         _empty_string(where, raw)
         try:
-            val = yaml.safe_load(raw)
+            val = yaml.load(raw, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{where}: not a valid value") from exc
         except RecursionError:  # a value of nested brackets: not one value either
-            raise ConfigError(f"{where[:80]}...: expected a single value") from None
+            raise ConfigError(f"{where}: expected a single value") from None
         except MALFORMED as exc:  # a number past Python's int digits, a date out of range
-            raise ConfigError(f"{where[:80]}: {describe_malformed(exc)}") from None
+            raise ConfigError(f"{where}: {describe_malformed(exc)}") from None
         if isinstance(val, (list, dict)):
             raise ConfigError(f"{where}: expected a single value")
         out[key] = (where, val)

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvconnector.errors import UserError
-from replay.common.json_files import open_regular
+from replay.common.json_files import open_regular, shown
 
 
 class WorkloadError(UserError, ValueError):
@@ -143,7 +143,7 @@ def parse_count(text: str, where: str, column: str) -> int:
     """A token count: a finite, non-negative whole number ("1e3" and "12.0" are fine, "1.7", "inf", "-1" are not)."""
     value = parse_number(text, where, column)
     if value != int(value):
-        raise WorkloadError(f"{where}: {column} {text.strip()!r} is not a whole number")
+        raise WorkloadError(f"{where}: {column} {shown(text.strip())} is not a whole number")
     return int(value)
 
 
@@ -152,7 +152,7 @@ def parse_number(text: str, where: str, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise WorkloadError(f"{where}: {column} {text.strip()!r} is not numeric") from None
+        raise WorkloadError(f"{where}: {column} {shown(text.strip())} is not numeric") from None
     if not math.isfinite(value) or value < 0:
-        raise WorkloadError(f"{where}: {column} {text.strip()!r} must be a finite number >= 0")
+        raise WorkloadError(f"{where}: {column} {shown(text.strip())} must be a finite number >= 0")
     return value

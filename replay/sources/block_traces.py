@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from replay.common.json_files import loads_json, refuse_malformed
+from replay.common.json_files import loads_json, refuse_malformed, shown
 from replay.sources.base import LoadReport, WorkloadError, parse_count, parse_number, read_lines, read_text
 
 __all__ = ["FORMATS", "BlockTrace", "TraceRequest", "load_block_trace", "merge_traces"]
@@ -188,7 +188,7 @@ def _read_weka(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
         scope = -1 if doc["hash_id_scope"] == "global" else n
         for where, call in _weka_calls(doc["requests"], f"{file}: requests"):
             if call["type"] not in ("n", "s"):
-                raise WorkloadError(f"{where}: type {call['type']!r} is not n, s or subagent")
+                raise WorkloadError(f"{where}: type {shown(call['type'])} is not n, s or subagent")
             t = parse_number(_text(call.get("t")), where, "t")
             req = _request(where, t, call, "in", "out", block)
             ids = tuple(dense.setdefault((scope, h), len(dense)) for h in req.hash_ids)
@@ -207,9 +207,9 @@ def _weka_document(file: str, block: int) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
     if doc.get("block_size") != block:
-        raise WorkloadError(f"{file}: block_size {doc.get('block_size')!r}; a Weka trace's blocks are {block} tokens")
+        raise WorkloadError(f"{file}: block_size {shown(doc.get('block_size'))}; a Weka trace's blocks are {block} tokens")
     if doc.get("hash_id_scope") not in ("local", "global"):
-        raise WorkloadError(f"{file}: hash_id_scope {doc.get('hash_id_scope')!r} is not local or global")
+        raise WorkloadError(f"{file}: hash_id_scope {shown(doc.get('hash_id_scope'))} is not local or global")
     return doc
 
 
@@ -244,7 +244,7 @@ def _read_azure(path: str | os.PathLike, block: int) -> Iterator[TraceRequest]:
 def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRequest]:
     header = next(reader, None)
     if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
-        found = ",".join(header or []) or "nothing"
+        found = shown(",".join(header)) if header else "nothing"
         raise WorkloadError(
             f"{path}:1: not an Azure LLM inference trace (expected {','.join(_AZURE_COLUMNS)}, found {found})"
         )
@@ -259,11 +259,11 @@ def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRe
         try:
             when = datetime.fromisoformat(row[0].strip())
         except ValueError:
-            raise WorkloadError(f"{where}: TIMESTAMP {row[0].strip()!r} is not a date and time") from None
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} is not a date and time") from None
         if start is not None and (when.tzinfo is None) != (start.tzinfo is None):
             # no time to subtract: a time without a zone is in no zone we could compare with one that has a zone
             has = "has a time zone, the first row's has none" if when.tzinfo else "has none, the first row's has one"
-            raise WorkloadError(f"{where}: TIMESTAMP {row[0].strip()!r} {has} (every row has one or none)")
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} {has} (every row has one or none)")
         start = when if start is None else start
         s = clock((when - start).total_seconds(), where)
         yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
@@ -284,7 +284,7 @@ def _hash_ids(value, where: str) -> tuple[int, ...]:
         raise WorkloadError(f"{where}: hash_ids must be a list of integers, found {type(value).__name__}")
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise WorkloadError(f"{where}: hash_ids holds {v!r}, not an integer")
+            raise WorkloadError(f"{where}: hash_ids holds {shown(v)}, not an integer")
     return tuple(value)
 
 

@@ -25,7 +25,7 @@ import glob as globmod
 import os
 from pathlib import Path
 
-from replay.common.json_files import refuse_malformed
+from replay.common.json_files import refuse_malformed, shown
 from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, parse_count, parse_number, read_lines
 
 __all__ = ["load_burstgpt", "resolve_trace_paths"]
@@ -135,13 +135,13 @@ def _rows(path: Path, reader, report: LoadReport, models, log_types):
     names = [name.strip() for name in header]
     twice = sorted({n for n in names if n and names.count(n) > 1})
     if twice:  # which of the two would be read is a guess: the file is refused instead
-        raise WorkloadError(f"{path}:1: column {twice[0]!r} appears {names.count(twice[0])} times in the header")
+        raise WorkloadError(f"{path}:1: column {shown(twice[0])} appears {names.count(twice[0])} times in the header")
     col = {name: i for i, name in enumerate(names)}
     missing = [c for c in _REQUIRED if c not in col]
     if missing:
         raise WorkloadError(
             f"{path}:1: not a BurstGPT header, missing column(s) {', '.join(missing)} "
-            f"(found: {', '.join(col) or 'nothing'})"
+            f"(found: {shown(', '.join(col)) if col else 'nothing'})"
         )
     i_ts, i_req, i_resp = col["Timestamp"], col["Request tokens"], col["Response tokens"]
     i_sess, i_model, i_log = col.get("Session ID"), col.get("Model"), col.get("Log Type")
