@@ -207,7 +207,8 @@ def _weka_document(file: str, block: int) -> dict:
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
     if doc.get("block_size") != block:
-        raise WorkloadError(f"{file}: block_size {shown(doc.get('block_size'))}; a Weka trace's blocks are {block} tokens")
+        size = shown(doc.get("block_size"))
+        raise WorkloadError(f"{file}: block_size {size}; a Weka trace's blocks are {block} tokens")
     if doc.get("hash_id_scope") not in ("local", "global"):
         raise WorkloadError(f"{file}: hash_id_scope {shown(doc.get('hash_id_scope'))} is not local or global")
     return doc
