@@ -48,5 +48,6 @@ def describe_validation_error(
     if path:
         path = key_prefix + path
     if show_input and path:
-        path += f" = {err.get('input')!r}"
+        shown = repr(err.get("input"))  # its head only: a 200 KB value quoted whole would bury the line
+        path += f" = {shown if len(shown) <= 60 else shown[:35] + f'... ({len(shown):,} characters)'}"
     return ": ".join(p for p in (where, path, msg) if p)

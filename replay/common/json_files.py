@@ -1,7 +1,16 @@
-"""JSON and YAML in files: what kvtier reads from files a person or another program wrote (results files, datasets,
---config), and how its sinks write JSON (`dumps_json`: never a bare NaN; `write_json`: whole or not at all).
+"""JSON, YAML and CSV in files: what kvtier reads from files a person or another program wrote (results files,
+datasets, traces, --config), and how its sinks write JSON (`dumps_json`: never a bare NaN; `write_json`: whole or not
+at all).
 
-Two things Python's parsers let through that kvtier never reads:
+One place turns a malformed file into a one-line refusal: `refuse_malformed` (a context manager every reader of a
+user's file wears) catches what Python's parsers raise for bad input rather than for a bug of ours (`MALFORMED`:
+ValueError with its UnicodeDecodeError, JSONDecodeError and "Exceeds the limit (4300 digits)", RecursionError,
+OverflowError, csv.Error, yaml.YAMLError) and raises the reader's own UserError subclass with the place and one line
+of what is wrong. A TypeError is not among them: it is our bug (a missing check of a value's type), so it stays one.
+
+Three things Python's parsers let through, or raise past their callers, that kvtier never reads:
+- integers of more than `sys.get_int_max_str_digits()` digits (4300): Python refuses to convert them with a bare
+  ValueError. Refused with `InputError`.
 - non-finite numbers: `NaN`, `Infinity` (not JSON, but Python's json accepts them) and numbers too large for a
   float (`1e400` becomes inf), YAML's `.nan` / `.inf`. A figure computed from one is meaningless, and written back it
   makes a file other JSON readers refuse. Refused with `InputError`.
@@ -14,12 +23,18 @@ its message names no file (the caller adds the path).
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import math
 import os
 import stat
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO
+
+import yaml
 
 from kvconnector.errors import UserError
 from kvconnector.files import atomic_path
@@ -42,8 +57,20 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _bounded_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # past sys.get_int_max_str_digits(): no count, size or id of any input is so long
+        raise InputError(_too_long_int(len(text.lstrip("-")))) from None
+
+
+def _too_long_int(digits: int | None = None) -> str:
+    many = f"of {digits} digits" if digits else "too long"
+    return f"an integer {many} (kvtier reads integers of at most {sys.get_int_max_str_digits()} digits)"
+
+
 # raw_decode() for readers that walk a file item by item (ShareGPT); loads_json() for whole documents.
-DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
 
 
 def _too_deep() -> InputError:
@@ -107,6 +134,57 @@ def check_input(doc: Any) -> None:
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+
+
+# What the parsers (json, yaml, csv, int(), float(), datetime) raise for a malformed input. UnicodeDecodeError and
+# JSONDecodeError are ValueErrors.
+MALFORMED: tuple[type[BaseException], ...] = (ValueError, RecursionError, OverflowError, csv.Error, yaml.YAMLError)
+
+
+def describe_malformed(exc: BaseException) -> str:
+    """One line saying what a MALFORMED exception found (no file name: the caller has it)."""
+    if isinstance(exc, InputError):
+        return str(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, RecursionError):
+        return str(_too_deep())
+    if isinstance(exc, csv.Error):
+        return f"malformed CSV ({exc})"
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        return f"not valid YAML ({problem}{f' at line {mark.line + 1}' if mark else ''})"
+    text = str(exc)
+    if isinstance(exc, ValueError) and "int_max_str_digits" in text:  # int() of a long decimal (YAML, CSV, ...)
+        return _too_long_int()
+    first = text.splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:200]
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """repr(value) for a one-line message, its head only past `limit` characters: a refusal quotes what it refuses,
+    and a 200 KB field or a 4300-digit number quoted whole would bury the line."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text):,} characters)"
+
+
+@contextmanager
+def refuse_malformed(where: str | Callable[[], str], error: Callable[[str], UserError]) -> Iterator[None]:
+    """Read a user's file inside this: what the parsers raise for a malformed input (`MALFORMED`, and this module's
+    InputError, which names no file) becomes `error("WHERE: what is wrong")`, one line, its cause dropped. `where`
+    names the file (or file:line); a callable is asked when the error comes, for readers whose line moves on (csv).
+    Any other UserError raised inside passes as it is (it names its place already)."""
+    try:
+        yield
+    except InputError as exc:
+        raise error(f"{where() if callable(where) else where}: {exc}") from None
+    except UserError:
+        raise
+    except MALFORMED as exc:
+        raise error(f"{where() if callable(where) else where}: {describe_malformed(exc)}") from None
 
 
 def finite(doc: Any) -> Any:

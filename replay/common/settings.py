@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from kvconnector.errors import ConfigError
 from kvconnector.validation import describe_validation_error
 
-from .json_files import InputError, check_input, open_regular, too_deep
+from .json_files import MALFORMED, check_input, describe_malformed, open_regular, refuse_malformed, shown
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,28 +51,39 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise ConfigError(f"key {key!r} given twice (lines {first} and {key_node.start_mark.line + 1})")
         return super().construct_mapping(node, deep)
 
+    def construct_object(self, node, deep=False):
+        # A value PyYAML's constructors take apart with int() or datetime() (past Python's 4300 digits, a month 13):
+        # a YAML error at its line, as a syntax error is.
+        try:
+            return super().construct_object(node, deep)
+        except ConfigError:
+            raise
+        except (ValueError, OverflowError) as exc:
+            raise yaml.constructor.ConstructorError(None, None, describe_malformed(exc), node.start_mark) from None
+
+    def construct_yaml_timestamp(self, node):
+        # `!!timestamp x`: PyYAML's own constructor does not check that its pattern matched (AttributeError)
+        if self.timestamp_regexp.match(self.construct_scalar(node)) is None:
+            raise yaml.constructor.ConstructorError(None, None, "not a timestamp", node.start_mark)
+        return super().construct_yaml_timestamp(node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:timestamp", _UniqueKeyLoader.construct_yaml_timestamp)
+
 
 def read_yaml(path: str) -> dict:
     """The top-level mapping of a YAML config file; ConfigError (one line naming the file) for anything else, a key
     given twice in one mapping included."""
     try:
-        with open_regular(path) as f:
-            loaded = yaml.load(f, Loader=_UniqueKeyLoader) or {}
-        check_input(loaded)
-    except RecursionError:
-        raise ConfigError(f"--config {path}: {too_deep()}") from None
-    except InputError as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
-    except ConfigError as exc:
-        raise ConfigError(f"--config {path}: {exc}") from None
+        # MALFORMED: YAML syntax, bytes that are no text, a number past Python's int digits, a date out of range, ...
+        with open_regular(path) as f, refuse_malformed(f"--config {path}", ConfigError):
+            try:
+                loaded = yaml.load(f, Loader=_UniqueKeyLoader) or {}
+            except ConfigError as exc:  # a key given twice
+                raise ConfigError(f"--config {path}: {exc}") from None
+            check_input(loaded)
     except OSError as exc:
         raise ConfigError(f"--config {path}: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"--config {path}: not a text file") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"--config {path}{where}: not valid YAML") from exc
     if not isinstance(loaded, dict):
         raise ConfigError(f"--config {path}: expected a mapping of keys at the top")
     return loaded
@@ -116,14 +127,16 @@ def env_layer(
         raw = os.environ.get(var)
         if raw is None:
             continue
-        where = f"environment {var}={raw!r}"
+        where = f"environment {var}={shown(raw)}"
         _empty_string(where, raw)
         try:
-            val = yaml.safe_load(raw)
+            val = yaml.load(raw, Loader=_UniqueKeyLoader)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{where}: not a valid value") from exc
         except RecursionError:  # a value of nested brackets: not one value either
-            raise ConfigError(f"{where[:80]}...: expected a single value") from None
+            raise ConfigError(f"{where}: expected a single value") from None
+        except MALFORMED as exc:  # a number past Python's int digits, a date out of range
+            raise ConfigError(f"{where}: {describe_malformed(exc)}") from None
         if isinstance(val, (list, dict)):
             raise ConfigError(f"{where}: expected a single value")
         out[key] = (where, val)

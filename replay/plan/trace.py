@@ -19,7 +19,11 @@ and its tokens; any capacity, sweep or tier split is then a sum.
 
 Tokens: as vLLM counts them, a hit brings whole blocks only, and never the block that holds the prompt's last token
 (the server computes that token anyway, so a prompt of exactly k blocks hits at most k - 1). The hit rate is hit
-tokens over prompt tokens, over the whole trace.
+tokens over prompt tokens, over the whole trace; a trace without a prompt token has none (None).
+
+Capacities: any number of tokens, 2^63 blocks and 10^30 tokens included. A depth is below the number of distinct
+blocks, so a cache of that many blocks already holds every block seen before; a larger one is taken as that many
+before it meets the int64 depths (where 2^63 and more would have compared above NEVER and counted first uses as hits).
 """
 
 from __future__ import annotations
@@ -50,25 +54,41 @@ class ReuseProfile:
     own_depth: np.ndarray
     tokens: np.ndarray
 
-    def hit_tokens(self, capacity_tokens: float) -> int:
-        blocks = int(capacity_tokens // self.block_tokens)  # whole blocks only
-        return int(self.tokens[self.prefix_depth < blocks].sum())
+    def blocks(self, capacity_tokens: float) -> int:
+        """The capacity in whole blocks, at most the distinct blocks (a larger cache holds no more of the trace), so
+        it compares with the int64 depths as the Python int it is."""
+        if not capacity_tokens > 0:
+            return 0
+        if capacity_tokens >= self.unique_blocks * self.block_tokens:  # inf included
+            return self.unique_blocks
+        return int(capacity_tokens // self.block_tokens)  # whole blocks only
 
-    def hit_rate(self, capacity_tokens: float) -> float:
-        return self.hit_tokens(capacity_tokens) / self.prompt_tokens
+    def hit_tokens(self, capacity_tokens: float) -> int:
+        return int(self.tokens[self.prefix_depth < self.blocks(capacity_tokens)].sum())
+
+    def _rate(self, tokens: float) -> float | None:
+        return tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    def hit_rate(self, capacity_tokens: float) -> float | None:
+        """Hit tokens over prompt tokens; None for a trace without a prompt token."""
+        return self._rate(self.hit_tokens(capacity_tokens))
 
     @property
-    def max_hit_rate(self) -> float:
+    def max_hit_rate(self) -> float | None:
         """An infinite cache: every block seen before hits (the trace's theoretical maximum)."""
-        return int(self.tokens[self.prefix_depth < NEVER].sum()) / self.prompt_tokens
+        return self._rate(int(self.tokens[self.prefix_depth < NEVER].sum()))
 
-    def tier_hit_rates(self, tier_tokens: Sequence[float]) -> list[float]:
+    def tier_hit_rates(self, tier_tokens: Sequence[float]) -> list[float | None]:
         """Hit rate served by each tier of an exclusive waterfall of these sizes (fastest first); the sum is the hit
         rate of one cache as large as all of them."""
-        bounds = np.cumsum([int(t // self.block_tokens) for t in tier_tokens])
-        hit = self.prefix_depth < (bounds[-1] if len(bounds) else 0)
-        tier = np.searchsorted(bounds, self.own_depth[hit], side="right")
-        return [float(v) / self.prompt_tokens for v in np.bincount(tier, self.tokens[hit], len(bounds))]
+        # Python ints summed, then bounded: the bound of tier i is the capacity of tiers 0..i together.
+        bounds, total = [], 0
+        for t in tier_tokens:
+            total += self.blocks(t)
+            bounds.append(min(total, self.unique_blocks))
+        hit = self.prefix_depth < (bounds[-1] if bounds else 0)
+        tier = np.searchsorted(np.array(bounds, dtype=np.int64), self.own_depth[hit], side="right")
+        return [self._rate(float(v)) for v in np.bincount(tier, self.tokens[hit], len(bounds))]
 
 
 def reuse_profile(trace: BlockTrace, progress: Callable[[int, int], None] | None = None) -> ReuseProfile:
@@ -134,5 +154,5 @@ def sweep_capacities(lo: float, hi: float, per_decade: int = 4) -> list[float]:
     return [float(x) for x in np.logspace(np.log10(lo), np.log10(hi), points)]
 
 
-def curve(profile: ReuseProfile, capacities: Iterable[float]) -> list[float]:
+def curve(profile: ReuseProfile, capacities: Iterable[float]) -> list[float | None]:
     return [profile.hit_rate(c) for c in capacities]

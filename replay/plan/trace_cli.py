@@ -21,6 +21,7 @@ from ..common.cli import Interrupted, OneLineParser
 from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
+from ..sources.base import WorkloadError
 from ..sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, load_block_trace, merge_traces
 from .trace import ReuseProfile, reuse_profile, sweep_capacities
 
@@ -195,6 +196,8 @@ def tier_tokens(cfg: TracePlanConfig, bpt: float | None) -> list[tuple[str, floa
 
 
 def trace_entry(profile: ReuseProfile, files: list[str], tiers: list[tuple[str, float]], caps: list[float]) -> dict:
+    if not profile.prompt_tokens:  # a hit rate is hit tokens over prompt tokens: none to plan
+        raise WorkloadError(f"{', '.join(files)}: every prompt in this trace is 0 tokens, so it has no hit rate")
     rates = profile.tier_hit_rates([tok for _, tok in tiers]) if tiers else []
     total = sum(rates)
     top = profile.max_hit_rate

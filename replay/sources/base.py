@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvconnector.errors import UserError
-from replay.common.json_files import open_regular
+from replay.common.json_files import open_regular, shown
 
 
 class WorkloadError(UserError, ValueError):
@@ -79,9 +79,11 @@ def bound_turn(turn: Turn, max_tokens: int | None, report: LoadReport, reason: s
 
 
 # ---- reading workload files: one way for every source --------------------------------------------------------------
-# A row longer than this is not a trace row (a binary file, or a file with no newlines): refuse it rather than read
-# an unbounded line into memory.
-MAX_LINE_BYTES = 1 << 20
+# The longest row read: a bound against a file with no newlines (a binary file, a dump on one line), not against
+# real rows. A real trace row can be long: 200,000 hash ids of 7 digits are 1.8 MB, a 10M-token prompt in 16-token
+# blocks is 625,000 SipHash ids (14 MB). At 64 MiB a row still fits in memory several times over while parsed (its
+# bytes, its text and its ids as Python ints, about 5x its size).
+MAX_LINE_BYTES = 64 << 20
 
 
 def _utf8_error(path, data: bytes, exc: UnicodeDecodeError, first_line: int = 1) -> WorkloadError:
@@ -125,7 +127,10 @@ def read_lines(path, what: str) -> Iterator[str]:
                 return
             number += 1
             if len(raw) > MAX_LINE_BYTES:
-                raise WorkloadError(f"{path}:{number}: line longer than {MAX_LINE_BYTES >> 20} MiB: not a {what}")
+                raise WorkloadError(
+                    f"{path}:{number}: row {number} is over {MAX_LINE_BYTES >> 20} MiB, the longest row kvtier reads "
+                    f"in a {what}"
+                )
             if number == 1:
                 raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
@@ -138,7 +143,7 @@ def parse_count(text: str, where: str, column: str) -> int:
     """A token count: a finite, non-negative whole number ("1e3" and "12.0" are fine, "1.7", "inf", "-1" are not)."""
     value = parse_number(text, where, column)
     if value != int(value):
-        raise WorkloadError(f"{where}: {column} {text.strip()!r} is not a whole number")
+        raise WorkloadError(f"{where}: {column} {shown(text.strip())} is not a whole number")
     return int(value)
 
 
@@ -147,7 +152,7 @@ def parse_number(text: str, where: str, column: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise WorkloadError(f"{where}: {column} {text.strip()!r} is not numeric") from None
+        raise WorkloadError(f"{where}: {column} {shown(text.strip())} is not numeric") from None
     if not math.isfinite(value) or value < 0:
-        raise WorkloadError(f"{where}: {column} {text.strip()!r} must be a finite number >= 0")
+        raise WorkloadError(f"{where}: {column} {shown(text.strip())} must be a finite number >= 0")
     return value

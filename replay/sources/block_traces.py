@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from replay.common.json_files import InputError, loads_json
+from replay.common.json_files import loads_json, refuse_malformed, shown
 from replay.sources.base import (
     LoadReport,
     Turn,
@@ -136,23 +136,25 @@ def load_block_trace(
         if should_stop is not None and should_stop():
             raise LoadStopped(str(path))
 
-    for n, req in enumerate(_READERS[fmt](path, native, check)):
-        if n % _CHECK_EVERY == 0:
-            check()
-        if max_requests is not None and len(requests) >= max_requests:
-            break
-        first_s = req.arrival_s if first_s is None else first_s
-        if until_s is not None and req.arrival_s - first_s >= until_s:
-            break
-        req = _rescale(req, native, block) if block != native else req
-        req = _bound(req, block, max_context_tokens, report)
-        uses += min(len(req.hash_ids), req.input_tokens // block)
-        if max_block_uses is not None and uses > max_block_uses:
-            raise WorkloadError(
-                f"{path}: more than {max_block_uses:,} block uses by its request {len(requests) + 1:,}, more than "
-                "this run may hold; give --max-requests N to take the first N requests"
-            )
-        requests.append(req)
+    # The readers name the line of what they find; anything a parser raises past them is still one line.
+    with refuse_malformed(os.fspath(path), WorkloadError):
+        for n, req in enumerate(_READERS[fmt](path, native, check)):
+            if n % _CHECK_EVERY == 0:
+                check()
+            if max_requests is not None and len(requests) >= max_requests:
+                break
+            first_s = req.arrival_s if first_s is None else first_s
+            if until_s is not None and req.arrival_s - first_s >= until_s:
+                break
+            req = _rescale(req, native, block) if block != native else req
+            req = _bound(req, block, max_context_tokens, report)
+            uses += min(len(req.hash_ids), req.input_tokens // block)
+            if max_block_uses is not None and uses > max_block_uses:
+                raise WorkloadError(
+                    f"{path}: more than {max_block_uses:,} block uses by its request {len(requests) + 1:,}, more than "
+                    "this run may hold; give --max-requests N to take the first N requests"
+                )
+            requests.append(req)
     if not requests:
         raise WorkloadError(f"{path}: no request in this {fmt} trace")
     report.conversations = report.turns = len(requests)
@@ -186,12 +188,11 @@ def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> I
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            row = loads_json(line)
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
-        except InputError as exc:
-            raise WorkloadError(f"{where}: {exc}") from None
+        with refuse_malformed(where, WorkloadError):
+            try:
+                row = loads_json(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
         if not isinstance(row, dict):
             raise WorkloadError(f"{where}: expected a JSON object, found {type(row).__name__}")
         missing = [f for f in fields if f not in row]
@@ -258,7 +259,7 @@ def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -
         scope = -1 if doc["hash_id_scope"] == "global" else n
         for where, call in _weka_calls(doc["requests"], f"{file}: requests"):
             if call["type"] not in ("n", "s"):
-                raise WorkloadError(f"{where}: type {call['type']!r} is not n, s or subagent")
+                raise WorkloadError(f"{where}: type {shown(call['type'])} is not n, s or subagent")
             t = parse_number(_text(call.get("t")), where, "t")
             req = _request(where, t, call, "in", "out", block)
             ids = tuple(dense.setdefault((scope, h), len(dense)) for h in req.hash_ids)
@@ -269,18 +270,18 @@ def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -
 
 
 def _weka_document(file: str, block: int) -> dict:
-    try:
-        doc = loads_json(read_text(file, "Weka trace (JSON)"))
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
-    except InputError as exc:
-        raise WorkloadError(f"{file}: {exc}") from None
+    with refuse_malformed(file, WorkloadError):
+        try:
+            doc = loads_json(read_text(file, "Weka trace (JSON)"))
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
         raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
     if doc.get("block_size") != block:
-        raise WorkloadError(f"{file}: block_size {doc.get('block_size')!r}; a Weka trace's blocks are {block} tokens")
+        size = shown(doc.get("block_size"))
+        raise WorkloadError(f"{file}: block_size {size}; a Weka trace's blocks are {block} tokens")
     if doc.get("hash_id_scope") not in ("local", "global"):
-        raise WorkloadError(f"{file}: hash_id_scope {doc.get('hash_id_scope')!r} is not local or global")
+        raise WorkloadError(f"{file}: hash_id_scope {shown(doc.get('hash_id_scope'))} is not local or global")
     return doc
 
 
@@ -307,9 +308,15 @@ _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     lines = read_lines(path, "Azure LLM inference trace (CSV)")
     reader = csv.reader(lines)
+    # csv.Error (a field over csv's 128 KiB limit, which an unclosed quote soon makes) at the line the reader is at
+    with refuse_malformed(lambda: f"{path}:{max(1, reader.line_num)}", WorkloadError):
+        yield from _azure_rows(path, reader, block)
+
+
+def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRequest]:
     header = next(reader, None)
     if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
-        found = ",".join(header or []) or "nothing"
+        found = shown(",".join(header)) if header else "nothing"
         raise WorkloadError(
             f"{path}:1: not an Azure LLM inference trace (expected {','.join(_AZURE_COLUMNS)}, found {found})"
         )
@@ -324,7 +331,11 @@ def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) 
         try:
             when = datetime.fromisoformat(row[0].strip())
         except ValueError:
-            raise WorkloadError(f"{where}: TIMESTAMP {row[0].strip()!r} is not a date and time") from None
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} is not a date and time") from None
+        if start is not None and (when.tzinfo is None) != (start.tzinfo is None):
+            # no time to subtract: a time without a zone is in no zone we could compare with one that has a zone
+            has = "has a time zone, the first row's has none" if when.tzinfo else "has none, the first row's has one"
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} {has} (every row has one or none)")
         start = when if start is None else start
         s = clock((when - start).total_seconds(), where)
         yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
@@ -345,7 +356,7 @@ def _hash_ids(value, where: str) -> tuple[int, ...]:
         raise WorkloadError(f"{where}: hash_ids must be a list of integers, found {type(value).__name__}")
     for v in value:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise WorkloadError(f"{where}: hash_ids holds {v!r}, not an integer")
+            raise WorkloadError(f"{where}: hash_ids holds {shown(v)}, not an integer")
     return tuple(value)
 
 

@@ -25,6 +25,7 @@ import glob as globmod
 import os
 from pathlib import Path
 
+from replay.common.json_files import refuse_malformed, shown
 from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, parse_count, parse_number, read_lines
 
 __all__ = ["load_burstgpt", "resolve_trace_paths"]
@@ -122,54 +123,53 @@ def load_burstgpt(
 def _read_file(path: Path, report: LoadReport, models, log_types):
     lines = read_lines(path, "BurstGPT CSV")
     reader = csv.reader(lines)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise WorkloadError(f"{path}: empty file (expected a BurstGPT CSV header)") from None
-    except csv.Error as exc:
-        raise WorkloadError(f"{path}:1: malformed CSV: {exc}") from exc
+    # csv.Error (a field over csv's 128 KiB limit, which an unclosed quote soon makes) at the line the reader is at
+    with refuse_malformed(lambda: f"{path}:{max(1, reader.line_num)}", WorkloadError):
+        yield from _rows(path, reader, report, models, log_types)
+
+
+def _rows(path: Path, reader, report: LoadReport, models, log_types):
+    header = next(reader, None)
+    if header is None:
+        raise WorkloadError(f"{path}: empty file (expected a BurstGPT CSV header)")
     names = [name.strip() for name in header]
     twice = sorted({n for n in names if n and names.count(n) > 1})
     if twice:  # which of the two would be read is a guess: the file is refused instead
-        raise WorkloadError(f"{path}:1: column {twice[0]!r} appears {names.count(twice[0])} times in the header")
+        raise WorkloadError(f"{path}:1: column {shown(twice[0])} appears {names.count(twice[0])} times in the header")
     col = {name: i for i, name in enumerate(names)}
     missing = [c for c in _REQUIRED if c not in col]
     if missing:
         raise WorkloadError(
             f"{path}:1: not a BurstGPT header, missing column(s) {', '.join(missing)} "
-            f"(found: {', '.join(col) or 'nothing'})"
+            f"(found: {shown(', '.join(col)) if col else 'nothing'})"
         )
     i_ts, i_req, i_resp = col["Timestamp"], col["Request tokens"], col["Response tokens"]
     i_sess, i_model, i_log = col.get("Session ID"), col.get("Model"), col.get("Log Type")
     width = len(header)
-    line = 1
-    try:
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not f.strip() for f in row):
-                continue
-            if len(row) != width:
-                raise WorkloadError(f"{path}:{line}: expected {width} fields, found {len(row)}")
-            where = f"{path}:{line}"
-            ts = parse_number(row[i_ts], where, "Timestamp")
-            req = parse_count(row[i_req], where, "Request tokens")
-            resp = parse_count(row[i_resp], where, "Response tokens")
-            if models is not None and i_model is not None and row[i_model].strip() not in models:
-                report.skip("filtered_model")
-                continue
-            if log_types is not None and i_log is not None and row[i_log].strip() not in log_types:
-                report.skip("filtered_log_type")
-                continue
-            if resp == 0:
-                report.skip("failed_request")
-                continue
-            if req == 0:
-                report.skip("empty_request")
-                continue
-            session = None
-            if i_sess is not None:
-                s = row[i_sess].strip()
-                session = s if s and s.lower() not in ("nan", "none", "-1") else None
-            yield ts, session, req, resp
-    except csv.Error as exc:
-        raise WorkloadError(f"{path}:{line}: malformed CSV: {exc}") from exc
+    for row in reader:
+        line = reader.line_num
+        if not row or all(not f.strip() for f in row):
+            continue
+        if len(row) != width:
+            raise WorkloadError(f"{path}:{line}: expected {width} fields, found {len(row)}")
+        where = f"{path}:{line}"
+        ts = parse_number(row[i_ts], where, "Timestamp")
+        req = parse_count(row[i_req], where, "Request tokens")
+        resp = parse_count(row[i_resp], where, "Response tokens")
+        if models is not None and i_model is not None and row[i_model].strip() not in models:
+            report.skip("filtered_model")
+            continue
+        if log_types is not None and i_log is not None and row[i_log].strip() not in log_types:
+            report.skip("filtered_log_type")
+            continue
+        if resp == 0:
+            report.skip("failed_request")
+            continue
+        if req == 0:
+            report.skip("empty_request")
+            continue
+        session = None
+        if i_sess is not None:
+            s = row[i_sess].strip()
+            session = s if s and s.lower() not in ("nan", "none", "-1") else None
+        yield ts, session, req, resp

@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from replay.common.json_files import InputError, raw_decode
+from replay.common.json_files import InputError, raw_decode, refuse_malformed
 from replay.sources.base import Conversation, LoadReport, Turn, WorkloadError, bound_turn, open_regular, read_text
 
 __all__ = ["default_token_counter", "estimate_tokens", "load_sharegpt"]
@@ -160,7 +160,7 @@ def _items(p: Path, report: LoadReport):
         fh = open_regular(p)
     except OSError as exc:
         raise WorkloadError(f"{p}: cannot read ShareGPT file: {exc.strerror or exc}") from exc
-    with fh:
+    with fh, refuse_malformed(str(p), WorkloadError):  # what a parser raises past the item reader: one line
         try:
             yield from _iter_items(_Window(fh, p), report)
             return

@@ -156,18 +156,22 @@ class TraceBlocks:
         """Measured and predicted hit rate per tier over the requests that completed (a prefix of the trace)."""
         done = dataclasses.replace(self.trace, requests=self.trace.requests[: self.done])
         capacities = self.tier_tokens()
-        predicted = reuse_profile(done).tier_hit_rates(capacities) if self.done else [0.0] * len(capacities)
+        # None where the requests done had no prompt token: no hit rate, measured or predicted
+        predicted = reuse_profile(done).tier_hit_rates(capacities) if self.done else [None] * len(capacities)
         total = self.prompt_tokens
 
         def rate(n: int) -> float | None:
             return round(n / total, 6) if total else None
+
+        def rounded(p: float | None) -> float | None:
+            return None if p is None else round(p, 6)
 
         tiers = [
             {
                 "tier": t.name,
                 "capacity_tokens": cap,
                 "hit_rate": rate(self.hit_tokens.get(t.name, 0)),
-                "predicted_hit_rate": round(p, 6),
+                "predicted_hit_rate": rounded(p),
             }
             for t, cap, p in zip(self.d.store.tiers, capacities, predicted, strict=True)
         ]
@@ -179,6 +183,6 @@ class TraceBlocks:
             "requests": self.done,
             "prompt_tokens": total,
             "hit_rate": rate(sum(self.hit_tokens.values())),
-            "predicted_hit_rate": round(sum(predicted), 6),
+            "predicted_hit_rate": None if None in predicted else rounded(sum(predicted)),
             "tiers": tiers,
         }

@@ -21,25 +21,26 @@ import statistics
 
 from kvconnector.errors import ConfigError
 
-from ..common.json_files import loads_json
+from ..common.json_files import MALFORMED, describe_malformed, loads_json, open_regular
 
 __all__ = ["REQUIRED", "TOLERANCE_PCT", "load_validation_trace", "validate_run"]
 
 # The record fields the comparison and the trace's statistics use.
 REQUIRED = ("cache_hit", "context_tokens", "generation_tokens", "read_bytes", "write_bytes")
 TOLERANCE_PCT = 5.0
+_LARGEST = 2**63  # above any token or byte count of a request
 
 
 def load_validation_trace(path: str) -> dict:
     """The trace's statistics (the reference's trace_stats); ConfigError naming the file for anything unreadable."""
     where = f"--validation-trace {path}"
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path) as f:
             records = loads_json(f.read())
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror or exc}") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: not JSON ({exc})") from exc
+    except MALFORMED as exc:
+        raise ConfigError(f"{where}: {describe_malformed(exc)}") from None
     if not isinstance(records, list) or not records:
         raise ConfigError(f"{where}: expected a non-empty JSON list of request records")
     for i, rec in enumerate(records):
@@ -50,8 +51,9 @@ def load_validation_trace(path: str) -> dict:
             raise ConfigError(f"{where}: record {i}: cache_hit must be true or false")
         for k in REQUIRED[1:]:
             v = rec[k]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{where}: record {i}: {k} must be a number >= 0, got {v!r}")
+            # compared as it is: an int past a float's range has no float (OverflowError), and no count is so large
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < _LARGEST:
+                raise ConfigError(f"{where}: record {i}: {k} must be a number from 0 to 2^63, got {str(v)[:40]}")
     written = sum(r["write_bytes"] for r in records)
     return {
         "file": path,

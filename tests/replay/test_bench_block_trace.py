@@ -90,3 +90,19 @@ def test_bad_input_is_one_line_and_nothing_written(tmp_path, capsys):
 def test_other_modes_are_refused(tmp_path, capsys, flag):
     line = bad(tmp_path, capsys, "--source", "mooncake", "--dataset-path", str(SAMPLE), *flag)
     assert flag[0] in line
+
+
+@pytest.mark.slow
+def test_a_trace_of_zero_token_prompts_is_run_and_its_results_written(tmp_path):
+    # every prompt 0 tokens: no hit rate to measure or predict (None), and the results are still written
+    zero = tmp_path / "zero.jsonl"
+    zero.write_text(
+        "".join(f'{{"timestamp": {i}, "input_length": 0, "output_length": 3, "hash_ids": []}}\n' for i in range(5))
+    )
+    path = write_config(tmp_path, duration=60)
+    assert main(["--config", path, "--source", "mooncake", "--dataset-path", str(zero), "--trace-speedup", "0"]) == 0
+    doc = json.loads((tmp_path / "out.json").read_text())
+    t = doc["trace"]
+    assert t["requests"] == 5 and t["prompt_tokens"] == 0
+    assert t["hit_rate"] is None and t["predicted_hit_rate"] is None
+    assert all(row["hit_rate"] is None and row["predicted_hit_rate"] is None for row in t["tiers"])

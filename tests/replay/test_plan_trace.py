@@ -372,3 +372,74 @@ def test_plan_trace_reads_every_format(tmp_path, fmt, path):
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["format"] == fmt and doc["traces"][0]["requests"] == len(load_block_trace(path, fmt).requests)
     assert (doc["traces"][0]["max_hit_rate"] > 0) == (fmt != "azure"), p.stdout
+
+
+# ---- capacities of any size: never above the maximum, never falling ----------------------------------------------
+
+
+def _capacities_blocks(distinct: int) -> list[int]:
+    return [0, 1, 2, 7, distinct - 1, distinct, distinct + 1, 2**31, 2**53, 2**63 - 1, 2**63, 2**64, 10**30]
+
+
+def _check_invariants(profile) -> None:
+    top = profile.max_hit_rate
+    blocks = sorted(b for b in _capacities_blocks(profile.unique_blocks) if b >= 0)
+    for kind in (int, float):  # a flag's figure arrives as a float; the model's own sums as ints
+        rates = [profile.hit_rate(kind(b * profile.block_tokens)) for b in blocks]
+        assert all(r <= top for r in rates), (kind, list(zip(blocks, rates, strict=True)), top)
+        assert rates == sorted(rates), (kind, rates)  # monotone non-decreasing in capacity
+        assert rates[0] == 0.0 and rates[-1] == top
+    for b in blocks:
+        # one tier, or the same capacity split in two: their sum is the one cache's rate
+        cap = b * profile.block_tokens
+        assert sum(profile.tier_hit_rates([cap])) == pytest.approx(profile.hit_rate(cap))
+        assert sum(profile.tier_hit_rates([cap, cap])) <= top + 1e-12
+        assert sum(profile.tier_hit_rates([2**63 * profile.block_tokens, cap])) == pytest.approx(top)
+
+
+@pytest.mark.parametrize("path", [CONVERSATION, SYNTHETIC], ids=["conversation", "synthetic"])
+def test_hit_rate_is_at_most_the_maximum_and_grows_with_capacity(path):
+    _check_invariants(reuse_profile(load_block_trace(path)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.lists(st.integers(0, 12), max_size=10, unique=True)), max_size=30))
+def test_capacity_invariants_on_random_traces(rows):
+    block = 4
+    trace = _trace([(max(n, len(ids) * block), ids) for n, ids in rows] or [(4, [0])], block)
+    _check_invariants(reuse_profile(trace))
+
+
+@pytest.mark.slow  # the whole command in-process: about 1.5 s
+def test_a_tier_of_2_63_blocks_is_not_above_the_maximum_in_the_command(tmp_path, capsys):
+    from replay import cli
+
+    out = tmp_path / "p.json"
+    huge = str(2**63 * 512)
+    argv = ["plan", "--trace", str(CONVERSATION), "--tier", f"a={huge}", "--tier", "b=1e30", "--quiet"]
+    assert cli.main([*argv, "--capacity-sweep", "1e18..1e30", "--output", str(out)]) == 0, capsys.readouterr().err
+    t = json.loads(out.read_text())["traces"][0]
+    assert 0 < t["tiers_hit_rate"] == pytest.approx(t["max_hit_rate"]) and t["share_of_max"] == pytest.approx(1.0)
+    assert t["tiers"][1]["hit_rate"] == 0.0  # the first tier holds the whole trace: nothing is left for the second
+    assert all(p["hit_rate"] == pytest.approx(t["max_hit_rate"]) for p in t["curve"])
+
+
+# ---- a trace without a prompt token ------------------------------------------------------------------------------
+
+
+def test_a_trace_of_zero_token_prompts_has_no_hit_rate(tmp_path, capsys):
+    from replay import cli
+
+    profile = reuse_profile(_trace([(0, []), (0, [])]))
+    assert profile.prompt_tokens == 0
+    assert profile.hit_rate(1e6) is None and profile.max_hit_rate is None
+    assert profile.tier_hit_rates([10, 2**70]) == [None, None]
+    path = tmp_path / "zero.jsonl"
+    path.write_text(
+        "".join(f'{{"timestamp": {i}, "input_length": 0, "output_length": 5, "hash_ids": []}}\n' for i in range(3))
+    )
+    out = tmp_path / "p.json"
+    assert cli.main(["plan", "--trace", str(path), "--tier", "a=1e5", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"kvtier plan --trace: {path}: every prompt in this trace is 0 tokens, so it has no hit rate"]
+    assert not out.exists()

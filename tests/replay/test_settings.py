@@ -153,7 +153,8 @@ def test_config_file_that_is_not_a_mapping(tmp_path):
     path.write_text("- 1\n")
     assert _error(config_path=str(path)) == f"--config {path}: expected a mapping of keys at the top"
     path.write_text("a: [\n")
-    assert _error(config_path=str(path)).startswith(f"--config {path} line ")
+    said = _error(config_path=str(path))
+    assert said.startswith(f"--config {path}: not valid YAML (") and said.endswith(" at line 2)"), said
 
 
 def test_one_formatter_for_every_validation_error():
