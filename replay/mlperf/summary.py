@@ -27,6 +27,7 @@ takes whichever the directory lists first).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,10 +231,13 @@ def write_summary(run_dir: str, summary: dict, output: str | None = None) -> Pat
     """Write `summary` to `output`, default `<run_dir>/kvcache_run_summary_<run_datetime>.json`, whole or not at
     all and never over an existing file (two runs in one directory keep both summaries)."""
     path = Path(output) if output else Path(run_dir) / f"kvcache_run_summary_{summary['run_datetime']}.json"
+    exists = UserError(f"{path}: exists (a summary is never written over)")
+    if os.path.lexists(path):
+        raise exists
     try:
         write_json(path, summary, exclusive=True)
-    except FileExistsError as exc:
-        raise UserError(f"{path}: exists (a summary is never written over)") from exc
+    except FileExistsError as exc:  # the name taken meanwhile, or a file where a directory of the path should be
+        raise (exists if os.path.lexists(path) else UserError(f"{path}: cannot write ({exc.strerror})")) from exc
     except OSError as exc:
         raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from exc
     return path
