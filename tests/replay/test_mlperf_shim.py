@@ -19,8 +19,10 @@ import pytest
 from helpers import wait_for
 
 from replay.mlperf import kvcache_script, wrapper_script
+from replay.mlperf.options import OPTIONS
 from replay.mlperf.shim import MARK, ROOT, write_shim
 from replay.mlperf.summary import summarize
+from replay.synthetic.cli import build_parser, config_from_args
 
 # Every key of a rank file that mlpstorage's aggregation (mlpstorage_py/benchmarks/kvcache.py at 2f65ef1) and
 # Rules.md 6.3.4 read.
@@ -236,3 +238,23 @@ def test_a_refused_run_writes_nothing(shim, tmp_path):
     out = p.communicate(timeout=120)[0]
     assert p.returncode == 2 and "kvtier bench: " in out and "Traceback" not in out, out
     assert list((tmp_path / "run/option_1/trial_0/rank_0").iterdir()) == []
+
+
+# ---- the flags mlpstorage gives a rank, as kvtier bench reads them ---------------------------------------------------
+@pytest.mark.parametrize("number", sorted(OPTIONS))
+@pytest.mark.parametrize("mode", ["closed", "open"])
+def test_kvtier_bench_reads_each_options_flags_as_the_table_has_them(number, mode, tmp_path):
+    """What kv-cache.py receives from the wrapper for an Option (mlpstorage's --config first, the Option's flags, in
+    OPEN the global knobs mlpstorage always forwards there, then the rank's own), parsed by kvtier bench's own parser:
+    every value of Table KVCache-1 arrives with its meaning."""
+    option = OPTIONS[number]
+    shim = write_shim(str(tmp_path / "shim"))
+    argv = ["--config", str(shim[2]), *option.flags()]
+    if mode == "open":
+        argv += ["--rag-num-docs", "10", "--autoscaler-mode", "qos", "--performance-profile", "throughput"]
+    argv += ["--seed", "45", "--output", str(tmp_path / "r.json"), "--cache-dir", str(tmp_path / "c" / "rank_3")]
+    cfg = config_from_args(build_parser().parse_args(argv))
+    assert (cfg.model, cfg.num_users, cfg.duration) == (option.model, option.num_users, option.duration_s)
+    assert (cfg.gpu_mem_gb, cfg.cpu_mem_gb) == (option.gpu_mem_gb, option.cpu_mem_gb)
+    assert (cfg.max_concurrent_allocs, cfg.generation_mode) == (option.max_concurrent_allocs, "none")
+    assert (cfg.seed, cfg.cache_dir) == (45, str(tmp_path / "c" / "rank_3"))

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from mlperf_helpers import full_tree, put, rank_doc
 
+from replay.mlperf.options import OPTIONS
 from replay.mlperf.summary import EXTRA_OPTION_KEYS, aggregate_option
 
 SRC = os.environ.get("KVTIER_MLPSTORAGE_SRC", "")
@@ -82,3 +83,18 @@ def test_kvtiers_aggregation_is_mlpstorages(tmp_path):
     assert (
         theirs[1]["cpu_tier_ranks"] and theirs[2]["cpu_tier_ranks"] and theirs[3]["aggregated_p95_latency_ms"] is None
     )
+
+
+def test_the_options_are_mlpstorages_workload_params():
+    child = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        "from mlpstorage_py.benchmarks.kvcache import WORKLOAD_PARAMS; print(json.dumps(WORKLOAD_PARAMS))"
+    )
+    r = subprocess.run([sys.executable, "-c", child, SRC], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    theirs = {int(k): v for k, v in json.loads(r.stdout.splitlines()[-1]).items()}
+    assert sorted(theirs) == sorted(OPTIONS)
+    for number, params in theirs.items():
+        flags = OPTIONS[number].flags()
+        ours = dict(zip(flags[::2], flags[1::2]))
+        assert ours == {f"--{k}": f"{v:g}" if isinstance(v, float) else str(v) for k, v in params.items()}
