@@ -233,6 +233,18 @@ def test_distill(capsys, tmp_path, logs_in_tmp, monkeypatch):
     bug(capsys, logs_in_tmp, "distill", "-i", str(tmp_path / "trace.txt"))
 
 
+# ---- mlperf: the MLPerf harness's shim and run summary --------------------------------------------------------------
+def test_mlperf(capsys, tmp_path, logs_in_tmp, monkeypatch):
+    refused(capsys, "mlperf", "summary", str(tmp_path / "nope"), said="nope: not a directory")
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "kv-cache.py").write_text("")
+    refused(capsys, "mlperf", "shim", str(tmp_path / "ref"), said="no kvtier shim's")
+    (tmp_path / "run" / "option_1").mkdir(parents=True)
+    plant(monkeypatch, "replay.mlperf.cli.summarize")
+    bug(capsys, logs_in_tmp, "mlperf", "summary", str(tmp_path / "run"))
+    assert not list((tmp_path / "run").glob("kvcache_run_summary_*"))
+
+
 def test_every_subcommand_is_covered_here():
     tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
     assert set(SUBCOMMANDS) <= tested

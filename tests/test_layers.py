@@ -7,6 +7,9 @@ the source (tests/import_graph.py: imports inside functions count too, so a rule
 - tracing/ imports nothing of the project: it is copied onto an inference node alone;
 - the workload sources (replay/sources/) and the sinks (replay/outputs/) never import a driver (replay/synthetic/,
   replay/openai/); the planner (replay/plan/) never imports the OpenAI driver;
+- the MLPerf harness package (replay/mlperf/) drives `kvtier bench` through its command line, as mlpstorage drives
+  the reference, so it imports no driver and no planner; nothing below it (the drivers, sources, sinks, the common
+  package) imports it;
 - what deploy/, the benchmarks and the drivers share (replay/common/) imports nothing else of replay/ or deploy/.
 """
 
@@ -22,12 +25,18 @@ ENGINES = ("lmcache", "vllm", "torch")
 ADAPTERS = ("kvconnector.lmcache", "kvconnector.vllm")
 
 # (the importing modules, what they may never import, why)
-NEVER: list[tuple[str, tuple[str, ...], str]] = [
+NEVER: list[tuple[str | tuple[str, ...], tuple[str, ...], str]] = [
     ("kvconnector", ("replay", "deploy", "benchmarks", "tracing"), "the store imports nothing above it"),
     ("tracing", ("kvconnector", "replay", "deploy", "benchmarks"), "tracing/ stands alone"),
     ("replay.sources", DRIVERS, "a workload source never imports a driver"),
     ("replay.outputs", DRIVERS, "a sink never imports a driver"),
     ("replay.plan", ("replay.openai",), "the planner never imports the OpenAI driver"),
+    ("replay.mlperf", (*DRIVERS, "replay.plan"), "the MLPerf harness runs kvtier bench by its command line"),
+    (
+        ("replay.synthetic", "replay.openai", "replay.sources", "replay.outputs", "replay.plan", "replay.common"),
+        ("replay.mlperf",),
+        "the drivers, sources, sinks, planner and common package know nothing of the MLPerf harness",
+    ),
     (
         "replay.common",
         ("replay.synthetic", "replay.openai", "replay.sources", "replay.outputs", "replay.plan", "deploy"),
@@ -69,6 +78,9 @@ def test_the_tree_keeps_its_layers():
         ("kvconnector.store", "from deploy import stack\n", "the store imports nothing above it"),
         ("kvconnector.tiers", "import torch\n", "the store's core loads no engine"),
         ("replay.plan.cli", "from replay.openai import driver\n", "the planner never imports the OpenAI driver"),
+        ("replay.mlperf.shim", "from replay.synthetic import cli\n", "the MLPerf harness runs kvtier bench by its"),
+        ("replay.synthetic.check", "from replay.mlperf import summary\n", "know nothing of the MLPerf harness"),
+        ("replay.common.cli", "import replay.mlperf.cli\n", "know nothing of the MLPerf harness"),
         ("replay.common.ports", "from replay.sources.base import Turn\n", "the common package sits below"),
     ],
 )
