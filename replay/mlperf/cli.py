@@ -15,6 +15,7 @@ import sys
 from kvconnector.errors import UserError
 
 from ..common.cli import OneLineParser, command
+from ..outputs.terminal import console
 from .shim import write_shim
 from .summary import OPTIONS, summarize, write_summary
 
@@ -108,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def show(doc: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{doc['total_ranks']} ranks x {doc['trials_per_option']} trials")
@@ -145,4 +145,4 @@ def show(doc: dict) -> None:
             str(len(r["cpu_tier_ranks"])),
             str(len(r["missing_files"])),
         )
-    Console(width=140).print(t)
+    console(min_width=140).print(t)
