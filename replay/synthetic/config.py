@@ -520,7 +520,8 @@ class BenchConfig(_Section):
         """This config as a run used it, for results files: each key of AUTO_KEYS left out (None: its meaning can
         depend on the host, --gpu-mem-gb being 16 with CUDA and 0 without) set to the value `ran` gives it, io_workers
         (when `ran` has none) to effective_io_workers, and each QoS class's weight to its share. A reader then needs
-        neither the host nor this version's defaults; a key still None means none (no context length known)."""
+        neither the host nor this version's defaults; a key still None means none (no context length known, no
+        one seed in `kvtier merge` of runs with their own)."""
         update: dict = {k: v for k, v in ran.items() if k in AUTO_KEYS and getattr(self, k) is None and v is not None}
         update.setdefault("io_workers", self.effective_io_workers)
         update["qos_profiles"] = {n: p.model_copy(update={"weight": p.share}) for n, p in self.qos_profiles.items()}

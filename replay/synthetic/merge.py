@@ -331,10 +331,14 @@ def merge_results(
     """One results document from several. `cfg` is the job's config when the caller made the shares (`--num-clients`,
     MPI); otherwise it is derived from the sources (`merged_config`, after `check_mergeable`). `block_device`
     replaces the per-source device counters when the caller measured the device itself; `extra[i]` adds keys to
-    source i's section (e.g. its client index or rank)."""
+    source i's section (e.g. its client index or rank). Either way the config is recorded as it ran (no key left to
+    the run as None: BenchConfig.as_run)."""
     if cfg is None:
         check_mergeable(docs, names)
         cfg = merged_config(docs)
+    else:  # the job's keys left to the run are what its shares ran with (--gpu-mem-gb: the sum of theirs)
+        ran = merged_config(docs)
+        cfg = cfg.as_run(**{k: getattr(ran, k) for k in AUTO_KEYS})
     # Windows and device counters are the single runs' (a merged source's own window is already a union).
     runs = [leaf for d in docs for leaf in leaves(d)]
     intervals, precise = _intervals(runs)
