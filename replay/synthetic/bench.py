@@ -19,7 +19,7 @@ from kvconnector.units import GB, human_bytes
 from replay.models import ModelSpec, resolve_model
 
 from ..common.leftovers import disk_temp_dir, keep, made_dirs, remove_dead, remove_empty
-from ..outputs.paths import os_reason
+from ..outputs.paths import check_new_dirs, os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo
 from .config import BenchConfig
@@ -130,6 +130,7 @@ def make_run_dir(cfg: BenchConfig, made: list[str] | None = None) -> str:
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing):
             raise ConfigError(f"--cache-dir {cfg.cache_dir}: {existing} is not a directory")
+        check_new_dirs(base, f"--cache-dir {cfg.cache_dir}")  # the outputs' rule: no new top-level directory
         if made is not None:
             made.extend(made_dirs(base))
         try:
