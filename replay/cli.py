@@ -38,7 +38,9 @@ USAGE = (
     + "  kvtier bench --duration 30 --num-users 50 --cache-dir /mnt/nvme --output run.json\n"
     + "  kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --num-requests 100\n"
     + "  kvtier compare a.json b.json\n"
-    + "  kvtier report a.json b.json -o report.html"
+    + "  kvtier report a.json b.json -o report.html\n"
+    + "  kvtier help bench        (the same as kvtier bench --help)\n"
+    + "  kvtier --version         (-V: the version, and the commit where one is known)"
 )
 
 
@@ -47,10 +49,47 @@ def main(argv: list[str] | None = None) -> int:
         return _main(list(sys.argv[1:] if argv is None else argv))
 
 
+def version_line() -> str:
+    """`kvtier 0.1.0`, and the commit where one is known: the git checkout it runs from, else the one pip recorded
+    when it installed kvtier from a repository (direct_url.json)."""
+    from .outputs.provenance import provenance
+
+    p = provenance()
+    commit, dirty = p["commit"], p["dirty"]
+    if commit is None:
+        commit = _installed_commit()
+    if commit is None:
+        return f"kvtier {p['kvtier_version']}"
+    return f"kvtier {p['kvtier_version']} (commit {commit[:12]}{', with local changes' if dirty else ''})"
+
+
+def _installed_commit() -> str | None:
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        text = distribution("kvtier").read_text("direct_url.json")
+        commit = json.loads(text or "{}").get("vcs_info", {}).get("commit_id")
+    except (PackageNotFoundError, ValueError, AttributeError):
+        return None
+    return commit if isinstance(commit, str) else None
+
+
 def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(version_line())
+        return 0
+    if argv[0] == "help":  # `kvtier help`, `kvtier help SUB`: what --help says
+        if len(argv) == 1:
+            print(USAGE)
+            return 0
+        if argv[1] not in SUBCOMMANDS or len(argv) > 2:
+            what = " ".join(argv[1:])
+            return fail("kvtier", f"help {what}: not a subcommand (one of {', '.join(SUBCOMMANDS)})")
+        return run_subcommand(argv[1], ["--help"])
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         return fail("kvtier", f"unknown subcommand '{name}' (one of {', '.join(SUBCOMMANDS)}; see 'kvtier --help')")

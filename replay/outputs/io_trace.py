@@ -24,8 +24,10 @@ about `t_s - (host_ms + device_ms) / 1000`). `phase` is the store's reason (put/
 
 Cost per operation: one clock read, a thread-local read, a tuple and a deque append; no formatting, no lock, no
 write. A background thread formats and writes the rows every `flush_interval_s` (1 s by default), so after a crash
-every row up to the last flush is readable. A `.zst` suffix compresses with zstandard, streaming: each flush ends a
-zstd block, and `read_trace` reads a file cut short after any flush.
+every row up to the last flush is readable. A `.zst` suffix compresses with zstandard, `.gz` with gzip, streaming:
+each flush ends a zstd block (a deflate sync point), and `read_trace` reads a file cut short after any flush. Any
+other compressed suffix (`.xz`, `.bz2`, ...) is refused (`compression`): plain CSV under a compressed name would
+mislead every tool that reads it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import io
 import os
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,10 +48,12 @@ __all__ = [
     "COLUMNS",
     "MLPERF_COLUMNS",
     "IOTraceLog",
+    "compression",
     "get_request_phase",
     "read_trace",
     "request_phase",
     "set_request_phase",
+    "tagged",
 ]
 
 COLUMNS = ("t_s", "op", "bytes", "tier", "key", "phase", "request_phase", "host_ms", "device_ms")
@@ -57,6 +62,28 @@ MLPERF_TIERS = {"gpu": "Tier-0", "cpu": "Tier-1", "disk": "Tier-2"}
 MLPERF_OPS = {"read": "Read", "write": "Write"}
 
 _local = threading.local()
+
+# What a trace's name says about its bytes: the suffixes written compressed, and other compressed ones (refused).
+WRITTEN = {".zst": "zstd", ".gz": "gzip"}
+REFUSED = (".zstd", ".gzip", ".tgz", ".xz", ".lzma", ".bz2", ".lz4", ".lz", ".z", ".zip", ".7z", ".br", ".sz")
+
+
+def compression(path: str | os.PathLike) -> str | None:
+    """ "zstd", "gzip" or None (plain CSV) for a trace at `path`, by its suffix (any case); ValueError, naming the
+    suffixes written, for another compressed suffix."""
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix in REFUSED:
+        raise ValueError(f"{os.fspath(path)}: {suffix} is not written here; name it .csv (plain), .csv.zst or .csv.gz")
+    return WRITTEN.get(suffix)
+
+
+def tagged(path: str, tag: str) -> str:
+    """The trace of one process of a job (`tag`: client-0, rank-1): `<path>.<tag>`, the tag before a compressed suffix
+    (run.csv.zst -> run.csv.client-0.zst) so the name still says how it is written."""
+    stem, suffix = os.path.splitext(path)
+    if suffix.lower() in WRITTEN:
+        return f"{stem}.{tag}{suffix}"
+    return f"{path}.{tag}"
 
 
 def set_request_phase(name: str | None) -> str | None:
@@ -110,11 +137,13 @@ class IOTraceLog:
         self._write_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        kind = compression(self.path)
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self._raw = open(self.path, "wb")
         self._zst = None
-        if self.path.endswith(".zst"):
+        self._gz = zlib.compressobj(6, zlib.DEFLATED, 31) if kind == "gzip" else None  # wbits 31: a gzip member
+        if kind == "zstd":
             import zstandard
 
             self._zstd_flush = zstandard.FLUSH_BLOCK
@@ -201,6 +230,8 @@ class IOTraceLog:
             if data:
                 self._zst.write(data)
             self._zst.flush(self._zstd_flush)
+        elif self._gz is not None:
+            self._raw.write(self._gz.compress(data) + self._gz.flush(zlib.Z_SYNC_FLUSH))
         elif data:
             self._raw.write(data)
         self._raw.flush()
@@ -220,6 +251,8 @@ class IOTraceLog:
         with self._write_lock:
             if self._zst is not None:
                 self._zst.close()
+            if self._gz is not None:
+                self._raw.write(self._gz.flush())  # the gzip trailer (length, CRC)
             self._raw.close()
 
     def __enter__(self) -> IOTraceLog:
@@ -230,16 +263,19 @@ class IOTraceLog:
 
 
 def read_trace(path: str | os.PathLike) -> list[dict[str, str]]:
-    """The rows of a trace (plain or `.zst`) as dicts of strings, including a file cut short by a crash: a
+    """The rows of a trace (plain, `.zst` or `.gz`) as dicts of strings, including a file cut short by a crash: a
     compressed one is read up to its last complete block."""
     path = os.fspath(path)
     with open(path, "rb") as fh:
         data = fh.read()
-    if path.endswith(".zst"):
+    kind = compression(path)
+    if kind == "zstd":
         import zstandard
 
         dobj = zstandard.ZstdDecompressor().decompressobj()
         data = dobj.decompress(data)
+    elif kind == "gzip":
+        data = zlib.decompressobj(31).decompress(data)
     text = data.decode("utf-8")
     if not text.endswith("\n"):  # a row cut in half (plain file written by another tool): leave it out
         text = text[: text.rfind("\n") + 1]

@@ -3,6 +3,8 @@
 The rules, for every command and every output file:
 - Each output path is checked before the run starts (`check_file`, `check_dir`): a directory given for a file, a
   device or FIFO, a parent that cannot be created or written, are one-line errors, and nothing is created yet.
+  A missing parent is made when the output is claimed or written, but only below an existing directory other than
+  the filesystem's root (`check_new_dirs`): /nonexistent/dir/x.csv is refused, never makes /nonexistent.
 - A file is written whole or not at all: a temp file beside it, then one rename (`atomic_path`, from
   kvconnector.files, re-exported here). Results are not secrets: files get 0644 under the user's umask, like any file
   a command writes.
@@ -49,8 +51,22 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
+def check_new_dirs(directory: str, what: str) -> None:
+    """The one rule on directories an output needs: a missing part of its path is made, but only below an existing
+    directory other than the filesystem's root. A new top-level directory (/nonexistent/dir/x.csv) is a typo or a
+    mount that is not there, never made silently: ConfigError naming it."""
+    directory = os.path.abspath(directory)
+    base = _nearest_existing(directory)
+    if base != directory and os.path.dirname(base) == base:
+        top = os.path.join(base, os.path.relpath(directory, base).split(os.sep)[0])
+        raise ConfigError(
+            f"{what}: {top} does not exist (kvtier makes missing directories, but not at the top of the filesystem)"
+        )
+
+
 def _probe_dir(directory: str, what: str) -> None:
     """Can files be created under `directory` (it, or the nearest of its ancestors that exists)? Leaves nothing."""
+    check_new_dirs(directory, what)
     base = _nearest_existing(directory)
     if not os.path.isdir(base):
         raise ConfigError(f"{what}: {base} is not a directory")

@@ -7,7 +7,8 @@ strictly (a string where a number belongs is refused, never coerced), with the b
 bytes and durations are >= 0); other keys are allowed, as older and newer writers add sections. A file that fails is
 one line naming the file and the field (`ResultsFileError`), never a TypeError deep inside a merge.
 
-`load_results_file(path)` returns the document as written (a dict), so readers keep their own code.
+`load_results_file(path)` returns the document as written (a dict), so readers keep their own code; what an older
+kvtier wrote as null but the file itself records is filled in (`_older_nulls`), so every reader sees what ran.
 """
 
 from __future__ import annotations
@@ -73,13 +74,14 @@ class ModelInfo(_Open):
 class RunConfig(_Open):
     """The keys of `config` that readers use; the whole config is checked by `kvtier merge` against BenchConfig.
     A key may be missing (older files; readers fall back), but where given it has the writer's type: never null
-    where BenchConfig has no null."""
+    where BenchConfig has no null. gpu_mem_gb: kvtier writes the size that ran; older versions wrote null for
+    --gpu-mem-gb left out (16 with CUDA, 0 without): read as the file's own tiers section tells (`_older_nulls`)."""
 
     model: str = _ABSENT
     num_users: Count = _ABSENT
     duration: Amount = _ABSENT
     seed: int | None = None
-    gpu_mem_gb: Amount = _ABSENT
+    gpu_mem_gb: Amount | None = None
     cpu_mem_gb: Amount = _ABSENT
     storage_capacity_gb: Amount = _ABSENT
     generation_mode: str = _ABSENT
@@ -211,7 +213,33 @@ def validate_results(doc: Any, path: str, no_trials: str | None = None) -> dict:
         ) from None
     except RecursionError:  # clients inside clients: the JSON reader bounds the depth well below this
         raise ResultsFileError(f"{path}: nested too deep") from None
+    _older_nulls(doc)
     return doc
+
+
+# The bytes of one size_unit (replay/synthetic/config.py SIZE_UNITS; files without size_unit read sizes in GB).
+_SIZE_UNITS = {"GiB": 1 << 30, "GB": 1_000_000_000}
+
+
+def _older_nulls(doc: dict) -> None:
+    """Fill in what an older kvtier left null in a run's config but the file itself records: --gpu-mem-gb left out
+    was null (16 with CUDA, 0 without, on whichever host ran it), and the run's tiers section holds the GPU tier it
+    had (num_gpus x gpu_mem_gb) or none. A merge's sources (`clients`) likewise; a --trials document has no tiers
+    and keeps its null (its trials' own files tell)."""
+    for client in doc.get("clients") or []:
+        _older_nulls(client)
+    config, tiers = doc.get("config"), doc.get("tiers")
+    if not isinstance(config, dict) or config.get("gpu_mem_gb", 0) is not None or not isinstance(tiers, dict):
+        return
+    gpu = next((t for name, t in tiers.items() if name == "gpu" or t.get("kind") == "gpu"), None)
+    if gpu is None:
+        config["gpu_mem_gb"] = 0.0
+        return
+    unit = _SIZE_UNITS.get(config.get("size_unit", "GB"), 1_000_000_000)
+    gpus = config.get("num_gpus") if isinstance(config.get("num_gpus"), int) and config.get("num_gpus") > 0 else 1
+    capacity = gpu.get("capacity_bytes")
+    if isinstance(capacity, (int, float)) and not isinstance(capacity, bool):
+        config["gpu_mem_gb"] = round(capacity / gpus / unit, 6)
 
 
 def load_results_file(path: str, no_trials: str | None = None) -> dict:

@@ -19,7 +19,7 @@ from kvconnector.units import GB, human_bytes
 from replay.models import ModelSpec, resolve_model
 
 from ..common.leftovers import disk_temp_dir, keep, made_dirs, remove_dead, remove_empty
-from ..outputs.paths import os_reason
+from ..outputs.paths import check_new_dirs, os_reason
 from ..sources.base import WorkloadError
 from . import sysinfo
 from .config import BenchConfig
@@ -45,13 +45,7 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
     """GPU (num_gpus x gpu_mem_gb), CPU and disk tiers, sizes in cfg.size_unit; in the trace-only mode
     (--io-trace-log) no-op tiers of the same sizes (no CUDA, memory or disk needed)."""
     tiers = []
-    gpu_gb = cfg.gpu_mem_gb
-    if gpu_gb is None:
-        if cuda_torch() is None:
-            gpu_gb = 0.0
-            notes.append("no CUDA device: GPU tier disabled (--gpu-mem-gb 0)")
-        else:
-            gpu_gb = DEFAULT_GPU_MEM_GB
+    gpu_gb = gpu_mem_gb_to_run(cfg, notes)
     gpu_bytes = cfg.size_bytes(gpu_gb) * cfg.num_gpus  # the reference's pool: num_gpus x gpu-mem-gb
     cpu_bytes = cfg.size_bytes(cfg.cpu_mem_gb)
     disk_bytes = cfg.size_bytes(cfg.storage_capacity_gb)
@@ -86,6 +80,16 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
         )
     tiers.append(DiskTier(run_dir, disk_bytes or auto_disk_bytes(run_dir), cfg.io_mode, name="disk"))
     return tiers
+
+
+def gpu_mem_gb_to_run(cfg: BenchConfig, notes: list[str]) -> float:
+    """--gpu-mem-gb, or left out: 16 where CUDA is, else 0 with a note (a fallback is said, never silent)."""
+    if cfg.gpu_mem_gb is not None:
+        return cfg.gpu_mem_gb
+    if cuda_torch() is None:
+        notes.append("no CUDA device: GPU tier disabled (--gpu-mem-gb 0)")
+        return 0.0
+    return DEFAULT_GPU_MEM_GB
 
 
 def check_gpu_pool(cfg: BenchConfig, gpu_gb: float, gpu_bytes: int) -> None:
@@ -126,6 +130,7 @@ def make_run_dir(cfg: BenchConfig, made: list[str] | None = None) -> str:
             existing = os.path.dirname(existing)
         if not os.path.isdir(existing):
             raise ConfigError(f"--cache-dir {cfg.cache_dir}: {existing} is not a directory")
+        check_new_dirs(base, f"--cache-dir {cfg.cache_dir}")  # the outputs' rule: no new top-level directory
         if made is not None:
             made.extend(made_dirs(base))
         try:
@@ -217,6 +222,14 @@ class Bench:
                 + (f", skipped {dict(r.skipped)}" if r.skipped else "")
                 + (f", cut to {self.max_context_tokens} tokens {dict(r.truncated)}" if r.truncated else "")
             )
+        # From here on the config holds what runs, and the results file records it: no None left to the host.
+        trace = self.workload.block_trace
+        self.cfg = cfg = cfg.as_run(
+            seed=self.seed,
+            gpu_mem_gb=gpu_mem_gb_to_run(cfg, self.notes),
+            max_context_tokens=self.max_context_tokens,
+            trace_block_tokens=trace.block_tokens if trace is not None else None,
+        )
         self.run_dir = make_run_dir(cfg, self.made_dirs)
         try:
             self.tiers = build_tiers(cfg, self.run_dir, self.notes)
@@ -390,7 +403,7 @@ class Bench:
                     "tokenizer": report.tokenizer,
                 },
             },
-            "config": cfg.model_dump(mode="json") | {"seed": self.seed},
+            "config": cfg.model_dump(mode="json"),  # as it ran (prepare: BenchConfig.as_run)
             "environment": env,
             "setup": self.setup,
             "summary": run_summary,

@@ -236,11 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--io-trace-log",
         help="the reference's trace-only mode: the same requests and tier decisions with no device I/O (every tier "
         "a no-op of its size); one CSV row per operation in the reference's columns (Timestamp, Operation, "
-        "Object_Size_Bytes, Tier, Key, Phase) for replaying elsewhere; .zst compresses",
+        "Object_Size_Bytes, Tier, Key, Phase) for replaying elsewhere; .zst or .gz compresses",
     )
     o(
         "--io-op-log",
-        help="a real run's log: one CSV row per storage operation done, with its host and device ms (.zst compresses)",
+        help="a real run's log: one CSV row per storage operation done, with its host and device ms "
+        "(.zst or .gz compresses)",
     )
     o("--plots", help="directory for PNG figures (latency CDFs, bandwidth and occupancy over time, ...)")
     o("--html-output", help="a self-contained HTML report of the run (kvtier report's page: tables, interactive plots)")

@@ -533,6 +533,17 @@ class BenchConfig(_Section):
             return self.io_workers
         return min(self.num_users, REFERENCE_MAX_WORKERS) if self.request_model == "reference" else DEFAULT_IO_WORKERS
 
+    def as_run(self, **ran) -> BenchConfig:
+        """This config as a run used it, for results files: each key of AUTO_KEYS left out (None: its meaning can
+        depend on the host, --gpu-mem-gb being 16 with CUDA and 0 without) set to the value `ran` gives it, io_workers
+        (when `ran` has none) to effective_io_workers, and each QoS class's weight to its share. A reader then needs
+        neither the host nor this version's defaults; a key still None means none (no context length known, no
+        one seed in `kvtier merge` of runs with their own)."""
+        update: dict = {k: v for k, v in ran.items() if k in AUTO_KEYS and getattr(self, k) is None and v is not None}
+        update.setdefault("io_workers", self.effective_io_workers)
+        update["qos_profiles"] = {n: p.model_copy(update={"weight": p.share}) for n, p in self.qos_profiles.items()}
+        return self.model_copy(update=update)
+
     @property
     def trace_only(self) -> bool:
         """The reference's trace mode (--io-trace-log): the same requests and tier decisions, no device I/O."""
@@ -546,6 +557,10 @@ class BenchConfig(_Section):
     def ms_per_token(self) -> float:
         return self.generation.ms_per_token.get(self.generation_mode, 0.0)
 
+
+# Keys whose None leaves the value to the run (the host's CUDA, the model's context length, the trace's block, a
+# random seed): BenchConfig.as_run sets them to what ran before a results file records the config.
+AUTO_KEYS = ("seed", "gpu_mem_gb", "io_workers", "max_context_tokens", "trace_block_tokens")
 
 ENV_PREFIX = "KVTIER_"
 

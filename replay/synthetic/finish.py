@@ -40,7 +40,7 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False, b
         return bench_fail(f"{exc}; the results could not be saved (the summary above is all there is)", 1)
     if moved:
         print(f"kvtier bench: {moved}; results written to {output} instead", file=sys.stderr)
-    extra = []
+    extra, missing = [], []
     for key, flag, module, func in EXTRA_OUTPUTS:
         path = getattr(cfg, key)
         if not path:
@@ -49,8 +49,9 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False, b
         try:
             # the HTML page names the results file it shows
             written = write(doc, path, output) if key == "html_output" else write(doc, path)
-        except OSError as exc:  # the JSON holds everything; this output can be made from it later
-            print(f"kvtier bench: {flag} {path}: not written ({exc.strerror or exc})", file=sys.stderr)
+        except OSError as exc:  # the JSON holds everything: the others are still written, then exit 1 (below)
+            missing.append(f"{flag} {path}: not written ({exc.strerror or exc})")
+            print(f"kvtier bench: {missing[-1]}", file=sys.stderr)
             continue
         extra.extend(written if isinstance(written, list) else [path])
     print_summary(doc, output, extra)
@@ -65,4 +66,8 @@ def finish(doc: dict, cfg: BenchConfig, output: str, is_default: bool = False, b
         name = doc.get("stop_signal") or "SIGINT"
         print(f"kvtier bench: interrupted ({name}); partial results in {output}", file=sys.stderr)
         return exit_code(signal.Signals[name])
+    if missing:  # an output asked for and not made is never a success
+        return bench_fail(
+            f"{'; '.join(missing)}; the results are in {output} (kvtier report makes the page from them)", 1
+        )
     return 0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kvconnector.errors import ConfigError, KvtierError, UserError
 
 from ..common.cli import Interrupted, stop_signals_raise
+from ..outputs.io_trace import compression
 from ..outputs.paths import OutputClaim, claim_outputs, default_results_path
 from .bench import Bench
 from .config import BenchConfig
@@ -92,6 +93,11 @@ def check_output_paths(cfg: BenchConfig, trials: int | None = None) -> tuple[str
     return (results path, whether it is the default name, the claim, held until the process ends). Under --trials
     the files claimed are the ones the trials write (results, CSV, XLSX and op logs per trial)."""
     output = cfg.output or default_results_path()
+    for flag, path in (("--io-trace-log", cfg.io_trace_log), ("--io-op-log", cfg.io_op_log)):
+        try:
+            compression(path or "")  # a compressed name is written compressed, or refused now
+        except ValueError as exc:
+            raise ConfigError(f"{flag} {exc}") from None
     files = {
         # a default name is taken with an exclusive link when written (a same-second run gets the next name)
         "--output": cfg.output,

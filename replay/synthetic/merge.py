@@ -37,7 +37,7 @@ from ..merging import union_s
 from ..outputs.paths import claim_outputs, default_results_path, write_results
 from ..outputs.results_file import ResultsFileError, load_results_file
 from ..outputs.terminal import console as terminal_console
-from .config import BenchConfig
+from .config import AUTO_KEYS, BenchConfig
 from .results import document_keys, fallbacks, merge_tier_details, request_histograms, request_stats_of_docs
 from .results import summary as run_summary
 from .sysinfo import process_figures
@@ -45,8 +45,17 @@ from .validation_trace import validate_run
 
 PROG = "kvtier merge"
 
-# Config keys in which a client's, rank's or trial's share differs from the job's: their sum is the job's value.
-ADDITIVE = ("num_users", "max_requests", "request_rate", "cpu_mem_gb", "gpu_mem_gb", "storage_capacity_gb")
+# Config keys in which a client's, rank's or trial's share differs from the job's: their sum is the job's value
+# (io_workers: each process has its own pool; with the reference's request model one per user of its share).
+ADDITIVE = (
+    "num_users",
+    "max_requests",
+    "request_rate",
+    "cpu_mem_gb",
+    "gpu_mem_gb",
+    "storage_capacity_gb",
+    "io_workers",
+)
 # Config keys that say where and how a source ran, not what it measured: they may differ between sources.
 PER_SOURCE = (
     "seed",
@@ -115,11 +124,15 @@ def check_mergeable(docs: Sequence[dict], names: Sequence[str]) -> None:
     """Raise MergeError naming the first config key (or the model) that makes merging `docs` meaningless, or the
     first run that comes twice (its bytes would count twice)."""
     # Each config as this kvtier reads it: a key an older file lacks compares as its default.
-    configs = [_config_of(d, n).model_dump(mode="json") for d, n in zip(docs, names)]
+    # Each as it ran (BenchConfig.as_run): an older file's None where the value follows from its config compares
+    # as that value, and a key it left to its host (AUTO_KEYS) is not known, so not compared.
+    configs = [_config_of(d, n).as_run().model_dump(mode="json") for d, n in zip(docs, names)]
     base = configs[0]
     for doc, name, cfg in zip(docs[1:], names[1:], configs[1:]):
         for key in sorted(set(base) | set(cfg)):
             if key in ADDITIVE or key in PER_SOURCE:
+                continue
+            if key in AUTO_KEYS and None in (cfg.get(key), base.get(key)):
                 continue
             if cfg.get(key) != base.get(key):
                 raise MergeError(
@@ -150,7 +163,7 @@ def _short(value) -> str:
 def merged_config(docs: Sequence[dict]) -> BenchConfig:
     """The config of the job the sources were shares of: additive keys summed, per-source keys kept where the
     sources agree (else unset: the sources' own configs stay in `clients`)."""
-    configs = [_config_of(d, f"source {i + 1}").model_dump(mode="json") for i, d in enumerate(docs)]
+    configs = [_config_of(d, f"source {i + 1}").as_run().model_dump(mode="json") for i, d in enumerate(docs)]
     data = dict(configs[0])
     for key in PER_SOURCE:
         values = [c.get(key) for c in configs]
@@ -162,8 +175,10 @@ def merged_config(docs: Sequence[dict]) -> BenchConfig:
     sums = {}
     for key in ADDITIVE:
         values = [c.get(key) for c in configs]
-        if any(v is not None for v in values):  # gpu_mem_gb None: the default, 0 without CUDA
-            sums[key] = sum(v or 0 for v in values)
+        if all(v is not None for v in values):
+            sums[key] = sum(values)
+        elif key in AUTO_KEYS:  # an older file left it to its host: the job's value is not known
+            sums[key] = None
     # The sums are set after validation: a job may exceed what one process accepts (over 100,000 users in all).
     return BenchConfig.model_validate(data).model_copy(update=sums)
 
@@ -317,10 +332,14 @@ def merge_results(
     """One results document from several. `cfg` is the job's config when the caller made the shares (`--num-clients`,
     MPI); otherwise it is derived from the sources (`merged_config`, after `check_mergeable`). `block_device`
     replaces the per-source device counters when the caller measured the device itself; `extra[i]` adds keys to
-    source i's section (e.g. its client index or rank)."""
+    source i's section (e.g. its client index or rank). Either way the config is recorded as it ran (no key left to
+    the run as None: BenchConfig.as_run)."""
     if cfg is None:
         check_mergeable(docs, names)
         cfg = merged_config(docs)
+    else:  # the job's keys left to the run are what its shares ran with (--gpu-mem-gb: the sum of theirs)
+        ran = merged_config(docs)
+        cfg = cfg.as_run(**{k: getattr(ran, k) for k in AUTO_KEYS})
     # Windows and device counters are the single runs' (a merged source's own window is already a union).
     runs = [leaf for d in docs for leaf in leaves(d)]
     intervals, precise = _intervals(runs)

@@ -37,6 +37,7 @@ from kvconnector.errors import ConfigError, KvtierError
 from ..common.cli import Interrupted, stop_signals_raise
 from ..common.leftovers import remove_empty
 from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, world_size
+from ..outputs.io_trace import tagged
 from .bench import Bench
 from .config import BenchConfig
 from .finish import bench_fail, finish
@@ -50,8 +51,8 @@ def rank_config(cfg, rank: int, size: int, local_size: int) -> dict:
     data = share_config(
         cfg, rank, size, os.path.join(cfg.cache_dir, f"rank-{rank}") if cfg.cache_dir else None, local_size
     )
-    data["io_trace_log"] = f"{cfg.io_trace_log}.rank-{rank}" if cfg.io_trace_log else None
-    data["io_op_log"] = f"{cfg.io_op_log}.rank-{rank}" if cfg.io_op_log else None
+    data["io_trace_log"] = tagged(cfg.io_trace_log, f"rank-{rank}") if cfg.io_trace_log else None
+    data["io_op_log"] = tagged(cfg.io_op_log, f"rank-{rank}") if cfg.io_op_log else None
     return data
 
 

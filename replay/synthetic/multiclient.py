@@ -25,6 +25,7 @@ from kvconnector.units import human_bytes
 from ..common.cli import Interrupted, exit_code, signal_name, stop_signals_handled, stop_signals_raise
 from ..common.leftovers import OwnedDir, die_with_parent, disk_temp_dir, made_dirs, remove_dead, remove_empty
 from ..mpi import split
+from ..outputs.io_trace import tagged
 from ..outputs.paths import os_reason
 from .config import BenchConfig
 from .finish import bench_fail, finish
@@ -65,8 +66,8 @@ def client_config(cfg: BenchConfig, i: int, workdir: str, cache_base: str) -> di
     data = share_config(cfg, i, cfg.num_clients, os.path.join(cache_base, f"client-{i}"))
     data.update(
         output=os.path.join(workdir, f"client-{i}.json"),
-        io_trace_log=f"{cfg.io_trace_log}.client-{i}" if cfg.io_trace_log else None,
-        io_op_log=f"{cfg.io_op_log}.client-{i}" if cfg.io_op_log else None,
+        io_trace_log=tagged(cfg.io_trace_log, f"client-{i}") if cfg.io_trace_log else None,
+        io_op_log=tagged(cfg.io_op_log, f"client-{i}") if cfg.io_op_log else None,
     )
     return data
 

@@ -31,7 +31,7 @@ from rich.table import Table
 from ..common.cli import Interrupted, stop_signals_raise
 from ..outputs.paths import write_results
 from ..outputs.terminal import console as terminal_console
-from .config import BenchConfig
+from .config import AUTO_KEYS, BenchConfig
 from .finish import PROG, bench_fail
 from .lifecycle import run_single
 from .multiclient import run_clients
@@ -116,7 +116,8 @@ def trials_document(cfg: BenchConfig, per_trial: list[dict], docs: list[dict], r
         "trials_completed": len(done),
         "note": "summary holds each figure's median over the completed trials; aggregate has min, max, CV and "
         "the per-trial values; each trial's own results are in its file (per_trial[].file)",
-        "config": cfg.model_dump(mode="json"),
+        # as the trials ran: what a trial's file records for a key left to the run (--gpu-mem-gb: the host's CUDA)
+        "config": cfg.as_run(**{k: (first.get("config") or {}).get(k) for k in AUTO_KEYS}).model_dump(mode="json"),
         "request_model": cfg.request_model,
         "size_unit": cfg.size_unit,
         "model": first.get("model"),
@@ -239,11 +240,13 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
     if moved:
         print(f"{PROG}: {moved}; trials document written to {written} instead", file=sys.stderr)
     terminal_console().print(trials_table(doc))
+    missing = []  # outputs asked for and not made: exit 1 once the others are written
     if cfg.plots:
         try:
             plot = write_trials_plot(doc, cfg.plots)
         except OSError as exc:  # the trials document holds every value; the figure can be drawn again from it
-            print(f"{PROG}: --plots {cfg.plots}: trials.png not written ({exc.strerror or exc})", file=sys.stderr)
+            missing.append(f"--plots {cfg.plots}: trials.png not written ({exc.strerror or exc})")
+            print(f"{PROG}: {missing[-1]}", file=sys.stderr)
         else:
             if plot:
                 print(f"{PROG}: trials figure: {plot}", file=sys.stderr)
@@ -253,8 +256,11 @@ def run_trials(cfg: BenchConfig, output: str, is_default: bool, trials: int, var
         try:
             write_html(doc, cfg.html_output, written)
         except OSError as exc:  # as the figure: `kvtier report` makes it again from the trials document
-            print(f"{PROG}: --html-output {cfg.html_output}: not written ({exc.strerror or exc})", file=sys.stderr)
+            missing.append(f"--html-output {cfg.html_output}: not written ({exc.strerror or exc})")
+            print(f"{PROG}: {missing[-1]}", file=sys.stderr)
         else:
             print(f"{PROG}: report: {cfg.html_output}", file=sys.stderr)
     print(f"{PROG}: {doc['trials_completed']} of {trials} trials completed; medians in {written}", file=sys.stderr)
+    if code == 0 and missing:
+        return bench_fail(f"{'; '.join(missing)}; the trials document is {written}", 1)
     return code

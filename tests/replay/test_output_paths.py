@@ -269,3 +269,50 @@ def test_any_name_a_file_can_have_can_be_claimed(tmp_path, name):
             claim_outputs({"--output": str(out)})
         out.write_text("x")
     assert listing(tmp_path) == [name]
+
+
+# ---- the one rule on missing directories: made below an existing directory, never at the top of the filesystem -----
+
+TOP = f"/kvtier-test-no-such-top-{os.getpid()}"  # a top-level directory no machine has
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_a_new_top_level_directory_is_never_made(depth):
+    path = os.path.join(TOP, *["d"] * (depth - 1), "x.csv")
+    with pytest.raises(ConfigError, match=rf"--io-trace-log: {TOP} does not exist \(kvtier makes missing"):
+        claim_outputs({"--io-trace-log": path})
+    with pytest.raises(ConfigError, match=f"--plots: {TOP} does not exist"):
+        claim_outputs({}, {"--plots": os.path.dirname(path)})
+    assert not os.path.lexists(TOP)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--output", "--io-trace-log", "--io-op-log", "--html-output", "--xlsx-output", "--csv-output", "--plots"],
+)
+def test_every_bench_output_flag_follows_the_rule_before_the_run(tmp_path, capsys, flag):
+    from replay.cli import main as kvtier
+
+    rc = kvtier(["bench", "--config", write_config(tmp_path), flag, f"{TOP}/dir/out"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [
+        f"kvtier bench: {flag}: {TOP} does not exist (kvtier makes missing directories, but "
+        "not at the top of the filesystem)"
+    ]
+    assert not os.path.lexists(TOP) and not (tmp_path / "out.json").exists()
+
+
+def test_the_cache_dir_follows_the_same_rule(tmp_path, capsys):
+    from replay.cli import main as kvtier
+
+    rc = kvtier(["bench", "--config", write_config(tmp_path), "--cache-dir", f"{TOP}/cache"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"kvtier bench: --cache-dir {TOP}/cache: {TOP} does not")
+    assert not os.path.lexists(TOP)
+
+
+def test_missing_directories_below_an_existing_one_are_still_made(tmp_path):
+    out = tmp_path / "a" / "b" / "c" / "x.csv"  # three levels below an existing directory: fine
+    with claim_outputs({"--io-trace-log": str(out)}):
+        assert out.parent.is_dir()
+    assert listing(tmp_path) == []

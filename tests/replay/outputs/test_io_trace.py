@@ -1,7 +1,9 @@
-"""The I/O trace log: rows from many threads all arrive and parse, .zst round-trips, a killed process leaves a
+"""The I/O trace log: rows from many threads all arrive and parse, .zst and .gz round-trip (other compressed
+suffixes are refused, a job's per-process names keep the suffix), a killed process leaves a
 readable file up to its last flush, and it works as the store's real op_listener."""
 
 import csv
+import gzip
 import subprocess
 import sys
 import threading
@@ -14,7 +16,7 @@ from kvconnector.store import TieredStore
 from kvconnector.tiers import CPUTier, DiskTier
 from kvconnector.timed_io import OpTiming
 from replay.outputs import IOTraceLog, read_trace, request_phase, set_request_phase
-from replay.outputs.io_trace import COLUMNS, get_request_phase
+from replay.outputs.io_trace import COLUMNS, compression, get_request_phase, tagged
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -33,7 +35,7 @@ def _hammer(log, threads=4, per_thread=2000):
         t.join()
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".csv.zst"])
+@pytest.mark.parametrize("suffix", [".csv", ".csv.zst", ".csv.gz", ".CSV.GZ"])
 def test_rows_from_several_threads_complete_and_parse(tmp_path, suffix):
     path = tmp_path / f"trace{suffix}"
     log = IOTraceLog(path, start_ns=time.perf_counter_ns(), flush_interval_s=0.05)
@@ -62,6 +64,11 @@ def test_rows_from_several_threads_complete_and_parse(tmp_path, suffix):
 
         with open(path, "rb") as fh:  # a complete, standard zstd stream
             assert zstandard.ZstdDecompressor().stream_reader(fh).read().startswith(b"t_s,op,bytes,")
+    if suffix.lower().endswith(".gz"):  # a complete gzip file, as gzip and zcat read it (not plain CSV under .gz)
+        assert path.read_bytes()[:2] == b"\x1f\x8b"
+        assert gzip.decompress(path.read_bytes()).decode().splitlines()[1:] == [
+            ",".join(f'"{v}"' if "," in v else v for v in r.values()) for r in rows
+        ]
     log("read", "disk", "late", 1, None, "get")
     assert log.rows_dropped_after_close == 1
 
@@ -95,7 +102,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".csv.zst"])
+@pytest.mark.parametrize("suffix", [".csv", ".csv.zst", ".csv.gz"])
 def test_killed_process_leaves_rows_up_to_the_last_flush(tmp_path, suffix):
     path = tmp_path / f"killed{suffix}"
     proc = subprocess.run([sys.executable, "-c", _KILLED, str(path)], cwd=REPO, timeout=30)
@@ -125,3 +132,28 @@ def test_as_the_store_op_listener(tmp_path):
     assert ("write", "disk", "demote", "prefill") in phases  # a demotion inside a put carries the request's phase
     assert any(r["op"] == "read" and r["request_phase"] == "decode" for r in rows)
     assert all(int(r["bytes"]) == 4096 for r in rows)
+
+
+@pytest.mark.parametrize(
+    "name", ["t.csv.xz", "t.csv.bz2", "t.csv.lz4", "t.csv.zstd", "t.csv.gzip", "t.tgz", "t.csv.zip", "t.CSV.XZ", "t.Z"]
+)
+def test_a_compressed_suffix_not_written_is_refused_before_anything_is_made(tmp_path, name):
+    path = tmp_path / name
+    with pytest.raises(ValueError, match=r"is not written here; name it \.csv \(plain\), \.csv\.zst or \.csv\.gz"):
+        compression(path)
+    with pytest.raises(ValueError):
+        IOTraceLog(path)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    "path, tag, expect",
+    [
+        ("run.csv", "client-0", "run.csv.client-0"),
+        ("run.csv.zst", "client-1", "run.csv.client-1.zst"),
+        ("d/run.csv.gz", "rank-2", "d/run.csv.rank-2.gz"),
+        ("run", "rank-0", "run.rank-0"),
+    ],
+)
+def test_a_jobs_per_process_trace_keeps_its_compressed_suffix(path, tag, expect):
+    assert tagged(path, tag) == expect and compression(expect) == compression(path)
