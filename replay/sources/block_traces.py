@@ -11,15 +11,11 @@ Formats read here (each as its publisher documents it):
   ``timestamp`` (seconds), ``input_length``, ``output_length``, ``type`` (text/search/image/file), ``turn``,
   ``hash_ids`` (salted SipHash ids of 16-token blocks). Sessions are metadata here: each request is sent as the trace
   has it, its prompt made from its own ids (which already cover the history it carries).
-- ``weka``: the Weka / SemiAnalysis agentic-coding traces (Hugging Face semianalysisai/cc-traces-weka-*; AIPerf reads
-  them, ai-dynamo/aiperf aiperf/dataset/loader/weka_trace_models.py documents the schema). ONE JSON document per
-  file, one conversation: ``id``, ``block_size`` (64), ``hash_id_scope`` (``local``: ids are a namespace of their
-  file, so the same id in two files is different text; ``global``: one namespace for every file), ``requests``: API
-  calls (``type`` ``n`` or ``s``: ``t`` seconds from the conversation's start, ``in``, ``out``, ``hash_ids``) and
-  sub-agents (``type`` ``subagent`` with their own ``requests``, nested as deep as they go; their calls share the
-  file's namespace). A path is one such file or a directory of them (``*.json``, sorted by name). Every call of
-  every sub-agent is a request at its own ``t``; the conversations of several files all start at time 0, as users
-  who arrive together.
+- ``weka``: the Weka / SemiAnalysis agentic-coding traces (callanjfox/kv-cache-tester ``traces/`` and Hugging Face
+  semianalysisai/cc-traces-weka-*; Apache-2.0). ONE JSON document per file, one conversation with its API calls and
+  sub-agents; a path is one such file or a directory of them (``*.json``, sorted by name), whose conversations all
+  start at time 0, as users who arrive together. replay/sources/weka_trace.py reads them: sub-agents' times made
+  absolute, and each call's session links (what it waits for when replayed closed loop).
 - ``azure``: the Azure LLM inference traces 2023 and 2024 (Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv;
   CC-BY). CSV ``TIMESTAMP`` (a date and time), ``ContextTokens``, ``GeneratedTokens``; no prefix information, so no
   request shares a block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
@@ -49,7 +45,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from replay.common.json_files import loads_json, refuse_malformed, shown
@@ -61,7 +57,6 @@ from replay.sources.base import (
     parse_count,
     parse_number,
     read_lines,
-    read_text,
 )
 
 __all__ = [
@@ -95,6 +90,14 @@ class TraceRequest:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
+    # A call of a session (an agentic trace's conversation or sub-agent): what it waits for when replayed closed
+    # loop (--trace-timing think), as indexes into the trace's requests, all earlier than its own. The defaults: a
+    # request alone, at its arrival time.
+    session: int = -1  # its session; -1: none
+    after: int = -1  # the request whose end it follows; -1: the session's start (the run's)
+    joins: tuple[int, ...] = ()  # the last calls of the sub-agents it waits for
+    delay_s: float = 0.0  # the pause after `after` ended: its think time (or the time to a sub-agent's spawn)
+    api_s: float | None = None  # how long the call took when recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +167,10 @@ def load_block_trace(
 
 def _rescale(req: TraceRequest, native: int, block: int) -> TraceRequest:
     # ceil keeps the block count: k whole blocks and a partial one stay k whole blocks and a partial one.
-    return TraceRequest(
-        req.arrival_s,
-        math.ceil(req.input_tokens * block / native),
-        math.ceil(req.output_tokens * block / native),
-        req.hash_ids,
+    return replace(
+        req,
+        input_tokens=math.ceil(req.input_tokens * block / native),
+        output_tokens=math.ceil(req.output_tokens * block / native),
     )
 
 
@@ -179,7 +181,7 @@ def _bound(req: TraceRequest, block: int, max_tokens: int | None, report: LoadRe
         return req
     turn = bound_turn(Turn(req.input_tokens, req.output_tokens), max_tokens, report)
     ids = req.hash_ids[: -(-turn.input_tokens // block)]
-    return TraceRequest(req.arrival_s, turn.input_tokens, turn.output_tokens, ids)
+    return replace(req, input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, hash_ids=ids)
 
 
 def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
@@ -216,9 +218,9 @@ class _Clock:
         return value
 
 
-def _request(where: str, ts_s: float, row: dict, inp: str, out: str, block: int) -> TraceRequest:
-    input_tokens = parse_count(_text(row[inp]), where, inp)
-    output_tokens = parse_count(_text(row[out]), where, out)
+def request_of(where: str, ts_s: float, row: dict, inp: str, out: str, block: int) -> TraceRequest:
+    input_tokens = parse_count(value_text(row[inp]), where, inp)
+    output_tokens = parse_count(value_text(row[out]), where, out)
     ids = _hash_ids(row.get("hash_ids", []), where)
     if len(ids) > math.ceil(input_tokens / block):
         raise WorkloadError(
@@ -231,75 +233,22 @@ def _request(where: str, ts_s: float, row: dict, inp: str, out: str, block: int)
 def _read_mooncake(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("ms")
     for where, row in _jsonl_rows(path, "Mooncake", ("timestamp", "input_length", "output_length", "hash_ids")):
-        ms = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
-        yield _request(where, ms / 1000.0, row, "input_length", "output_length", block)
+        ms = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
+        yield request_of(where, ms / 1000.0, row, "input_length", "output_length", block)
 
 
 def _read_bailian(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("s")
     fields = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
     for where, row in _jsonl_rows(path, "Bailian", fields):
-        s = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
-        yield _request(where, s, row, "input_length", "output_length", block)
+        s = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
+        yield request_of(where, s, row, "input_length", "output_length", block)
 
 
 def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
-    # Every file is read before the first call is yielded (calls are sorted by time), so `check` is asked per file.
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".json"))
-        if not files:
-            raise WorkloadError(f"{path}: no *.json Weka trace in this directory")
-    else:
-        files = [os.fspath(path)]
-    dense: dict[tuple[int, int], int] = {}  # (namespace, id) -> an id unique across the files
-    calls: list[tuple[float, int, TraceRequest]] = []
-    for n, file in enumerate(files):
-        check()
-        doc = _weka_document(file, block)
-        scope = -1 if doc["hash_id_scope"] == "global" else n
-        for where, call in _weka_calls(doc["requests"], f"{file}: requests"):
-            if call["type"] not in ("n", "s"):
-                raise WorkloadError(f"{where}: type {shown(call['type'])} is not n, s or subagent")
-            t = parse_number(_text(call.get("t")), where, "t")
-            req = _request(where, t, call, "in", "out", block)
-            ids = tuple(dense.setdefault((scope, h), len(dense)) for h in req.hash_ids)
-            calls.append((t, len(calls), TraceRequest(t, req.input_tokens, req.output_tokens, ids)))
-    calls.sort(key=lambda c: (c[0], c[1]))  # by time; equal times keep the files' order
-    for _, _, req in calls:
-        yield req
+    from .weka_trace import read_weka  # its own module: sessions and sub-agents on one timeline
 
-
-def _weka_document(file: str, block: int) -> dict:
-    with refuse_malformed(file, WorkloadError):
-        try:
-            doc = loads_json(read_text(file, "Weka trace (JSON)"))
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
-        raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
-    if doc.get("block_size") != block:
-        size = shown(doc.get("block_size"))
-        raise WorkloadError(f"{file}: block_size {size}; a Weka trace's blocks are {block} tokens")
-    if doc.get("hash_id_scope") not in ("local", "global"):
-        raise WorkloadError(f"{file}: hash_id_scope {shown(doc.get('hash_id_scope'))} is not local or global")
-    return doc
-
-
-def _weka_calls(requests: list, where: str) -> Iterator[tuple[str, dict]]:
-    """Every API call of a request list, sub-agents' calls included (depth first), as (where, call)."""
-    for i, entry in enumerate(requests):
-        here = f"{where}[{i}]"
-        if not isinstance(entry, dict) or "type" not in entry:
-            raise WorkloadError(f"{here}: expected an object with a type")
-        if entry["type"] == "subagent":
-            if not isinstance(entry.get("requests"), list):
-                raise WorkloadError(f"{here}: a subagent without a requests list")
-            yield from _weka_calls(entry["requests"], f"{here}.requests")
-            continue
-        missing = [k for k in ("t", "in", "out") if k not in entry]
-        if missing:
-            raise WorkloadError(f"{here}: missing {', '.join(missing)} (a Weka call has t, in, out, hash_ids)")
-        yield here, entry
+    return read_weka(path, block, check)
 
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -338,13 +287,14 @@ def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRe
             raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} {has} (every row has one or none)")
         start = when if start is None else start
         s = clock((when - start).total_seconds(), where)
-        yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
+        fields = dict(zip(_AZURE_COLUMNS, row, strict=True))
+        yield request_of(where, s, fields, "ContextTokens", "GeneratedTokens", block)
 
 
 _READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": _read_weka, "azure": _read_azure}
 
 
-def _text(value) -> str:
+def value_text(value) -> str:
     """A JSON value as the text the shared number checks read (a bool is not a number, whatever Python says)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return repr(value)
