@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-idle-s",
         type=float,
         metavar="S",
-        help=f"with think: cap each pause at S s (default {DEFAULT_MAX_IDLE_S:g})",
+        help="with think: cap each pause at S seconds",
     )
     g("--tier", action="append", metavar="NAME=SIZE", dest="tiers", help="a tier, fastest first; repeat for more")
     g("--capacity-sweep", metavar="LO..HI", help="cache capacities to sweep, in tokens")

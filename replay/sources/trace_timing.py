@@ -37,9 +37,12 @@ def pause_s(req: TraceRequest, max_idle_s: float | None) -> float:
     return req.delay_s if max_idle_s is None else min(req.delay_s, max_idle_s)
 
 
-def ideal_starts(requests: Sequence[TraceRequest], max_idle_s: float | None = DEFAULT_MAX_IDLE_S) -> list[float]:
-    """Each request's start under the think timing on a server that takes each call's recorded `api_s`. Links point
-    to earlier requests only (the readers keep it so), so one pass in trace order suffices."""
+def ideal_starts(
+    requests: Sequence[TraceRequest], max_idle_s: float | None = DEFAULT_MAX_IDLE_S, *, with_api: bool = True
+) -> list[float]:
+    """Each request's start under the think timing on a server that takes each call's recorded `api_s` (without
+    `with_api`: no time at all, the earliest any server could start it). Links point to earlier requests only (the
+    readers keep it so), so one pass in trace order suffices."""
     starts: list[float] = []
     ends: list[float] = []
     for r in requests:
@@ -50,7 +53,7 @@ def ideal_starts(requests: Sequence[TraceRequest], max_idle_s: float | None = DE
             for j in r.joins:
                 start = max(start, ends[j])
         starts.append(start)
-        ends.append(start + (r.api_s or 0.0))
+        ends.append(start + ((r.api_s or 0.0) if with_api else 0.0))
     return starts
 
 
