@@ -46,7 +46,8 @@ EXAMPLES = """examples:
 --format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), bailian
 (alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), weka (semianalysisai/cc-traces-weka-*, a JSON file per
 session or a directory of them, 64-token blocks), azure (Azure/AzurePublicDataset
-AzureLLMInferenceTrace_*.csv: times and lengths only). replay/sources/block_traces.py says what is read and checked.
+AzureLLMInferenceTrace_*.csv of 2023 and 2024, AzureLMMInferenceTrace_multimodal.csv of 2025, told apart by the
+header: times and lengths only). replay/sources/block_traces.py says what is read and checked.
 
 --tier NAME=SIZE, fastest first: SIZE in tokens (3e6, 3000000), or in bytes with a unit (64GiB, 2TB) when
 --model or --kv-bytes-per-token gives the KV size of a token. The tiers are one exclusive LRU waterfall; a request's

@@ -16,9 +16,11 @@ Formats read here (each as its publisher documents it):
   sub-agents; a path is one such file or a directory of them (``*.json``, sorted by name), whose conversations all
   start at time 0, as users who arrive together. replay/sources/weka_trace.py reads them: sub-agents' times made
   absolute, and each call's session links (what it waits for when replayed closed loop).
-- ``azure``: the Azure LLM inference traces 2023 and 2024 (Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv;
-  CC-BY). CSV ``TIMESTAMP`` (a date and time), ``ContextTokens``, ``GeneratedTokens``; no prefix information, so no
-  request shares a block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
+- ``azure``: the Azure LLM inference traces (Azure/AzurePublicDataset; CC-BY-4.0), told apart by their header: 2023
+  and the 2024 week (data/AzureLLMInferenceTrace_*.csv: ``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``; the
+  2024 times carry a zone) and the 2025 multimodal trace (AzureLMMInferenceTrace_multimodal.csv: ``TIMESTAMP``,
+  ``NumImages``, ``ContextTokens``, ``GeneratedTokens``, ISO times). No prefix information, so no request shares a
+  block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
 
 Every row is checked; a bad one stops the load with one line naming file:line, as the BurstGPT source does: a missing
 or non-numeric field, a count that is not a whole number >= 0, a timestamp earlier than the previous row's, hash ids
@@ -251,7 +253,13 @@ def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -
     return read_weka(path, block, check)
 
 
-_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# The Azure traces' column sets, told apart by the header: 2023 (AzureLLMInferenceTrace_{conv,code}.csv) and the
+# 2024 week (times with a zone, 2024-05-10 00:00:00.009930+00:00) have three columns; the 2025 multimodal trace
+# (AzureLMMInferenceTrace_multimodal.csv, ISO times 2024-10-15T12:00:00.269) counts the images of each request too.
+_AZURE_HEADERS = {
+    ("TIMESTAMP", "ContextTokens", "GeneratedTokens"): "2023/2024",
+    ("TIMESTAMP", "NumImages", "ContextTokens", "GeneratedTokens"): "2025 multimodal",
+}
 
 
 def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
@@ -264,30 +272,33 @@ def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) 
 
 def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRequest]:
     header = next(reader, None)
-    if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
+    columns = tuple(h.strip() for h in header) if header else ()
+    if columns not in _AZURE_HEADERS:
         found = shown(",".join(header)) if header else "nothing"
-        raise WorkloadError(
-            f"{path}:1: not an Azure LLM inference trace (expected {','.join(_AZURE_COLUMNS)}, found {found})"
-        )
+        expected = " or ".join(",".join(c) for c in _AZURE_HEADERS)
+        raise WorkloadError(f"{path}:1: not an Azure LLM inference trace (found {found}; expected {expected})")
     clock = _Clock("s")
     start = None
     for row in reader:
         where = f"{path}:{reader.line_num}"
         if not row or all(not f.strip() for f in row):
             continue
-        if len(row) != 3:
-            raise WorkloadError(f"{where}: expected 3 fields, found {len(row)}")
+        if len(row) != len(columns):
+            raise WorkloadError(f"{where}: expected {len(columns)} fields, found {len(row)}")
+        fields = dict(zip(columns, row, strict=True))
+        stamp = fields["TIMESTAMP"].strip()
         try:
-            when = datetime.fromisoformat(row[0].strip())
+            when = datetime.fromisoformat(stamp)
         except ValueError:
-            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} is not a date and time") from None
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(stamp)} is not a date and time") from None
         if start is not None and (when.tzinfo is None) != (start.tzinfo is None):
             # no time to subtract: a time without a zone is in no zone we could compare with one that has a zone
             has = "has a time zone, the first row's has none" if when.tzinfo else "has none, the first row's has one"
-            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} {has} (every row has one or none)")
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(stamp)} {has} (every row has one or none)")
         start = when if start is None else start
         s = clock((when - start).total_seconds(), where)
-        fields = dict(zip(_AZURE_COLUMNS, row, strict=True))
+        if "NumImages" in fields:  # checked, not sent: the prompt's tokens (ContextTokens) are what a cache holds
+            parse_count(fields["NumImages"], where, "NumImages")
         yield request_of(where, s, fields, "ContextTokens", "GeneratedTokens", block)
 
 
