@@ -60,6 +60,8 @@ from replay.sources.base import (
     parse_number,
     read_lines,
 )
+from replay.sources.trace_request import TraceRequest, request_of, value_text
+from replay.sources.weka_trace import read_weka
 
 __all__ = [
     "FORMATS",
@@ -82,24 +84,6 @@ _CHECK_EVERY = 2048
 
 class LoadStopped(Exception):
     """`should_stop` answered true: the load was abandoned (a signal arrived while a worker thread read the trace)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request of a block-hash trace: when it arrives, its lengths, and the ids of its prompt's blocks."""
-
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    hash_ids: tuple[int, ...]
-    # A call of a session (an agentic trace's conversation or sub-agent): what it waits for when replayed closed
-    # loop (--trace-timing think), as indexes into the trace's requests, all earlier than its own. The defaults: a
-    # request alone, at its arrival time.
-    session: int = -1  # its session; -1: none
-    after: int = -1  # the request whose end it follows; -1: the session's start (the run's)
-    joins: tuple[int, ...] = ()  # the last calls of the sub-agents it waits for
-    delay_s: float = 0.0  # the pause after `after` ended: its think time (or the time to a sub-agent's spawn)
-    api_s: float | None = None  # how long the call took when recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,18 +204,6 @@ class _Clock:
         return value
 
 
-def request_of(where: str, ts_s: float, row: dict, inp: str, out: str, block: int) -> TraceRequest:
-    input_tokens = parse_count(value_text(row[inp]), where, inp)
-    output_tokens = parse_count(value_text(row[out]), where, out)
-    ids = _hash_ids(row.get("hash_ids", []), where)
-    if len(ids) > math.ceil(input_tokens / block):
-        raise WorkloadError(
-            f"{where}: {len(ids)} hash_ids for {inp} {input_tokens}: at {block} tokens a block it has "
-            f"{math.ceil(input_tokens / block)} blocks"
-        )
-    return TraceRequest(ts_s, input_tokens, output_tokens, ids)
-
-
 def _read_mooncake(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("ms")
     for where, row in _jsonl_rows(path, "Mooncake", ("timestamp", "input_length", "output_length", "hash_ids")):
@@ -245,12 +217,6 @@ def _read_bailian(path: str | os.PathLike, block: int, check: Callable[[], None]
     for where, row in _jsonl_rows(path, "Bailian", fields):
         s = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
         yield request_of(where, s, row, "input_length", "output_length", block)
-
-
-def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
-    from .weka_trace import read_weka  # its own module: sessions and sub-agents on one timeline
-
-    return read_weka(path, block, check)
 
 
 # The Azure traces' column sets, told apart by the header: 2023 (AzureLLMInferenceTrace_{conv,code}.csv) and the
@@ -302,23 +268,7 @@ def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRe
         yield request_of(where, s, fields, "ContextTokens", "GeneratedTokens", block)
 
 
-_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": _read_weka, "azure": _read_azure}
-
-
-def value_text(value) -> str:
-    """A JSON value as the text the shared number checks read (a bool is not a number, whatever Python says)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return repr(value)
-    return str(value)
-
-
-def _hash_ids(value, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise WorkloadError(f"{where}: hash_ids must be a list of integers, found {type(value).__name__}")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise WorkloadError(f"{where}: hash_ids holds {shown(v)}, not an integer")
-    return tuple(value)
+_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": read_weka, "azure": _read_azure}
 
 
 def merge_traces(traces: Sequence[BlockTrace], name: str = "all") -> BlockTrace:

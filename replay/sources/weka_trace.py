@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from replay.common.json_files import loads_json, refuse_malformed, shown
 from replay.sources.base import WorkloadError, parse_number, read_text
 
-from .block_traces import TraceRequest, request_of, value_text
+from .trace_request import TraceRequest, request_of, value_text
 
 __all__ = ["read_weka"]
 
