@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from replay.sources.block_traces import MAX_BLOCK_TOKENS
 from replay.sources.registry import MIN_TRACE_SPEEDUP, REPLAY_READS, check_reads, check_source, source_names
+from replay.sources.trace_timing import DEFAULT_MAX_IDLE_S, TIMINGS
 
 from ..common.cli import (
     OneLineParser,
@@ -134,6 +135,8 @@ class ReplayConfig(BaseModel):
     trace_path: str | None = None
     trace_speedup: float = Field(1.0, ge=MIN_TRACE_SPEEDUP)
     trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
+    trace_timing: Literal[TIMINGS] = "timestamps"  # type: ignore[valid-type]
+    max_idle_s: float = Field(DEFAULT_MAX_IDLE_S, gt=0)
     num_requests: Count | None = None
     duration: float | None = Field(None, gt=0)
     request_rate: float = Field(math.inf, ge=0, allow_inf_nan=True)
@@ -221,6 +224,8 @@ class ReplayConfig(BaseModel):
                     f"the synthetic prompts reach {longest:,} tokens (--prefix-len + --input-len x (1 + --range-ratio)"
                     f" per turn, plus the earlier answers), over --max-prompt-tokens {self.max_prompt_tokens:,}"
                 )
+        if self.trace_timing == "think" and self.users:
+            raise ValueError("--users runs its own closed loop; --trace-timing think paces each session as the trace")
         if self.rounds is not None:
             if not self.concurrency:
                 raise ValueError("--rounds needs --concurrency C (the number of sessions)")
@@ -266,7 +271,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="block-hash traces: their block as N tokens, every length scaled with it (fit a small model)",
     )
-    g("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast)")
+    g("--trace-speedup", type=float, help="divide trace timestamps by this (2 = twice as fast); think: its pauses")
+    g(
+        "--trace-timing",
+        choices=list(TIMINGS),
+        help="block-hash traces: timestamps (open loop, each request at its time) or think (a trace with sessions, "
+        "weka: each call its think time after the previous call of its session ended, sub-agents joined)",
+    )
+    g(
+        "--max-idle-s",
+        type=float,
+        help="with --trace-timing think: cap each pause at this many seconds (past a minute it is a person away, not "
+        "an agent thinking)",
+    )
     g("--num-requests", type=int, help="stop after this many requests (turns)")
     g(
         "--duration",

@@ -9,6 +9,9 @@ Three ways to pace:
 - closed loop (`users`): U users each run sessions back to back, with think time between turns.
 - long sessions (`rounds`): C sessions advance one turn per round together; metrics are scraped between rounds, so
   each round gets its own row; the think time is a pause between rounds.
+- linked sessions (an agentic trace under --trace-timing think): each conversation's calls go as the trace links
+  them, a call its pause after the call it follows ended and once the sub-agents it joins have ended; a call is
+  started only when what it waits for is over, so a run holds tasks for the calls due, not one per call.
 Every multi-turn request sends the whole history with the server's own earlier answers appended.
 """
 
@@ -351,7 +354,7 @@ class Driver:
         finally:
             stop.cancel()
 
-    # ---------------------------------------------------------------- the three pacings
+    # ---------------------------------------------------------------- the pacings
     def _ended(self) -> None:
         # The run's real end (its duration is t0 to here), whatever the records say: a request that timed out has no
         # chunk timestamp to measure it by.
@@ -368,6 +371,63 @@ class Driver:
             await self._closed_loop(plans, users)
         finally:
             self._ended()
+
+    async def run_linked(self, plans: list[SessionPlan]) -> None:
+        try:
+            self._sem = asyncio.Semaphore(self.o.max_concurrency) if self.o.max_concurrency else None
+            self.s.scheduled_total = sum(len(p.turns) for p in plans)
+            self.s.t0_ns = t0 = time.perf_counter_ns() + int(self.o.start_lead_ms * 1e6)
+            await self._finish([self._task(self._linked_session(p, t0)) for p in plans])
+        finally:
+            self._ended()
+
+    async def _linked_session(self, plan: SessionPlan, t0: int) -> None:
+        """One conversation of linked calls (TurnPlan.after, joins, pause_ns): each started when the last of what it
+        waits for ends; a call skipped (the run ended) still releases what waits for it."""
+        turns = plan.turns
+        waiting = [0] * len(turns)
+        dependents: list[list[int]] = [[] for _ in turns]
+        for k, t in enumerate(turns):
+            for j in (t.after, *t.joins):
+                if j >= 0:
+                    waiting[k] += 1
+                    dependents[j].append(k)
+        ends = [0] * len(turns)
+        tasks: set[asyncio.Task] = set()
+
+        async def call(k: int) -> None:
+            turn = turns[k]
+            try:
+                ready = (ends[turn.after] if turn.after >= 0 else t0) + turn.pause_ns
+                ready = max([ready, *(ends[j] for j in turn.joins)])
+                await self._sleep_until(ready)
+                if not self.aborted:
+                    text = turn.text()
+                    rec = await self._send_turn(plan, [], turn, text, k, ready)
+                    rec.output_text = ""  # the next call's prompt is made from the trace, not from this answer
+            finally:
+                ends[k] = time.perf_counter_ns()
+            for d in dependents[k]:
+                waiting[d] -= 1
+                if not waiting[d]:
+                    start(d)
+
+        def start(k: int) -> None:
+            task = self._task(call(k))
+            tasks.add(task)
+
+        for k in range(len(turns)):
+            if not waiting[k]:
+                start(k)
+        try:
+            while tasks:
+                done, _ = await asyncio.wait(tasks)
+                tasks.difference_update(done)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def run_rounds(self, plans: list[SessionPlan], rounds: int) -> None:
         try:

@@ -15,12 +15,14 @@ import threading
 
 from replay.sources.base import WorkloadError
 from replay.sources.registry import SOURCES
+from replay.sources.trace_timing import has_sessions
 
 from .config import ReplayConfig
 from .driver import Driver, RunState
 from .schedule import arrival_offsets_ns, trace_offsets_ns
 from .workload import (
     TextMaker,
+    linked_plans_from_block_trace,
     long_session_plans,
     plans_from_block_trace,
     plans_from_conversations,
@@ -98,6 +100,23 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
             "truncated": dict(trace.report.truncated),
         }
         meta["trace_speedup"] = cfg.trace_speedup
+        meta["trace_timing"] = cfg.trace_timing
+        if cfg.trace_timing == "think":
+            if not has_sessions(trace):
+                raise WorkloadError(
+                    f"{path}: --trace-timing think paces sessions' calls, and this {cfg.source} trace has none"
+                )
+            meta["max_idle_s"] = cfg.max_idle_s
+            plans = await linked_plans_from_block_trace(
+                trace,
+                maker,
+                fixed_max_tokens=fixed,
+                max_tokens_cap=cfg.max_tokens_cap,
+                max_idle_s=cfg.max_idle_s,
+                speedup=cfg.trace_speedup,
+                duration_s=cfg.duration,
+            )
+            return "think", plans, None, True, meta
         offsets = trace_offsets_ns([r.arrival_s for r in trace.requests], cfg.trace_speedup, cfg.duration)
         plans = await plans_from_block_trace(
             trace, maker, fixed_max_tokens=fixed, max_tokens_cap=cfg.max_tokens_cap, trace_offsets_ns=offsets
@@ -151,7 +170,8 @@ async def _load_block_trace(source, path: str, cfg: ReplayConfig):
         "max_requests": cfg.num_requests,
         "max_context_tokens": cfg.max_prompt_tokens,
         # a row this late after the first is past the window at this speed: neither it nor any later one is sent
-        "until_s": cfg.duration * cfg.trace_speedup if cfg.duration else None,
+        # (think: the pauses, capped, may bring a late row into the window; what cannot be is left out when planned)
+        "until_s": cfg.duration * cfg.trace_speedup if cfg.duration and cfg.trace_timing == "timestamps" else None,
         "should_stop": stop.is_set,
     }
     try:

@@ -101,6 +101,8 @@ async def _set_up_and_window(cfg: ReplayConfig, state: RunState, job, drv: Drive
         try:
             if pacing == "rounds":
                 await drv.run_rounds(plans, cfg.rounds)
+            elif pacing == "think":
+                await drv.run_linked(plans)
             elif pacing == "closed":
                 await drv.run_closed_loop(plans, cfg.users)
             else:

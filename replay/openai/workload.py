@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,11 +19,13 @@ import aiohttp
 
 from replay.sources.base import Conversation, WorkloadError
 from replay.sources.block_traces import BlockTrace
+from replay.sources.trace_timing import ideal_starts, pause_s
 
 __all__ = [
     "SessionPlan",
     "TextMaker",
     "TurnPlan",
+    "linked_plans_from_block_trace",
     "long_session_plans",
     "plans_from_block_trace",
     "plans_from_conversations",
@@ -47,6 +50,11 @@ class TurnPlan:
     # Makes the text when the turn is sent, for sources whose every prompt is made (a block-hash trace): the run
     # starts at once and holds only the prompts in flight, not one per row. None: `user_text` is the text.
     make_text: Callable[[], str] | None = field(default=None, compare=False)
+    # A linked session's call (SessionPlan.linked): the turn whose end it follows (-1: the run's start), the turns
+    # that must have ended first (sub-agents it joins), and the pause after the turn it follows.
+    after: int = -1
+    joins: tuple[int, ...] = ()
+    pause_ns: int = 0
 
     def text(self) -> str:
         return self.user_text if self.make_text is None else self.make_text()
@@ -57,6 +65,9 @@ class SessionPlan:
     session_id: str
     turns: tuple[TurnPlan, ...]
     system_prompt: str | None = None
+    # The turns are the calls of an agentic trace's conversation and its sub-agents (--trace-timing think): each
+    # stands alone (its prompt carries its history) and goes when what it follows and joins have ended.
+    linked: bool = False
 
 
 class TextMaker:
@@ -209,6 +220,59 @@ async def plans_from_block_trace(
         make = functools.partial(maker.block_prompt, req.hash_ids, req.input_tokens, trace.block_tokens, f"request:{i}")
         max_tokens = _max_tokens(req.output_tokens, fixed_max_tokens, max_tokens_cap)
         plans.append(SessionPlan(f"{trace.name}-{i}", (TurnPlan("", max_tokens, req.input_tokens, off, make),)))
+    return plans
+
+
+async def linked_plans_from_block_trace(
+    trace: BlockTrace,
+    maker: TextMaker,
+    *,
+    fixed_max_tokens: int | None,
+    max_tokens_cap: int | None,
+    max_idle_s: float,
+    speedup: float,
+    duration_s: float | None,
+) -> list[SessionPlan]:
+    """A trace with sessions -> one linked plan per conversation (its calls and its sub-agents' calls, linked as
+    the trace links them: replay/sources/trace_timing.py), conversations in the order they start. A call that even
+    an infinitely fast server would start past the window (its chain of pauses alone reaches it) is left out, and
+    so is everything that waits for it."""
+    reqs = trace.requests
+    earliest = ideal_starts(reqs, max_idle_s, with_api=False)
+    limit_s = math.inf if duration_s is None else duration_s * speedup
+    # the conversation of each call: the requests joined by their links
+    root = list(range(len(reqs)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    for i, r in enumerate(reqs):
+        for j in (r.after, *r.joins):
+            if j >= 0:
+                root[find(i)] = find(j)
+    members: dict[int, list[int]] = {}
+    for i in range(len(reqs)):
+        if earliest[i] < limit_s:
+            members.setdefault(find(i), []).append(i)
+    plans = []
+    for n, (_, calls) in enumerate(sorted(members.items(), key=lambda kv: (earliest[kv[1][0]], kv[0]))):
+        if n % _PLANS_PER_YIELD == _PLANS_PER_YIELD - 1:
+            await asyncio.sleep(0)
+        at = {i: k for k, i in enumerate(calls)}
+        turns = []
+        for i in calls:
+            r = reqs[i]
+            make = functools.partial(maker.block_prompt, r.hash_ids, r.input_tokens, trace.block_tokens, f"request:{i}")
+            max_tokens = _max_tokens(r.output_tokens, fixed_max_tokens, max_tokens_cap)
+            pause_ns = round(pause_s(r, max_idle_s) / speedup * 1e9)
+            after = at[r.after] if r.after >= 0 else -1
+            turns.append(
+                TurnPlan("", max_tokens, r.input_tokens, None, make, after, tuple(at[j] for j in r.joins), pause_ns)
+            )
+        plans.append(SessionPlan(f"{trace.name}-{calls[0]}", tuple(turns), linked=True))
     return plans
 
 

@@ -182,6 +182,8 @@ def trace_tables(doc: dict) -> list[Table]:
     first = rows_table(f"kvtier plan --trace: prefix hit rate, block {block} tokens; {sizes or 'no tiers'}", rows, cols)
     if doc.get("status") == "interrupted":
         first.caption = "INTERRUPTED: traces not simulated are missing"
+    elif doc.get("order"):
+        first.caption = f"request order: {doc['order']}"
     sweep_cols = [("cap", "capacity tok")] + [(t["name"], t["name"]) for t in traces]
     sweep_rows = []
     for i, cap in enumerate(doc["capacities_tokens"]):

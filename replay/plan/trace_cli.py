@@ -23,6 +23,7 @@ from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
 from ..sources.base import WorkloadError
 from ..sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, load_block_trace, merge_traces
+from ..sources.trace_timing import DEFAULT_MAX_IDLE_S, TIMINGS, has_sessions, in_timing_order
 from .trace import ReuseProfile, reuse_profile, sweep_capacities
 
 PROG = "kvtier plan --trace"
@@ -45,7 +46,8 @@ EXAMPLES = """examples:
 --format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), bailian
 (alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), weka (semianalysisai/cc-traces-weka-*, a JSON file per
 session or a directory of them, 64-token blocks), azure (Azure/AzurePublicDataset
-AzureLLMInferenceTrace_*.csv: times and lengths only). replay/sources/block_traces.py says what is read and checked.
+AzureLLMInferenceTrace_*.csv of 2023 and 2024, AzureLMMInferenceTrace_multimodal.csv of 2025, told apart by the
+header: times and lengths only). replay/sources/block_traces.py says what is read and checked.
 
 --tier NAME=SIZE, fastest first: SIZE in tokens (3e6, 3000000), or in bytes with a unit (64GiB, 2TB) when
 --model or --kv-bytes-per-token gives the KV size of a token. The tiers are one exclusive LRU waterfall; a request's
@@ -93,6 +95,8 @@ class TracePlanConfig(BaseModel):
     format: Literal[tuple(FORMATS)] = "mooncake"  # type: ignore[valid-type]
     trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
     max_requests: int | None = Field(None, ge=1)
+    trace_timing: Literal[TIMINGS] = "timestamps"  # type: ignore[valid-type]
+    max_idle_s: float = Field(DEFAULT_MAX_IDLE_S, gt=0)
     tiers: list[Annotated[TraceTier, BeforeValidator(_tier)]] = []
     capacity_sweep: str = "1e4..1e9"
     points_per_decade: int = Field(4, ge=1, le=50)
@@ -110,6 +114,8 @@ class TracePlanConfig(BaseModel):
             raise ValueError("give the KV size as --model M or as --kv-bytes-per-token SIZE, not both")
         if self.model is None and self.kv_dtype != type(self).model_fields["kv_dtype"].default:
             raise ValueError(f"--kv-dtype {self.kv_dtype} is read with --model M only (the KV size of its token)")
+        if self.trace_timing != "think" and self.max_idle_s != type(self).model_fields["max_idle_s"].default:
+            raise ValueError("--max-idle-s caps the pauses of --trace-timing think, not the trace's timestamps")
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names):
             raise ValueError(f"a tier name is given twice ({', '.join(names)})")
@@ -138,6 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     g("--format", choices=list(FORMATS), help="the trace's format")
     g("--trace-block-tokens", type=int, metavar="N", help="rescale the trace's block to N tokens (lengths follow)")
     g("--max-requests", type=int, metavar="N", help="the first N requests of each trace")
+    g(
+        "--trace-timing",
+        choices=list(TIMINGS),
+        help="the order modelled: the trace's timestamps, or think (each session's calls closed loop on an ideal "
+        "server: its pauses after the recorded api_time of the call before, sub-agents joined)",
+    )
+    g(
+        "--max-idle-s",
+        type=float,
+        metavar="S",
+        help="with think: cap each pause at S seconds",
+    )
     g("--tier", action="append", metavar="NAME=SIZE", dest="tiers", help="a tier, fastest first; repeat for more")
     g("--capacity-sweep", metavar="LO..HI", help="cache capacities to sweep, in tokens")
     g("--points-per-decade", type=int, metavar="N", help="sweep points per factor of 10")
@@ -247,6 +265,16 @@ def check_size(cfg: TracePlanConfig) -> None:
         )
 
 
+def timing_order(cfg: TracePlanConfig) -> str:
+    """Which order the plan's cache sees the requests in, in words."""
+    if cfg.trace_timing == "think":
+        return (
+            "think: each session's calls closed loop on an ideal server (a call takes its recorded api_time), "
+            f"pauses capped at {cfg.max_idle_s:g} s, sub-agents joined"
+        )
+    return "timestamps: the trace's own arrival times"
+
+
 def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
     bpt = _bytes_per_token(cfg)
     tiers = tier_tokens(cfg, bpt)
@@ -259,6 +287,9 @@ def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
         "format": cfg.format,
         "kv_bytes_per_token": bpt,
         "capacities_tokens": caps,
+        "trace_timing": cfg.trace_timing,
+        "max_idle_s": cfg.max_idle_s if cfg.trace_timing == "think" else None,
+        "order": timing_order(cfg),
         "traces": [],
         "status": "interrupted",
     }
@@ -275,7 +306,11 @@ def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
                 max_block_uses=budget,
             )
             budget -= sum(min(len(r.hash_ids), r.input_tokens // trace.block_tokens) for r in trace.requests)
-            traces.append(trace)
+            if cfg.trace_timing == "think" and not has_sessions(trace):
+                raise WorkloadError(
+                    f"{p}: --trace-timing think paces sessions' calls, and this {cfg.format} trace has none"
+                )
+            traces.append(in_timing_order(trace, cfg.trace_timing, cfg.max_idle_s))
         for t, path in zip(traces, cfg.trace, strict=True):
             doc["traces"].append(trace_entry(reuse_profile(t), [path], tiers, caps))
         if len(traces) > 1:

@@ -11,18 +11,16 @@ Formats read here (each as its publisher documents it):
   ``timestamp`` (seconds), ``input_length``, ``output_length``, ``type`` (text/search/image/file), ``turn``,
   ``hash_ids`` (salted SipHash ids of 16-token blocks). Sessions are metadata here: each request is sent as the trace
   has it, its prompt made from its own ids (which already cover the history it carries).
-- ``weka``: the Weka / SemiAnalysis agentic-coding traces (Hugging Face semianalysisai/cc-traces-weka-*; AIPerf reads
-  them, ai-dynamo/aiperf aiperf/dataset/loader/weka_trace_models.py documents the schema). ONE JSON document per
-  file, one conversation: ``id``, ``block_size`` (64), ``hash_id_scope`` (``local``: ids are a namespace of their
-  file, so the same id in two files is different text; ``global``: one namespace for every file), ``requests``: API
-  calls (``type`` ``n`` or ``s``: ``t`` seconds from the conversation's start, ``in``, ``out``, ``hash_ids``) and
-  sub-agents (``type`` ``subagent`` with their own ``requests``, nested as deep as they go; their calls share the
-  file's namespace). A path is one such file or a directory of them (``*.json``, sorted by name). Every call of
-  every sub-agent is a request at its own ``t``; the conversations of several files all start at time 0, as users
-  who arrive together.
-- ``azure``: the Azure LLM inference traces 2023 and 2024 (Azure/AzurePublicDataset, data/AzureLLMInferenceTrace_*.csv;
-  CC-BY). CSV ``TIMESTAMP`` (a date and time), ``ContextTokens``, ``GeneratedTokens``; no prefix information, so no
-  request shares a block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
+- ``weka``: the Weka / SemiAnalysis agentic-coding traces (callanjfox/kv-cache-tester ``traces/`` and Hugging Face
+  semianalysisai/cc-traces-weka-*; Apache-2.0). ONE JSON document per file, one conversation with its API calls and
+  sub-agents; a path is one such file or a directory of them (``*.json``, sorted by name), whose conversations all
+  start at time 0, as users who arrive together. replay/sources/weka_trace.py reads them: sub-agents' times made
+  absolute, and each call's session links (what it waits for when replayed closed loop).
+- ``azure``: the Azure LLM inference traces (Azure/AzurePublicDataset; CC-BY-4.0), told apart by their header: 2023
+  and the 2024 week (data/AzureLLMInferenceTrace_*.csv: ``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``; the
+  2024 times carry a zone) and the 2025 multimodal trace (AzureLMMInferenceTrace_multimodal.csv: ``TIMESTAMP``,
+  ``NumImages``, ``ContextTokens``, ``GeneratedTokens``, ISO times). No prefix information, so no request shares a
+  block with another (its plan is all misses), counted in 16-token blocks (vLLM's default).
 
 Every row is checked; a bad one stops the load with one line naming file:line, as the BurstGPT source does: a missing
 or non-numeric field, a count that is not a whole number >= 0, a timestamp earlier than the previous row's, hash ids
@@ -49,7 +47,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from replay.common.json_files import loads_json, refuse_malformed, shown
@@ -61,8 +59,9 @@ from replay.sources.base import (
     parse_count,
     parse_number,
     read_lines,
-    read_text,
 )
+from replay.sources.trace_request import TraceRequest, request_of, value_text
+from replay.sources.weka_trace import read_weka
 
 __all__ = [
     "FORMATS",
@@ -85,16 +84,6 @@ _CHECK_EVERY = 2048
 
 class LoadStopped(Exception):
     """`should_stop` answered true: the load was abandoned (a signal arrived while a worker thread read the trace)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request of a block-hash trace: when it arrives, its lengths, and the ids of its prompt's blocks."""
-
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    hash_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,11 +153,10 @@ def load_block_trace(
 
 def _rescale(req: TraceRequest, native: int, block: int) -> TraceRequest:
     # ceil keeps the block count: k whole blocks and a partial one stay k whole blocks and a partial one.
-    return TraceRequest(
-        req.arrival_s,
-        math.ceil(req.input_tokens * block / native),
-        math.ceil(req.output_tokens * block / native),
-        req.hash_ids,
+    return replace(
+        req,
+        input_tokens=math.ceil(req.input_tokens * block / native),
+        output_tokens=math.ceil(req.output_tokens * block / native),
     )
 
 
@@ -179,7 +167,7 @@ def _bound(req: TraceRequest, block: int, max_tokens: int | None, report: LoadRe
         return req
     turn = bound_turn(Turn(req.input_tokens, req.output_tokens), max_tokens, report)
     ids = req.hash_ids[: -(-turn.input_tokens // block)]
-    return TraceRequest(req.arrival_s, turn.input_tokens, turn.output_tokens, ids)
+    return replace(req, input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, hash_ids=ids)
 
 
 def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
@@ -216,93 +204,28 @@ class _Clock:
         return value
 
 
-def _request(where: str, ts_s: float, row: dict, inp: str, out: str, block: int) -> TraceRequest:
-    input_tokens = parse_count(_text(row[inp]), where, inp)
-    output_tokens = parse_count(_text(row[out]), where, out)
-    ids = _hash_ids(row.get("hash_ids", []), where)
-    if len(ids) > math.ceil(input_tokens / block):
-        raise WorkloadError(
-            f"{where}: {len(ids)} hash_ids for {inp} {input_tokens}: at {block} tokens a block it has "
-            f"{math.ceil(input_tokens / block)} blocks"
-        )
-    return TraceRequest(ts_s, input_tokens, output_tokens, ids)
-
-
 def _read_mooncake(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("ms")
     for where, row in _jsonl_rows(path, "Mooncake", ("timestamp", "input_length", "output_length", "hash_ids")):
-        ms = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
-        yield _request(where, ms / 1000.0, row, "input_length", "output_length", block)
+        ms = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
+        yield request_of(where, ms / 1000.0, row, "input_length", "output_length", block)
 
 
 def _read_bailian(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("s")
     fields = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
     for where, row in _jsonl_rows(path, "Bailian", fields):
-        s = clock(parse_number(_text(row["timestamp"]), where, "timestamp"), where)
-        yield _request(where, s, row, "input_length", "output_length", block)
+        s = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
+        yield request_of(where, s, row, "input_length", "output_length", block)
 
 
-def _read_weka(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
-    # Every file is read before the first call is yielded (calls are sorted by time), so `check` is asked per file.
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".json"))
-        if not files:
-            raise WorkloadError(f"{path}: no *.json Weka trace in this directory")
-    else:
-        files = [os.fspath(path)]
-    dense: dict[tuple[int, int], int] = {}  # (namespace, id) -> an id unique across the files
-    calls: list[tuple[float, int, TraceRequest]] = []
-    for n, file in enumerate(files):
-        check()
-        doc = _weka_document(file, block)
-        scope = -1 if doc["hash_id_scope"] == "global" else n
-        for where, call in _weka_calls(doc["requests"], f"{file}: requests"):
-            if call["type"] not in ("n", "s"):
-                raise WorkloadError(f"{where}: type {shown(call['type'])} is not n, s or subagent")
-            t = parse_number(_text(call.get("t")), where, "t")
-            req = _request(where, t, call, "in", "out", block)
-            ids = tuple(dense.setdefault((scope, h), len(dense)) for h in req.hash_ids)
-            calls.append((t, len(calls), TraceRequest(t, req.input_tokens, req.output_tokens, ids)))
-    calls.sort(key=lambda c: (c[0], c[1]))  # by time; equal times keep the files' order
-    for _, _, req in calls:
-        yield req
-
-
-def _weka_document(file: str, block: int) -> dict:
-    with refuse_malformed(file, WorkloadError):
-        try:
-            doc = loads_json(read_text(file, "Weka trace (JSON)"))
-        except json.JSONDecodeError as exc:
-            raise WorkloadError(f"{file}:{exc.lineno}: not JSON ({exc.msg}); is this a Weka trace?") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
-        raise WorkloadError(f"{file}: not a Weka trace (expected an object with a requests list)")
-    if doc.get("block_size") != block:
-        size = shown(doc.get("block_size"))
-        raise WorkloadError(f"{file}: block_size {size}; a Weka trace's blocks are {block} tokens")
-    if doc.get("hash_id_scope") not in ("local", "global"):
-        raise WorkloadError(f"{file}: hash_id_scope {shown(doc.get('hash_id_scope'))} is not local or global")
-    return doc
-
-
-def _weka_calls(requests: list, where: str) -> Iterator[tuple[str, dict]]:
-    """Every API call of a request list, sub-agents' calls included (depth first), as (where, call)."""
-    for i, entry in enumerate(requests):
-        here = f"{where}[{i}]"
-        if not isinstance(entry, dict) or "type" not in entry:
-            raise WorkloadError(f"{here}: expected an object with a type")
-        if entry["type"] == "subagent":
-            if not isinstance(entry.get("requests"), list):
-                raise WorkloadError(f"{here}: a subagent without a requests list")
-            yield from _weka_calls(entry["requests"], f"{here}.requests")
-            continue
-        missing = [k for k in ("t", "in", "out") if k not in entry]
-        if missing:
-            raise WorkloadError(f"{here}: missing {', '.join(missing)} (a Weka call has t, in, out, hash_ids)")
-        yield here, entry
-
-
-_AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+# The Azure traces' column sets, told apart by the header: 2023 (AzureLLMInferenceTrace_{conv,code}.csv) and the
+# 2024 week (times with a zone, 2024-05-10 00:00:00.009930+00:00) have three columns; the 2025 multimodal trace
+# (AzureLMMInferenceTrace_multimodal.csv, ISO times 2024-10-15T12:00:00.269) counts the images of each request too.
+_AZURE_HEADERS = {
+    ("TIMESTAMP", "ContextTokens", "GeneratedTokens"): "2023/2024",
+    ("TIMESTAMP", "NumImages", "ContextTokens", "GeneratedTokens"): "2025 multimodal",
+}
 
 
 def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
@@ -315,49 +238,37 @@ def _read_azure(path: str | os.PathLike, block: int, check: Callable[[], None]) 
 
 def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRequest]:
     header = next(reader, None)
-    if header is None or [h.strip() for h in header] != list(_AZURE_COLUMNS):
+    columns = tuple(h.strip() for h in header) if header else ()
+    if columns not in _AZURE_HEADERS:
         found = shown(",".join(header)) if header else "nothing"
-        raise WorkloadError(
-            f"{path}:1: not an Azure LLM inference trace (expected {','.join(_AZURE_COLUMNS)}, found {found})"
-        )
+        expected = " or ".join(",".join(c) for c in _AZURE_HEADERS)
+        raise WorkloadError(f"{path}:1: not an Azure LLM inference trace (found {found}; expected {expected})")
     clock = _Clock("s")
     start = None
     for row in reader:
         where = f"{path}:{reader.line_num}"
         if not row or all(not f.strip() for f in row):
             continue
-        if len(row) != 3:
-            raise WorkloadError(f"{where}: expected 3 fields, found {len(row)}")
+        if len(row) != len(columns):
+            raise WorkloadError(f"{where}: expected {len(columns)} fields, found {len(row)}")
+        fields = dict(zip(columns, row, strict=True))
+        stamp = fields["TIMESTAMP"].strip()
         try:
-            when = datetime.fromisoformat(row[0].strip())
+            when = datetime.fromisoformat(stamp)
         except ValueError:
-            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} is not a date and time") from None
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(stamp)} is not a date and time") from None
         if start is not None and (when.tzinfo is None) != (start.tzinfo is None):
             # no time to subtract: a time without a zone is in no zone we could compare with one that has a zone
             has = "has a time zone, the first row's has none" if when.tzinfo else "has none, the first row's has one"
-            raise WorkloadError(f"{where}: TIMESTAMP {shown(row[0].strip())} {has} (every row has one or none)")
+            raise WorkloadError(f"{where}: TIMESTAMP {shown(stamp)} {has} (every row has one or none)")
         start = when if start is None else start
         s = clock((when - start).total_seconds(), where)
-        yield _request(where, s, dict(zip(_AZURE_COLUMNS, row, strict=True)), "ContextTokens", "GeneratedTokens", block)
+        if "NumImages" in fields:  # checked, not sent: the prompt's tokens (ContextTokens) are what a cache holds
+            parse_count(fields["NumImages"], where, "NumImages")
+        yield request_of(where, s, fields, "ContextTokens", "GeneratedTokens", block)
 
 
-_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": _read_weka, "azure": _read_azure}
-
-
-def _text(value) -> str:
-    """A JSON value as the text the shared number checks read (a bool is not a number, whatever Python says)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return repr(value)
-    return str(value)
-
-
-def _hash_ids(value, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list):
-        raise WorkloadError(f"{where}: hash_ids must be a list of integers, found {type(value).__name__}")
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise WorkloadError(f"{where}: hash_ids holds {shown(v)}, not an integer")
-    return tuple(value)
+_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": read_weka, "azure": _read_azure}
 
 
 def merge_traces(traces: Sequence[BlockTrace], name: str = "all") -> BlockTrace:

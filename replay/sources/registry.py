@@ -143,6 +143,11 @@ def _synthetic(s: Source, _cfg: Any) -> bool:
 # kvtier replay: option -> (which sources read it, what the refusal adds). Options every source reads are not here.
 REPLAY_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
     "trace_speedup": (lambda s, _c: s.timed, "its requests have no times; --request-rate paces them"),
+    "trace_timing": (lambda s, _c: s.block_trace, "it is not a block-hash trace"),
+    "max_idle_s": (
+        lambda s, c: s.block_trace and c.trace_timing == "think",
+        "it caps the pauses of --trace-timing think",
+    ),
     "input_len": (_synthetic, "the dataset gives the lengths"),
     "range_ratio": (_synthetic, "the dataset gives the lengths"),
     "prefix_len": (_synthetic, "the dataset gives the prompts"),

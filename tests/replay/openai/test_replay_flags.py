@@ -255,6 +255,43 @@ def p_trace_speedup(c: Ctx):
     assert offsets_ms("10") == [0, 100, 200] and offsets_ms("20") == [0, 50, 100]
 
 
+def weka_calls(c: Ctx, requests: list[tuple[float, float | None]]) -> str:
+    """A Weka conversation of calls (t, think_time) of 100, 101, ... tokens, each recorded with no api_time."""
+    calls = [{"type": "n", "t": t, "in": 100 + k, "out": 2, "hash_ids": [k]} for k, (t, _) in enumerate(requests)]
+    for call, (_, think) in zip(calls, requests):
+        if think is not None:
+            call["think_time"] = think
+    path = c.tmp / "w.json"
+    path.write_text(json.dumps({"id": "w", "block_size": 64, "hash_id_scope": "local", "requests": calls}))
+    return str(path)
+
+
+@probe("--trace-timing")
+def p_trace_timing(c: Ctx):
+    trace = weka_calls(c, [(0, None), (0.05, 0.05)])
+
+    def second_ms(timing: str) -> int:
+        with FakeServer(FakeServerConfig(ttft_ms=300)) as srv:  # slower than the trace recorded
+            rows = detail(c, srv, "--source", "weka", "--dataset-path", trace, "--trace-timing", timing)
+        return round((rows[1]["scheduled_ns"] - rows[0]["scheduled_ns"]) / 1e6)
+
+    # timestamps: at its time whatever the server; think: its pause after the first call's (slow) answer ended
+    assert second_ms("timestamps") == 50 and second_ms("think") >= 300 + 50
+
+
+@probe("--max-idle-s")
+def p_max_idle_s(c: Ctx):
+    trace = weka_calls(c, [(0, None), (600, 600)])
+
+    def gap_s(cap: str) -> float:
+        with FakeServer() as srv:
+            rows = detail(c, srv, "--source", "weka", "--dataset-path", trace, "--trace-timing", "think",
+                          "--max-idle-s", cap)  # fmt: skip
+        return (rows[1]["sent_ns"] - rows[0]["last_chunk_ns"]) / 1e9
+
+    assert 0.1 <= gap_s("0.1") < 0.6 <= gap_s("0.6") < 10
+
+
 @probe("--num-requests")
 def p_num_requests(c: Ctx):
     with FakeServer() as srv:
