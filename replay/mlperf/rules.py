@@ -83,7 +83,9 @@ PARAMS = {
     "--generation-mode": "generation_mode",
 }
 # What a CLOSED wrapper command may hold beyond the Option's flags (mlpstorage's `_execute_run`).
-WRAPPER_OWN = {"--rank-output-base", "--rank-cache-base", "--seed-base", "--config"}
+# (kvtier's harness passes the wrapper's delays too, at the reference wrapper's 90 s in CLOSED.)
+WRAPPER_OWN = {"--rank-output-base", "--rank-cache-base", "--seed-base", "--config", "--start-delay", "--end-delay"}
+WRAPPER_DELAY_S = 90
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,9 @@ class Checker:
             extra = sorted(set(c.flags) - set(PARAMS) - WRAPPER_OWN)
             if extra:
                 bad.append(f"Option {c.option} trial {c.trial}: {' '.join(extra)} set")
+            for flag in ("--start-delay", "--end-delay"):
+                if flag in c.flags and not _same(c.flags[flag], WRAPPER_DELAY_S):
+                    bad.append(f"Option {c.option} trial {c.trial}: {flag} {c.flags[flag]}, must be {WRAPPER_DELAY_S}")
             cfg = c.flags.get("--config")
             if cfg and Path(cfg).name != "config.yaml":
                 bad.append(f"Option {c.option} trial {c.trial}: --config {cfg}, not the wrapper's own config.yaml")
