@@ -424,6 +424,7 @@ class Runner:
         except ProcessLookupError:
             pass
         entry["exit_status"] = rc
+        self.record("running")
         return rc
 
     def run(self) -> tuple[dict, Path]:
