@@ -111,6 +111,11 @@ def harness_tree(run: Path, cache: Path, results: Path, mode: str = "closed", ra
         "benchmark_type": "kv_cache",
         "run_datetime": RUN_DATETIME,
         "num_processes": ranks,
+        "command": "run",
+        "model": "llama3.1-8b",
+        # what mlpstorage's run-rules checker reads (kvcache.py `metadata`): the run's first Option's workload
+        "parameters": option_params(1) | {"cache_dir": str(cache), "performance_profile": "throughput"},
+        "override_parameters": {},
         "command_output_files": commands,
         "args": {
             "mode": mode,
