@@ -287,6 +287,7 @@ REFUSALS = {  # raised for what the user gave: each derives from UserError (one 
     "replay.synthetic.merge": ["MergeError"],
     "replay.synthetic.check": ["BadInput"],
     "replay.mlperf.record": ["RunDirError"],
+    "replay.mlperf.run": ["RuleRefusal"],
     "replay.plan.cli": ["_ConfigFlagsError"],
     "deploy.throttle.settings": ["SettingError"],
     "deploy.redis_cluster": ["ClusterRefused"],
