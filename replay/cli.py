@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "bench": ("replay.synthetic.cli", "synthetic benchmark of the tiered KV store, in-process (no vLLM needed)"),
     "replay": ("replay.openai.cli", "replay ShareGPT / BurstGPT / synthetic load against an OpenAI-compatible server"),
     "compare": ("replay.synthetic.compare", "side-by-side table of result JSON files, with ratios"),
-    "check": ("replay.synthetic.check", "the MLPerf spec's submission checklist over kvtier bench results files"),
+    "check": ("replay.check", "MLPerf rules: a harness run directory by rule ID, or kvtier bench results files"),
     "merge": ("replay.synthetic.merge", "merge kvtier bench results of several processes, hosts or trials into one"),
     "throttlefs": ("deploy.throttle.cli", "mount a FUSE passthrough that caps bandwidth and adds per-op latency"),
     "sweep": ("deploy.sweep.cli", "run bench or replay once per throttlefs bandwidth x latency point; heat maps"),

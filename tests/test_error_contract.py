@@ -174,6 +174,7 @@ def test_compare(capsys, tmp_path, logs_in_tmp, monkeypatch):
 
 def test_check(capsys, tmp_path, logs_in_tmp, monkeypatch):
     refused(capsys, "check", str(tmp_path / "a.json"), said="a.json")
+    refused(capsys, "check", str(tmp_path), said="not a run directory")  # a directory: a harness run's check
     plant(monkeypatch, "replay.synthetic.check.load_runs", ValueError)
     bug(capsys, logs_in_tmp, "check", str(tmp_path / "a.json"))
 
@@ -285,6 +286,8 @@ REFUSALS = {  # raised for what the user gave: each derives from UserError (one 
     "replay.synthetic.compare": ["CompareError"],
     "replay.synthetic.merge": ["MergeError"],
     "replay.synthetic.check": ["BadInput"],
+    "replay.mlperf.record": ["RunDirError"],
+    "replay.mlperf.run": ["RuleRefusal"],
     "replay.plan.cli": ["_ConfigFlagsError"],
     "deploy.throttle.settings": ["SettingError"],
     "deploy.redis_cluster": ["ClusterRefused"],

@@ -37,6 +37,10 @@ examples:
       --model llama3.1-8b --num-users 200 --output stress_8b.json && kvtier check stress_8b.json
 
 exit status: 0 every item passes; 1 an item fails; 2 a file cannot be read or is not a kvtier bench result.
+
+kvtier check RUN_DIR: a run directory of the MLPerf harness (mlpstorage's or `kvtier mlperf run`'s) against the
+kvcache rules of Rules.md section 6, one line per finding naming the rule's ID (PASS, FAIL, SKIP, OPEN: acceptable
+in OPEN only); exit 0 every rule holds, 1 a rule fails, 2 not a run directory.
 """
 
 # The spec's metrics per cpu_mem setting (section 6, "Correct metrics for cpu_mem setting"), as summary keys.
@@ -276,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("results", nargs="+", help="kvtier bench results files or --trials documents")
+    p.add_argument(
+        "results", nargs="+", help="kvtier bench results files or --trials documents; or one harness RUN_DIR"
+    )
     return p
 
 
