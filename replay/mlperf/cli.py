@@ -16,7 +16,6 @@ import sys
 from kvconnector.errors import UserError
 
 from ..common.cli import OneLineParser, command
-from ..outputs.terminal import console
 from .shim import write_shim
 from .summary import OPTIONS, summarize, write_summary
 
