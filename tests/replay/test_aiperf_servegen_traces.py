@@ -344,10 +344,12 @@ def test_replay_runs_them_and_the_server_hits_what_the_plan_says(tmp_path, fmt, 
     if "think" in pace:
         assert doc["pacing"] == "think"
     value = {m.split("{")[0]: float(m.rsplit(" ", 1)[1]) for m in metrics.splitlines() if m.startswith("vllm:")}
-    measured = value["vllm:prefix_cache_hits_total"] / value["vllm:prefix_cache_queries_total"]
+    hits = value["vllm:prefix_cache_hits_total"]
     if "--users" not in pace:  # one request at a time, in the plan's order: the server hits what the plan says
-        assert measured == pytest.approx(reuse_profile(trace).max_hit_rate, abs=0.02)
-    assert (measured > 0) == trace.has_block_ids
+        # (in tokens, not as a rate: a text prompt's tokens are estimated from its characters, which the fake
+        # server's tokenizer, a token a word, does not count alike; a block either way for the prompt's "User: ")
+        assert hits == pytest.approx(reuse_profile(trace).hit_tokens(math.inf), abs=16)
+    assert (hits > 0) == trace.has_block_ids
 
 
 @pytest.mark.slow
