@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     g(
         "--source",
         choices=source_names(),
-        help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
+        help="where the requests come from (mooncake and the other block-hash traces: prompts sharing its prefixes; "
+        "servegen has no times: give --users N)",
     )
     g("--dataset-path", help="ShareGPT JSON file; a block-hash trace's file (weka: also a directory)")
     g("--trace-path", help="BurstGPT CSV file, directory or glob (block-hash traces: --dataset-path)")
