@@ -275,6 +275,17 @@ def test_replay_refuses_servegen_without_a_pace_or_with_a_timing_flag(tmp_path, 
     assert says in one_line(capsys) and not out.exists()
 
 
+def test_bench_refuses_a_speedup_for_servegen(tmp_path, capsys):
+    from replay.synthetic.cli import main as bench
+
+    cfg = write_config(tmp_path, duration=5)
+    argv = ["--config", cfg, "--source", "servegen", "--dataset-path", str(SG_A)]
+    for speedup in ("0", "2"):
+        assert bench([*argv, "--trace-speedup", speedup]) == 2
+        assert "--trace-speedup is not read by --source servegen (its requests have no times" in one_line(capsys)
+    assert not (tmp_path / "out.json").exists()
+
+
 def plan(*args: str, check: int = 0) -> subprocess.CompletedProcess:
     p = subprocess.run([sys.executable, "-m", "replay.cli", "plan", *args], capture_output=True, text=True, timeout=120)
     assert p.returncode == check, p.stderr
@@ -359,7 +370,7 @@ def test_bench_runs_them_against_the_plan(tmp_path, fmt, path):
 
     cfg = write_config(tmp_path, duration=60, cpu_mem_gb=1, storage_capacity_gb=0.000001)
     argv = ["--config", cfg, "--source", fmt, "--dataset-path", str(path), "--trace-block-tokens", "16"]
-    assert bench([*argv, "--trace-speedup", "0"]) == 0
+    assert bench([*argv, *([] if fmt == "servegen" else ["--trace-speedup", "0"])]) == 0
     t = json.loads((tmp_path / "out.json").read_text())["trace"]
     trace = load_block_trace(path, fmt, block_tokens=16)
     assert t["requests"] == len(trace.requests) and t["source"] == fmt
