@@ -11,7 +11,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from replay.sources.block_traces import MAX_BLOCK_TOKENS
-from replay.sources.registry import MIN_TRACE_SPEEDUP, REPLAY_READS, check_reads, check_source, source_names
+from replay.sources.registry import (
+    MIN_TRACE_SPEEDUP,
+    REPLAY_READS,
+    check_paced,
+    check_reads,
+    check_source,
+    source_names,
+)
 from replay.sources.trace_timing import DEFAULT_MAX_IDLE_S, TIMINGS
 
 from ..common.cli import (
@@ -204,6 +211,7 @@ class ReplayConfig(BaseModel):
         self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
         source = check_source(self.source, self.source_inputs(), block_tokens=self.trace_block_tokens)
         check_reads(self, source, REPLAY_READS)
+        check_paced(source, bool(self.users or self.max_concurrency or self.rounds or math.isfinite(self.request_rate)))
         for url in self.metrics_url:
             if is_prometheus_url(url):
                 parse_prometheus_url(url)  # a ValueError says what is wrong with it
@@ -262,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     g(
         "--source",
         choices=source_names(),
-        help="where the requests come from (mooncake: a block-hash trace, prompts sharing its prefixes)",
+        help="where the requests come from (mooncake and the other block-hash traces: prompts sharing its prefixes; "
+        "servegen has no times: give --users N)",
     )
     g("--dataset-path", help="ShareGPT JSON file; a block-hash trace's file (weka: also a directory)")
     g("--trace-path", help="BurstGPT CSV file, directory or glob (block-hash traces: --dataset-path)")

@@ -99,8 +99,10 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
             "max_prompt_tokens": cfg.max_prompt_tokens,
             "truncated": dict(trace.report.truncated),
         }
-        meta["trace_speedup"] = cfg.trace_speedup
+        meta["trace_speedup"] = cfg.trace_speedup if source.timed else None
         meta["trace_timing"] = cfg.trace_timing
+        # a trace none of whose requests names its blocks shares nothing: no reuse is claimed for it
+        meta["trace_block_ids"] = trace.has_block_ids
         if cfg.trace_timing == "think":
             if not has_sessions(trace):
                 raise WorkloadError(
@@ -117,11 +119,14 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
                 duration_s=cfg.duration,
             )
             return "think", plans, None, True, meta
-        offsets = trace_offsets_ns([r.arrival_s for r in trace.requests], cfg.trace_speedup, cfg.duration)
+        # a trace without times (ServeGen offline) is paced as an untimed source is: --users, or a rate
+        offsets = None
+        if source.timed:
+            offsets = trace_offsets_ns([r.arrival_s for r in trace.requests], cfg.trace_speedup, cfg.duration)
         plans = await plans_from_block_trace(
             trace, maker, fixed_max_tokens=fixed, max_tokens_cap=cfg.max_tokens_cap, trace_offsets_ns=offsets
         )
-        traced = True
+        traced = source.timed
     elif convs is not None:
         plans = await plans_from_conversations(
             convs,

@@ -207,20 +207,30 @@ async def plans_from_block_trace(
     *,
     fixed_max_tokens: int | None,
     max_tokens_cap: int | None,
-    trace_offsets_ns: list[int],
+    trace_offsets_ns: list[int] | None,
 ) -> list[SessionPlan]:
-    """A block-hash trace (Mooncake) -> one single-turn plan per request, at its trace time (-1 = past the window),
-    its prompt made block by block from its hash ids (TextMaker.block_prompt) when it is sent, not here."""
+    """A block-hash trace (Mooncake) -> one single-turn plan per request, at its trace time (-1 = past the window;
+    `trace_offsets_ns` None: a trace without times, paced by the run), its prompt made block by block from its hash
+    ids (TextMaker.block_prompt) when it is sent, not here, or the trace's own text where it has one."""
     plans = []
-    for i, (req, off) in enumerate(zip(trace.requests, trace_offsets_ns, strict=True)):
+    offsets = trace_offsets_ns if trace_offsets_ns is not None else [None] * len(trace.requests)
+    for i, (req, off) in enumerate(zip(trace.requests, offsets, strict=True)):
         if i % _PLANS_PER_YIELD == _PLANS_PER_YIELD - 1:
             await asyncio.sleep(0)
-        if off < 0:
+        if off is not None and off < 0:
             continue
-        make = functools.partial(maker.block_prompt, req.hash_ids, req.input_tokens, trace.block_tokens, f"request:{i}")
+        text, make = _trace_prompt(maker, trace, i)
         max_tokens = _max_tokens(req.output_tokens, fixed_max_tokens, max_tokens_cap)
-        plans.append(SessionPlan(f"{trace.name}-{i}", (TurnPlan("", max_tokens, req.input_tokens, off, make),)))
+        plans.append(SessionPlan(f"{trace.name}-{i}", (TurnPlan(text, max_tokens, req.input_tokens, off, make),)))
     return plans
+
+
+def _trace_prompt(maker: TextMaker, trace: BlockTrace, i: int) -> tuple[str, Callable[[], str] | None]:
+    """Request i's prompt: its own text (TurnPlan.user_text), or the maker of its blocks' text (TurnPlan.make_text)."""
+    r = trace.requests[i]
+    if r.text is not None:
+        return r.text, None
+    return "", functools.partial(maker.block_prompt, r.hash_ids, r.input_tokens, trace.block_tokens, f"request:{i}")
 
 
 async def linked_plans_from_block_trace(
@@ -265,12 +275,12 @@ async def linked_plans_from_block_trace(
         turns = []
         for i in calls:
             r = reqs[i]
-            make = functools.partial(maker.block_prompt, r.hash_ids, r.input_tokens, trace.block_tokens, f"request:{i}")
+            text, make = _trace_prompt(maker, trace, i)
             max_tokens = _max_tokens(r.output_tokens, fixed_max_tokens, max_tokens_cap)
             pause_ns = round(pause_s(r, max_idle_s) / speedup * 1e9)
             after = at[r.after] if r.after >= 0 else -1
             turns.append(
-                TurnPlan("", max_tokens, r.input_tokens, None, make, after, tuple(at[j] for j in r.joins), pause_ns)
+                TurnPlan(text, max_tokens, r.input_tokens, None, make, after, tuple(at[j] for j in r.joins), pause_ns)
             )
         plans.append(SessionPlan(f"{trace.name}-{calls[0]}", tuple(turns), linked=True))
     return plans

@@ -43,7 +43,10 @@ EXAMPLES = """examples:
   # a directory of Weka agentic-coding sessions (one JSON a session, sub-agents included)
   kvtier plan --trace cc-traces-weka/ --format weka --tier gpu=2e5 --capacity-sweep 1e3..1e8
 
---format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), bailian
+--format: mooncake (kvcache-ai/Mooncake FAST25-release/traces, 512-token blocks), aiperf-mooncake (AIPerf's
+mooncake_trace rows: timestamp or delay, session_id, input_length or text_input/messages, hash_ids optional; 512-token
+blocks; a trace without hash_ids has no reuse to model, and the plan says so), servegen (alibaba/ServeGen
+data/offline/trace_*.jsonl, 16-token blocks, no times: planned in file order; several --trace share their ids), bailian
 (alibaba-edu/qwen-bailian-usagetraces-anon, 16-token blocks), weka (semianalysisai/cc-traces-weka-*, a JSON file per
 session or a directory of them, 64-token blocks), azure (Azure/AzurePublicDataset
 AzureLLMInferenceTrace_*.csv of 2023 and 2024, AzureLMMInferenceTrace_multimodal.csv of 2025, told apart by the
@@ -213,7 +216,11 @@ def tier_tokens(cfg: TracePlanConfig, bpt: float | None) -> list[tuple[str, floa
     return out
 
 
-def trace_entry(profile: ReuseProfile, files: list[str], tiers: list[tuple[str, float]], caps: list[float]) -> dict:
+def trace_entry(
+    profile: ReuseProfile, files: list[str], tiers: list[tuple[str, float]], caps: list[float], block_ids: bool = True
+) -> dict:
+    """One trace's figures. `block_ids`: whether its requests name their blocks; without, nothing is shared and its
+    figures are all misses by construction, not a measure of reuse (the entry says so)."""
     if not profile.prompt_tokens:  # a hit rate is hit tokens over prompt tokens: none to plan
         raise WorkloadError(f"{', '.join(files)}: every prompt in this trace is 0 tokens, so it has no hit rate")
     rates = profile.tier_hit_rates([tok for _, tok in tiers]) if tiers else []
@@ -227,6 +234,7 @@ def trace_entry(profile: ReuseProfile, files: list[str], tiers: list[tuple[str, 
         "block_tokens": profile.block_tokens,
         "unique_blocks": profile.unique_blocks,
         "unique_tokens": profile.unique_blocks * profile.block_tokens,
+        "block_ids": block_ids,
         "max_hit_rate": top,
         "tiers": [{"name": n, "capacity_tokens": tok, "hit_rate": r} for (n, tok), r in zip(tiers, rates, strict=True)],
         "tiers_hit_rate": total if tiers else None,
@@ -312,9 +320,10 @@ def run(cfg: TracePlanConfig, argv: list[str]) -> dict:
                 )
             traces.append(in_timing_order(trace, cfg.trace_timing, cfg.max_idle_s))
         for t, path in zip(traces, cfg.trace, strict=True):
-            doc["traces"].append(trace_entry(reuse_profile(t), [path], tiers, caps))
+            doc["traces"].append(trace_entry(reuse_profile(t), [path], tiers, caps, t.has_block_ids))
         if len(traces) > 1:
-            doc["traces"].append(trace_entry(reuse_profile(merge_traces(traces)), list(cfg.trace), tiers, caps))
+            merged = merge_traces(traces)
+            doc["traces"].append(trace_entry(reuse_profile(merged), list(cfg.trace), tiers, caps, merged.has_block_ids))
     except Interrupted as exc:
         exc.partial = doc  # type: ignore[attr-defined]
         raise
@@ -350,6 +359,12 @@ def _run_and_write(cfg, argv: list[str]) -> int:
         _write(cfg, exc.partial)  # type: ignore[attr-defined]
         print(f"{PROG}: interrupted ({exc}); wrote the traces done so far", file=sys.stderr)
         return exc.exit_code
+    for entry in doc["traces"]:
+        if not entry["block_ids"]:
+            print(
+                f"{PROG}: {', '.join(entry['files'])}: no block ids: no reuse model (every request a miss)",
+                file=sys.stderr,
+            )
     if not cfg.quiet:
         from ..outputs.terminal import console
         from .report import trace_tables

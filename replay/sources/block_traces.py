@@ -16,6 +16,14 @@ Formats read here (each as its publisher documents it):
   sub-agents; a path is one such file or a directory of them (``*.json``, sorted by name), whose conversations all
   start at time 0, as users who arrive together. replay/sources/weka_trace.py reads them: sub-agents' times made
   absolute, and each call's session links (what it waits for when replayed closed loop).
+- ``aiperf-mooncake``: AIPerf's Mooncake format, the superset its users write (``timestamp`` or ``delay``,
+  ``session_id``, ``input_length`` or ``text_input``/``messages``, ``hash_ids`` optional):
+  replay/sources/aiperf_mooncake.py says what is read. A name of its own, not ``mooncake``: a FAST'25 row without
+  its hash ids stays an error there, not a request that silently claims no reuse.
+- ``servegen``: ServeGen's offline traces (alibaba/ServeGen, data/offline/trace_a..c.jsonl; Apache-2.0). One JSON
+  object a line: ``request_id``, ``type``, ``input_length``, ``hash_ids`` (16-token blocks, one id namespace across
+  the files), ``output_length`` where a row has it. No times: a run paces the requests (``kvtier replay --users N``
+  keeps N in flight), each at time 0 in the file's order.
 - ``azure``: the Azure LLM inference traces (Azure/AzurePublicDataset; CC-BY-4.0), told apart by their header: 2023
   and the 2024 week (data/AzureLLMInferenceTrace_*.csv: ``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``; the
   2024 times carry a zone) and the 2025 multimodal trace (AzureLMMInferenceTrace_multimodal.csv: ``TIMESTAMP``,
@@ -43,14 +51,14 @@ they are read; ``should_stop`` is asked every few thousand rows, and when it ans
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from replay.common.json_files import loads_json, refuse_malformed, shown
+from replay.common.json_files import refuse_malformed, shown
+from replay.sources.aiperf_mooncake import CHARS_PER_TOKEN, read_aiperf_mooncake
 from replay.sources.base import (
     LoadReport,
     Turn,
@@ -60,12 +68,14 @@ from replay.sources.base import (
     parse_number,
     read_lines,
 )
-from replay.sources.trace_request import TraceRequest, request_of, value_text
+from replay.sources.trace_request import TraceRequest, jsonl_rows, request_of, value_text
 from replay.sources.weka_trace import read_weka
 
 __all__ = [
     "FORMATS",
     "MAX_BLOCK_TOKENS",
+    "SHARED_ID_FORMATS",
+    "UNTIMED_FORMATS",
     "BlockTrace",
     "LoadStopped",
     "TraceRequest",
@@ -74,7 +84,19 @@ __all__ = [
 ]
 
 # Each format's block size in tokens, as its publisher documents it (azure has none: vLLM's default block).
-FORMATS: dict[str, int] = {"mooncake": 512, "bailian": 16, "weka": 64, "azure": 16}
+FORMATS: dict[str, int] = {
+    "mooncake": 512,
+    "aiperf-mooncake": 512,
+    "bailian": 16,
+    "weka": 64,
+    "azure": 16,
+    "servegen": 16,
+}
+# Formats whose rows carry no time: a run paces their requests itself (a closed loop, or a rate).
+UNTIMED_FORMATS = frozenset({"servegen"})
+# Formats whose hash ids are one namespace across a release's files (ServeGen's trace_a..c): traces merged keep
+# them shared, where every other format's ids are remapped per file and kept apart.
+SHARED_ID_FORMATS = frozenset({"servegen"})
 # The largest block --trace-block-tokens may ask for: 2^20 tokens, bench's largest --block-size. Every length is
 # scaled by block / native, so an unbounded block makes unbounded prompts; no engine's block comes near it.
 MAX_BLOCK_TOKENS = 1 << 20
@@ -94,6 +116,12 @@ class BlockTrace:
     requests: tuple[TraceRequest, ...]
     block_tokens: int
     report: LoadReport
+    shared_ids: bool = False  # its ids are one namespace with other files' of its format (SHARED_ID_FORMATS)
+
+    @property
+    def has_block_ids(self) -> bool:
+        """Whether any request names its blocks: without ids nothing is shared, so no reuse can be modelled."""
+        return any(r.hash_ids for r in self.requests)
 
 
 def load_block_trace(
@@ -148,14 +176,15 @@ def load_block_trace(
         raise WorkloadError(f"{path}: no request in this {fmt} trace")
     report.conversations = report.turns = len(requests)
     name = os.path.basename(os.fspath(path)).rsplit(".", 1)[0].replace("_trace", "")  # Mooncake: conversation
-    return BlockTrace(name, tuple(requests), block, report)
+    return BlockTrace(name, tuple(requests), block, report, fmt in SHARED_ID_FORMATS)
 
 
 def _rescale(req: TraceRequest, native: int, block: int) -> TraceRequest:
-    # ceil keeps the block count: k whole blocks and a partial one stay k whole blocks and a partial one.
+    # ceil keeps the block count: k whole blocks and a partial one stay k whole blocks and a partial one. A prompt
+    # the trace gives as text keeps its length: the text is what is sent.
     return replace(
         req,
-        input_tokens=math.ceil(req.input_tokens * block / native),
+        input_tokens=req.input_tokens if req.text is not None else math.ceil(req.input_tokens * block / native),
         output_tokens=math.ceil(req.output_tokens * block / native),
     )
 
@@ -167,26 +196,8 @@ def _bound(req: TraceRequest, block: int, max_tokens: int | None, report: LoadRe
         return req
     turn = bound_turn(Turn(req.input_tokens, req.output_tokens), max_tokens, report)
     ids = req.hash_ids[: -(-turn.input_tokens // block)]
-    return replace(req, input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, hash_ids=ids)
-
-
-def _jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
-    """The rows of a JSON-lines trace as (file:line, object), each checked to be an object with `fields`."""
-    for number, line in enumerate(read_lines(path, f"{fmt} trace (JSONL)"), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        with refuse_malformed(where, WorkloadError):
-            try:
-                row = loads_json(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
-        if not isinstance(row, dict):
-            raise WorkloadError(f"{where}: expected a JSON object, found {type(row).__name__}")
-        missing = [f for f in fields if f not in row]
-        if missing:
-            raise WorkloadError(f"{where}: missing {', '.join(missing)} (a {fmt} row has {', '.join(fields)})")
-        yield where, row
+    text = None if req.text is None else req.text[: turn.input_tokens * CHARS_PER_TOKEN]  # as its tokens were counted
+    return replace(req, input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, hash_ids=ids, text=text)
 
 
 class _Clock:
@@ -204,9 +215,20 @@ class _Clock:
         return value
 
 
+_AIPERF_ONLY = ("session_id", "delay", "text_input", "messages")
+
+
 def _read_mooncake(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("ms")
-    for where, row in _jsonl_rows(path, "Mooncake", ("timestamp", "input_length", "output_length", "hash_ids")):
+    fields = ("timestamp", "input_length", "output_length", "hash_ids")
+    for where, row in jsonl_rows(path, "Mooncake", ()):
+        missing = [f for f in fields if f not in row]
+        if missing:
+            # AIPerf's users write rows with fewer fields (a prompt's length or text, sessions, delays): say where
+            # they are read, rather than claim block reuse the row does not carry
+            superset = "input_length" in row or any(k in row for k in _AIPERF_ONLY)
+            also = "; an AIPerf Mooncake row: --source aiperf-mooncake" if superset else ""
+            raise WorkloadError(f"{where}: missing {', '.join(missing)} (a Mooncake row has {', '.join(fields)}{also})")
         ms = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
         yield request_of(where, ms / 1000.0, row, "input_length", "output_length", block)
 
@@ -214,7 +236,7 @@ def _read_mooncake(path: str | os.PathLike, block: int, check: Callable[[], None
 def _read_bailian(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
     clock = _Clock("s")
     fields = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "hash_ids")
-    for where, row in _jsonl_rows(path, "Bailian", fields):
+    for where, row in jsonl_rows(path, "Bailian", fields):
         s = clock(parse_number(value_text(row["timestamp"]), where, "timestamp"), where)
         yield request_of(where, s, row, "input_length", "output_length", block)
 
@@ -268,22 +290,39 @@ def _azure_rows(path: str | os.PathLike, reader, block: int) -> Iterator[TraceRe
         yield request_of(where, s, fields, "ContextTokens", "GeneratedTokens", block)
 
 
-_READERS = {"mooncake": _read_mooncake, "bailian": _read_bailian, "weka": read_weka, "azure": _read_azure}
+def _read_servegen(path: str | os.PathLike, block: int, check: Callable[[], None]) -> Iterator[TraceRequest]:
+    # No times: every request at 0, in file order (a run paces them). No answer length unless a row has one.
+    for where, row in jsonl_rows(path, "ServeGen offline", ("request_id", "input_length", "hash_ids")):
+        counts = {"output_length": 0 if row.get("output_length") is None else row["output_length"]}
+        yield request_of(where, 0.0, {**row, **counts}, "input_length", "output_length", block)
+
+
+_READERS = {
+    "mooncake": _read_mooncake,
+    "aiperf-mooncake": read_aiperf_mooncake,
+    "bailian": _read_bailian,
+    "weka": read_weka,
+    "azure": _read_azure,
+    "servegen": _read_servegen,
+}
 
 
 def merge_traces(traces: Sequence[BlockTrace], name: str = "all") -> BlockTrace:
     """Several traces as one service would see them: requests interleaved by arrival, each trace's hash ids kept
-    apart (ids are remapped per file, so id 7 of one trace is not id 7 of another). Same block size required."""
+    apart (ids are remapped per file, so id 7 of one trace is not id 7 of another) unless its format's ids are one
+    namespace across files (BlockTrace.shared_ids). Same block size required."""
     sizes = {t.block_tokens for t in traces}
     if len(sizes) != 1:
         raise WorkloadError(f"traces with different block sizes ({sorted(sizes)} tokens) cannot be merged")
     dense: dict[tuple[int, int], int] = {}  # (trace, id) -> a new id unique across the traces
     tagged = []
     for i, t in enumerate(traces):
+        scope = -1 if t.shared_ids else i  # a shared namespace: id 7 of one file is id 7 of the other
         for r in t.requests:
-            ids = tuple(dense.setdefault((i, h), len(dense)) for h in r.hash_ids)
+            ids = tuple(dense.setdefault((scope, h), len(dense)) for h in r.hash_ids)
             tagged.append((r.arrival_s, i, TraceRequest(r.arrival_s, r.input_tokens, r.output_tokens, ids)))
     tagged.sort(key=lambda x: (x[0], x[1]))  # stable: each trace keeps its own order at equal times
     report = LoadReport(source="+".join(t.report.source for t in traces), tokenizer="trace token counts")
     report.conversations = report.turns = len(tagged)
-    return BlockTrace(name, tuple(r for _, _, r in tagged), sizes.pop(), report)
+    shared = all(t.shared_ids for t in traces)
+    return BlockTrace(name, tuple(r for _, _, r in tagged), sizes.pop(), report, shared)

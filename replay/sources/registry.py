@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .block_traces import FORMATS
+from .block_traces import FORMATS, UNTIMED_FORMATS
 
 __all__ = [
     "BENCH_TRACE_READS",
@@ -30,6 +30,7 @@ __all__ = [
     "SOURCES",
     "Source",
     "block_trace_names",
+    "check_paced",
     "check_reads",
     "check_source",
     "source_names",
@@ -93,7 +94,15 @@ SOURCES: dict[str, Source] = {
         Source("burstgpt", "--trace-path", "FILE|DIR|GLOB", False, True, None, _load_burstgpt),
         Source("synthetic", None, "", False, False, None, None),
         *(
-            Source(fmt, "--dataset-path", f"FILE (a {fmt} trace)", False, True, block, _block_trace_loader(fmt))
+            Source(
+                fmt,
+                "--dataset-path",
+                f"FILE (a {fmt} trace)",
+                False,
+                fmt not in UNTIMED_FORMATS,
+                block,
+                _block_trace_loader(fmt),
+            )
             for fmt, block in FORMATS.items()
         ),
     )
@@ -136,6 +145,16 @@ def check_source(
     return source
 
 
+def check_paced(source: Source, paced: bool) -> None:
+    """A block-hash trace without times (ServeGen offline) is paced by the run: refuse (a ValueError of one line) a
+    run that gives no pace (`paced`: the driver was given a closed loop, a concurrency or a rate)."""
+    if source.block_trace and not source.timed and not paced:
+        raise ValueError(
+            f"--source {source.name} has no arrival times: give --users N (a closed loop of N requests in flight), "
+            "--max-concurrency N or --request-rate R"
+        )
+
+
 def _synthetic(s: Source, _cfg: Any) -> bool:
     return s.path_flag is None
 
@@ -164,6 +183,7 @@ BENCH_TRACE_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
     "max_conversations": (lambda s, _c: not s.block_trace, "--max-requests N takes the trace's first N requests"),
     "replay_cycles": (lambda s, _c: not s.block_trace, "a trace is replayed once, its hash ids as they are"),
     "burst_trace_path": (lambda s, _c: not s.block_trace, "the trace is --dataset-path"),
+    "trace_speedup": (lambda s, _c: s.timed, "its requests have no times: they run in the file's order"),
 }
 
 

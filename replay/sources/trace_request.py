@@ -3,13 +3,16 @@ readers in their own modules and replay/sources/block_traces.py import it withou
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from replay.common.json_files import shown
-from replay.sources.base import WorkloadError, parse_count
+from replay.common.json_files import loads_json, refuse_malformed, shown
+from replay.sources.base import WorkloadError, parse_count, read_lines
 
-__all__ = ["TraceRequest", "request_of", "value_text"]
+__all__ = ["TraceRequest", "jsonl_rows", "request_of", "value_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +31,9 @@ class TraceRequest:
     joins: tuple[int, ...] = ()  # the last calls of the sub-agents it waits for
     delay_s: float = 0.0  # the pause after `after` ended: its think time (or the time to a sub-agent's spawn)
     api_s: float | None = None  # how long the call took when recorded
+    # The prompt's own text, for a trace that carries it (AIPerf's Mooncake rows with text_input or messages); None:
+    # the prompt is made from the hash ids to input_tokens (input_tokens then estimated from the text).
+    text: str | None = None
 
 
 def request_of(where: str, ts_s: float, row: dict, inp: str, out: str, block: int) -> TraceRequest:
@@ -56,3 +62,22 @@ def _hash_ids(value, where: str) -> tuple[int, ...]:
         if isinstance(v, bool) or not isinstance(v, int):
             raise WorkloadError(f"{where}: hash_ids holds {shown(v)}, not an integer")
     return tuple(value)
+
+
+def jsonl_rows(path: str | os.PathLike, fmt: str, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """The rows of a JSON-lines trace as (file:line, object), each checked to be an object with `fields`."""
+    for number, line in enumerate(read_lines(path, f"{fmt} trace (JSONL)"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        with refuse_malformed(where, WorkloadError):
+            try:
+                row = loads_json(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not a JSON object ({exc.msg}); is this a {fmt} trace?") from None
+        if not isinstance(row, dict):
+            raise WorkloadError(f"{where}: expected a JSON object, found {type(row).__name__}")
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise WorkloadError(f"{where}: missing {', '.join(missing)} (a {fmt} row has {', '.join(fields)})")
+        yield where, row

@@ -1,5 +1,6 @@
-"""`kvtier bench --source mooncake|bailian|azure|weka --dataset-path FILE`: a production trace of block hashes replayed
-block by block on the real tiered store, its measured per-tier hit rates beside what `kvtier plan --trace` predicts.
+"""`kvtier bench --source FORMAT --dataset-path FILE` (a block-hash trace: mooncake, bailian, weka, ...): a production
+trace of block hashes replayed block by block on the real tiered store, its measured per-tier hit rates beside what
+`kvtier plan --trace` predicts.
 
 The model is the plan's (replay/plan/trace.py), here with real entries, tiers and I/O:
 - Each request starts at its arrival time (divided by --trace-speedup; 0 = no delay). Block id h is the entry

@@ -17,7 +17,7 @@ from bench_helpers import write_config
 from helpers import wait_for
 
 from replay.cli import main as kvtier
-from replay.sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, LoadStopped, load_block_trace
+from replay.sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, UNTIMED_FORMATS, LoadStopped, load_block_trace
 
 DATA = Path(__file__).parent / "data"
 FIXTURES = {
@@ -25,6 +25,8 @@ FIXTURES = {
     "bailian": DATA / "bailian" / "bailian_format_example.jsonl",
     "weka": DATA / "weka",
     "azure": DATA / "azure" / "AzureLLMInferenceTrace_conv_head300.csv",
+    "aiperf-mooncake": DATA / "aiperf_mooncake" / "sessions_handmade.jsonl",
+    "servegen": DATA / "servegen" / "trace_a_handmade.jsonl",
 }
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -217,7 +219,8 @@ def test_replay_sends_no_prompt_over_max_prompt_tokens(tmp_path, fmt):
         out = tmp_path / "r.json"
         rc = kvtier([
             *REPLAY[:2], srv.base_url, "--model", "fake", "--endpoint", "completions", "--quiet", *_trace(fmt),
-            "--num-requests", "40", "--trace-speedup", "1000000", "--max-tokens", "1",
+            "--num-requests", "40", *(["--users", "2"] if fmt in UNTIMED_FORMATS else ["--trace-speedup", "1000000"]),
+            "--max-tokens", "1",
             "--max-prompt-tokens", str(limit), "--output", str(out),
         ])  # fmt: skip
         bodies = srv.recent_bodies
