@@ -1,10 +1,10 @@
 """The kvtier backend that both LMCache adapters wrap: tiers below LMCache's own memory.
 
-A local disk tier (timed O_DIRECT or buffered+fdatasync+fadvise I/O), then an optional shared directory and an
-optional Redis/Valkey tier and an optional Mooncake Store tier, under one waterfall LRU store (`TieredStore`): a put goes to the top tier, an entry
-evicted from a tier is demoted to the next, the bottom tier deletes; every tier is capacity-bounded. On start the
-directories are rescanned (`persistence.rescan_dir`) so a restart serves what was there. A key missing from this
-instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
+A local disk tier (timed O_DIRECT or buffered+fdatasync+fadvise I/O), then an optional shared directory, an optional
+Redis/Valkey tier and an optional Mooncake Store tier, under one waterfall LRU store (`TieredStore`): a put goes to the
+top tier, an entry evicted from a tier is demoted to the next, the bottom tier deletes; every tier is capacity-bounded.
+On start the directories are rescanned (`persistence.rescan_dir`) so a restart serves what was there. A key missing
+from this instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
 
 The backend speaks plain strings and buffers; the adapters translate LMCache's keys and memory objects. Its methods
 are blocking and thread-safe; the adapters run stores on `self.pool`, lookups and loads on `self.read_pool`. Failures

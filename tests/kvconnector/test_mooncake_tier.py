@@ -10,7 +10,6 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 from helpers import free_port, wait_for
 from mooncake_server import MooncakeServer
