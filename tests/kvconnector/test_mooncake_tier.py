@@ -1,4 +1,4 @@
-"""The Mooncake Store tier against a real Mooncake Store on 127.0.0.1: the wheel's mooncake_master and HTTP metadata
+"""The Mooncake Store tier against a real Mooncake Store on 127.0.0.1 (each test starting a client: about 1-3 s, slow): the wheel's mooncake_master and HTTP metadata
 server, started by a session fixture and stopped at its end (the fault tests start their own, to kill it). The same
 checks as the Redis tier's (round trip, miss, a damaged value refused, the waterfall from disk, a second instance
 adopting what the first stored), then what a Mooncake master adds: killed (misses and failed stores, at once),
@@ -64,6 +64,7 @@ def entry(key: str, payload: bytes, header_key: str | None = None, nbytes: int |
 
 
 # ---- what every tier does ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_round_trip_miss_probe_and_hashed_names(mooncake):
     t = tier(mooncake, "t1")
     try:
@@ -105,6 +106,7 @@ DAMAGED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", list(DAMAGED))
 def test_a_damaged_value_is_refused_never_served(mooncake, how):
     t = tier(mooncake, f"bad-{how}")
@@ -123,6 +125,7 @@ def test_a_damaged_value_is_refused_never_served(mooncake, how):
         t.close()
 
 
+@pytest.mark.slow
 def test_a_flipped_byte_is_dropped_by_the_store_and_counted(mooncake):
     b = KvtierBackend(cfg(mooncake, "flip"))
     try:
@@ -139,6 +142,7 @@ def test_a_flipped_byte_is_dropped_by_the_store_and_counted(mooncake):
         b.close()
 
 
+@pytest.mark.slow
 def test_keys_are_checked_against_the_header_limit(mooncake):
     s = TieredStore([tier(mooncake, "keys")])
     try:
@@ -360,6 +364,7 @@ def test_a_hung_master_costs_each_call_at_most_the_timeout(own_mooncake):
         t.close()
 
 
+@pytest.mark.slow
 def test_disk_and_mooncake_tiers_agree_on_the_contract(mooncake, tmp_path):
     """The same operations, the same answers from the disk tier and the Mooncake tier."""
     for t in (DiskTier(str(tmp_path / "d"), 16 * MB), tier(mooncake, "contract")):
