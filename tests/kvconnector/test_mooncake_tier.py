@@ -1,8 +1,8 @@
-"""The Mooncake Store tier against a real Mooncake Store on 127.0.0.1 (each test starting a client: about 1-3 s, slow): the wheel's mooncake_master and HTTP metadata
+"""The Mooncake Store tier against a real Mooncake Store on 127.0.0.1: the wheel's mooncake_master and HTTP metadata
 server, started by a session fixture and stopped at its end (the fault tests start their own, to kill it). The same
 checks as the Redis tier's (round trip, miss, a damaged value refused, the waterfall from disk, a second instance
-adopting what the first stored), then what a Mooncake master adds: killed (misses and failed stores, at once),
-restarted (the tier comes back), hung (each call ends within the timeout)."""
+adopting what the first stored), then what a Mooncake master adds: killed (misses and refused stores, bounded),
+restarted (the tier comes back), hung (each call ends, never hangs). A test starting a client takes 1-3 s: slow."""
 
 from __future__ import annotations
 
