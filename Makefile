@@ -83,7 +83,7 @@ bench-qd: $(BASE_STAMP) system-deps
 	mkdir -p results
 	$(BIN)/python -m benchmarks.disk_qd_sweep --dir /var/tmp/kvtier-qd --json results/disk_qd_sweep.json
 
-.PHONY: bench-host-split bench-floor bench-l2-hit
+.PHONY: bench-host-split bench-floor bench-l2-hit bench-mooncake-redis bench-nixl-probe
 
 # A disk-tier write's host time split by system call and checksum, hashed beside the write vs before it; no root.
 bench-host-split: $(BASE_STAMP)
@@ -111,6 +111,16 @@ bench-ttft: $(TEST_STAMP)
 # One cold L2 hit through LMCache's L2 adapter interface alone, kvtier's adapter vs LMCache's fs; root (drop_caches).
 bench-l2-hit: $(TEST_STAMP)
 	$(BIN)/python benchmarks/l2_hit_latency.py --dir /var/tmp/kvtier-l2-hit --chunks 5 --chunk-kib 128 --repeats 20
+
+# kvtier's Mooncake Store tier vs its Redis tier, servers started by the script on 127.0.0.1; about 20 s.
+bench-mooncake-redis: $(TEST_STAMP)
+	$(BIN)/python -m benchmarks.mooncake_vs_redis
+
+# Whether NIXL's POSIX and OBJ back ends load and move data here, in a venv of its own (nixl-cu12 pulls a CUDA torch).
+NIXL_VENV ?= /var/tmp/nixl-venv
+bench-nixl-probe:
+	test -x $(NIXL_VENV)/bin/python || (python3 -m venv $(NIXL_VENV) && $(NIXL_VENV)/bin/pip install -q nixl-cu12==1.5.1)
+	$(NIXL_VENV)/bin/python benchmarks/nixl_probe.py
 
 bench-tracer: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3
