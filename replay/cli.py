@@ -24,7 +24,7 @@ SUBCOMMANDS = {
     "throttlefs": ("deploy.throttle.cli", "mount a FUSE passthrough that caps bandwidth and adds per-op latency"),
     "sweep": ("deploy.sweep.cli", "run bench or replay once per throttlefs bandwidth x latency point; heat maps"),
     "plan": ("replay.plan.cli", "predict per-round prefix hit rates of long sessions over tiers, and the collapse"),
-    "report": ("replay.outputs.html.cli", "one self-contained HTML report (tables, interactive plots) of result files"),
+    "report": ("replay.report", "one self-contained HTML report (tables, interactive plots) of result files"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
     "mlperf": ("replay.mlperf.cli", "kvtier under the MLPerf Storage harness (mlpstorage): its shim, its run summary"),
 }

@@ -26,6 +26,9 @@ examples:
   kvtier report replay.json -o replay.html
   kvtier report sweep.json -o sweep.html
   kvtier report trace.txt -o trace.html
+  # a run of the MLPerf KV cache harness (kvtier mlperf run or mlpstorage): its run directory or its run summary;
+  # the headline per Option, Options x trials x ranks, the rules' verdicts by rule ID (as kvtier check gives them)
+  kvtier report /results/kv/closed/kv_cache/run/20260101_120000 -o mlperf.html
 
 Kinds: """
     + "; ".join(KIND_TITLES.values())
@@ -45,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("results", nargs="+", metavar="RESULT", help="result JSON files of one kind (or storage traces)")
+    p.add_argument(
+        "results",
+        nargs="+",
+        metavar="RESULT",
+        help="result JSON files of one kind (or storage traces), or one MLPerf harness run directory or run summary",
+    )
     p.add_argument("-o", "--output", required=True, help="the HTML file to write")
     p.add_argument("--labels", help="comma-separated run names, one per file (default: the file names)")
     p.add_argument("--title", help="the page's title (default: the kind and the labels)")

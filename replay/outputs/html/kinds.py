@@ -33,6 +33,7 @@ KIND_TITLES = {
     "plan-trace": "kvtier plan --trace",
     "sweep": "kvtier sweep",
     "trace": "storage trace (tracing/storage_latency_stack.sh)",
+    "mlperf": "MLPerf Storage KV cache run (kvtier mlperf run / mlpstorage)",
 }
 # Kinds whose runs share a summary table (kvtier compare's rows) and can be overlaid in one report.
 FAMILY = {"bench": "bench", "trials": "bench", "merged": "bench"}
@@ -185,6 +186,44 @@ class SweepDoc(_Open):
     reference: dict[str, Number | None] | None = None
 
 
+class _MlperfOption(_Open):
+    aggregated_read_bandwidth_gbps: Number
+    aggregated_storage_throughput_tokens_per_sec: Number
+    partial_failure: bool = False
+
+
+class _MlperfSummary(_Open):
+    total_ranks: int
+    options: dict[str, _MlperfOption]
+
+
+class _MlperfRank(_Open):
+    option: int
+    trial: int
+    rank: int
+    path: str
+
+
+class _MlperfFinding(_Open):
+    rule: str
+    section: str
+    verdict: str
+    detail: str
+
+
+class MlperfDoc(_Open):
+    """A run of the MLPerf harness as replay/mlperf/report_doc.py reads it (run directory, summary, rank files and
+    the rules' findings) for the page: made by `kvtier report RUN_DIR`, never a file of its own."""
+
+    kind: str
+    run_dir: str
+    summary: _MlperfSummary
+    ranks: list[_MlperfRank]
+    findings: list[_MlperfFinding]
+    failing: list[str]
+    record: dict[str, Any]
+
+
 MODELS: dict[str, type[BaseModel]] = {
     "bench": BenchDoc,
     "merged": BenchDoc,
@@ -193,6 +232,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "plan": PlanDoc,
     "plan-trace": PlanTraceDoc,
     "sweep": SweepDoc,
+    "mlperf": MlperfDoc,
 }
 
 
@@ -218,6 +258,8 @@ def kind_of(doc: dict) -> str | None:
         return "plan-trace"
     if declared == "kvtier sweep":
         return "sweep"
+    if declared == "kvtier mlperf run":
+        return "mlperf"
     if declared is not None:
         return None
     if "request_throughput" in doc and "ttft_ms" in doc:

@@ -32,7 +32,8 @@ h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bot
 table{border-collapse:collapse;font-size:13px;margin:6px 0}
 th,td{border:1px solid #ddd;padding:3px 8px} th{background:#f4f4f4;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.good{color:#17702a} td.bad{color:#b3261e}
+td.good{color:#17702a} td.bad{color:#b3261e} td.warn{color:#8a5a00} td.skip{color:#777}
+tr.trial-total td{font-weight:600;background:#fafafa}
 details{margin:6px 0} summary{cursor:pointer;font-weight:600}
 .kv td:first-child{color:#555;white-space:nowrap} .kv td{vertical-align:top}
 .plots{display:grid;grid-template-columns:1fr 1fr;gap:12px}
@@ -150,6 +151,7 @@ hover; double-click resets.</div>
 {_banners(runs)}
 <h2>Summary{ratio_note}</h2>
 {_summary_table(runs, view.rows(runs))}
+{view.tables(runs) if view.tables else ""}
 <h2>Plots</h2>
 <div class="plots">{plots or "<p>no plottable data in these results</p>"}</div>
 <h2>Configuration and system</h2>

@@ -6,12 +6,13 @@ the page (`data-path`), so a reader (and the browser test) can tell which number
 are plotly figures, one trace per run and series, named `label: series` when several runs are overlaid.
 
 One module per kind (a `VIEW`): _bench.py (kvtier bench; a merge and --trials share its view and add _merge.py's and
-_trials.py's parts), _replay.py, _plan.py, _plan_trace.py, _sweep.py, _trace.py (a storage trace); what they share
-(figures, series names and colours, `KindView`) in _shared.py.
+_trials.py's parts), _replay.py, _plan.py, _plan_trace.py, _sweep.py, _trace.py (a storage trace), _mlperf.py (a
+run of the MLPerf harness, read for it by replay/mlperf/report_doc.py); what they share (figures, series names and
+colours, `KindView`) in _shared.py.
 """
 
 from ...compare_rows import Row, value_at
-from . import _bench, _plan, _plan_trace, _replay, _sweep, _trace
+from . import _bench, _mlperf, _plan, _plan_trace, _replay, _sweep, _trace
 from ._shared import KindView, overlay_style
 
 __all__ = ["VIEWS", "KindView", "Row", "overlay_style", "value_at"]
@@ -25,4 +26,5 @@ VIEWS: dict[str, KindView] = {
     "plan-trace": _plan_trace.VIEW,
     "sweep": _sweep.VIEW,
     "trace": _trace.VIEW,
+    "mlperf": _mlperf.VIEW,
 }

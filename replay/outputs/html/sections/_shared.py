@@ -86,6 +86,9 @@ class KindView:
     figures: Callable[[list[Run]], list[go.Figure]]
     config: Callable[[Run], Any]
     system: Callable[[Run], Any]
+    # more of the page, as HTML, between the summary table and the plots (a kind whose results are tables of their
+    # own: the MLPerf run's Options x trials x ranks and its rules' verdicts)
+    tables: Callable[[list[Run]], str] | None = None
 
 
 def doc_key(*path: str) -> Callable[[Run], Any]:
