@@ -313,6 +313,8 @@ def load_run(path: str) -> Run:
             raise ReportError(f"{path}: not a kvtier result (not a JSON object, nor a storage trace)")
         return run
     kind = kind_of(doc)
+    if kind is None and isinstance(doc.get("options"), dict) and "total_ranks" in doc:
+        raise ReportError(f"{path}: a kvcache run summary is reported alone (or give its run directory)")
     if kind is None:
         what = f"kind {doc['kind']!r}" if isinstance(doc.get("kind"), str) else "keys " + ", ".join(list(doc)[:5])
         raise ReportError(f"{path}: not a kvtier result the report knows ({what})")
