@@ -111,8 +111,9 @@ def test_a_failing_rule_is_named_on_the_page(tmp_path, alter, rule):
     page = VIEWS["mlperf"].tables([r])
     assert re.search(rf'data-rule="{rule}" data-verdict="FAIL"', page)
     assert any(level == "error" and rule in text for level, text in VIEWS["mlperf"].banners(r))
-    if alter == "missing":  # the summary's partial failure, the rank named
+    if alter == "missing":  # the summary's partial failure, the rank named, and its row in the table
         assert any("partial failure" in text and "rank_1" in text for _, text in VIEWS["mlperf"].banners(r))
+        assert re.search(r"no results file</td><td>option_2/trial_1/rank_1/</td>", page)
 
 
 def test_a_summary_given_is_the_one_shown_and_device_p95s_it_lacks_come_from_the_ranks(tmp_path):

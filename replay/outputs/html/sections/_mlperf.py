@@ -160,11 +160,18 @@ def _rank_table(doc: dict) -> str:
         '<table class="ranks"><thead><tr><th>Option</th><th>trial</th><th>rank</th>'
         f"{head}<th>storage entries</th><th>file</th></tr></thead><tbody>",
     ]
+    total_ranks = doc["summary"].get("total_ranks")
     for (option, trial), ranks in sorted(by_trial.items()):
+        have = {r["rank"] for r in ranks}
+        for rank in range(total_ranks if isinstance(total_ranks, int) else 0):
+            if rank not in have:  # a rank that left no file: a row saying so, where its figures would be
+                ranks.append(
+                    {"rank": rank, "error": "no results file", "path": f"option_{option}/trial_{trial}/rank_{rank}/"}
+                )
         for r in sorted(ranks, key=lambda r: r["rank"]):
             at = f'<td class="num">{option}</td><td class="num">{trial}</td><td class="num">{r["rank"]}</td>'
             if "error" in r:
-                cells = f'<td class="bad" colspan="{len(RANK_COLUMNS) + 1}">unreadable: {html.escape(r["error"])}</td>'
+                cells = f'<td class="bad" colspan="{len(RANK_COLUMNS) + 1}">{html.escape(_missing(r))}</td>'
             else:
                 cells = "".join(_td(r.get(key), unit, f"ranks/{r['_i']}/{key}") for _, unit, key, _ in RANK_COLUMNS)
                 cells += _td(
@@ -184,6 +191,10 @@ def _rank_table(doc: dict) -> str:
         )
     out.append("</tbody></table>")
     return "".join(out)
+
+
+def _missing(r: dict) -> str:
+    return r["error"] if r["error"] == "no results file" else f"unreadable: {r['error']}"
 
 
 def tables(runs: list[Run]) -> str:
