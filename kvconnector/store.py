@@ -123,6 +123,9 @@ class TieredStore:
         # Called after every tier operation as (op, tier, key, nbytes, timing or None, phase), phase one of
         # put/get/demote/promote/evict; runs on the I/O thread, so it must be cheap (e.g. an I/O trace writer).
         self.op_listener = None
+        # Called as (key, present) whenever a key enters (True) or leaves (False) the index, under the store's lock,
+        # so the calls come in the index's own order (set with `watch_keys`). It must be cheap and must not block.
+        self.key_listener = None
         # The strictest key limit of the tiers (None: memory tiers only, any str).
         limits = [t.max_key_bytes for t in self.tiers if t.max_key_bytes is not None]
         self.max_key_bytes = min(limits) if limits else None
@@ -177,6 +180,21 @@ class TieredStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def watch_keys(self, listener) -> list[str]:
+        """Set `key_listener` and return the keys held now, atomically: every later change reaches the listener,
+        none before it does (what a consumer announcing the store's content needs: no key missed, none twice)."""
+        with self._lock:
+            self.key_listener = listener
+            return list(self._entries)
+
+    def _tell(self, key: str, present: bool) -> None:
+        """Under the lock: a key entered or left the index. A failing listener is counted, never the store's error."""
+        if self.key_listener is not None:
+            try:
+                self.key_listener(key, present)
+            except Exception:
+                self.events["key_listener_errors"] += 1
+
     def entry_info(self, key: str) -> tuple[int, tuple, str, str] | None:
         """(nbytes, shape, dtype, tier name) of a stored entry, or None."""
         self._check_key(key)
@@ -219,6 +237,7 @@ class TieredStore:
                 e = _Entry(key, nbytes, t, tuple(shape), dtype)
                 self._entries[key] = e
                 self._lru[t][key] = e
+                self._tell(key, True)
             self.stats[t].count("adopted")
             return True
         finally:
@@ -266,6 +285,7 @@ class TieredStore:
                     e = _Entry(key, nbytes, t, tuple(shape), dtype)
                     self._entries[key] = e
                     self._lru[t][key] = e
+                    self._tell(key, True)
                 return PutResult(True, self.tiers[t].name, timing)
             self._count("put_rejected")
             return PutResult(False, None, timing, "no tier has room")
@@ -305,6 +325,7 @@ class TieredStore:
                 del self._lru[t][victim.key]
                 if bottom:
                     del self._entries[victim.key]
+                    self._tell(victim.key, False)
                     self._used[t] -= victim.nbytes
                     self._pending.add(victim.key)
                 else:
@@ -361,7 +382,8 @@ class TieredStore:
 
     def _drop(self, e: _Entry, t: int) -> None:
         with self._lock:
-            self._entries.pop(e.key, None)
+            if self._entries.pop(e.key, None) is not None:
+                self._tell(e.key, False)
             self._lru[t].pop(e.key, None)
             self._used[t] -= e.nbytes
             e.moving = False
@@ -557,6 +579,7 @@ class TieredStore:
             if self._entries.get(key) is not e:
                 return False
             del self._entries[key]
+            self._tell(key, False)
             self._lru[e.tier].pop(key, None)
             self._used[e.tier] -= e.nbytes
             self._pending.add(key)

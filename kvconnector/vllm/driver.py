@@ -45,13 +45,19 @@ def fs_tier_config(root_dir: str, **params) -> dict:
 
 
 def offloading_config(
-    extra_config: dict, chunk_bytes: int, *, model: str = "kvtier-driver", engine_id: str | None = None
+    extra_config: dict,
+    chunk_bytes: int,
+    *,
+    model: str = "kvtier-driver",
+    engine_id: str | None = None,
+    kv_events: bool = False,
 ) -> OffloadingConfig:
-    """One KV group, one worker, one block per chunk of `chunk_bytes` (a page multiple, as vLLM aligns chunks)."""
+    """One KV group, one worker, one block per chunk of `chunk_bytes` (a page multiple, as vLLM aligns chunks);
+    `kv_events` is vLLM's global KV events switch (`--kv-events-config '{"enable_kv_cache_events": true}'`)."""
     return OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("model.layers.0",), group_id=0),),
         worker_kv_bytes_per_block=chunk_bytes,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=kv_events,
         extra_config=extra_config,
         engine_id=engine_id or f"kvtier-driver-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name=model, dtype="float16"),
@@ -138,6 +144,7 @@ class ManagerDriver:
         *,
         model: str = "kvtier-driver",
         engine_id: str | None = None,
+        kv_events: bool = False,
     ) -> None:
         extra = {
             "spec_name": "TieringOffloadingSpec",
@@ -146,7 +153,7 @@ class ManagerDriver:
         }
         # vLLM's own path: the connector asks the spec factory for `spec_name`, then the spec for its manager.
         self.spec = OffloadingSpecFactory.create_spec(
-            offloading_config(extra, chunk_bytes, model=model, engine_id=engine_id)
+            offloading_config(extra, chunk_bytes, model=model, engine_id=engine_id, kv_events=kv_events)
         )
         self.manager = self.spec.get_manager()
         self._m = _Locked(self.manager)
@@ -154,6 +161,7 @@ class ManagerDriver:
         self.chunk_bytes = self.gpu.chunk_bytes
         self.num_chunks = self.spec.num_chunks
         self._req = 0
+        self._events_tracker = None
 
     @property
     def tiers(self) -> list:
@@ -247,6 +255,19 @@ class ManagerDriver:
             self._m.on_request_finished(rc)
         self.step()
         return data
+
+    def take_events(self) -> list:
+        """The manager's raw `OffloadingEvent`s since the last call (every tier's, primary first)."""
+        return list(self._m.take_events())
+
+    def kv_cache_events(self) -> list:
+        """What the connector would publish since the last call: the manager's events through vLLM's own
+        `OffloadingEventsTracker` (the scheduler's `take_events`), as BlockStored / BlockRemoved."""
+        if self._events_tracker is None:
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading.events import OffloadingEventsTracker
+
+            self._events_tracker = OffloadingEventsTracker(self.spec.kv_events_config)
+        return list(self._events_tracker.take_events(self.take_events()))
 
     def stats(self) -> dict:
         """vLLM's offloading stats since the last call (what the connector sends to its Prometheus logger)."""

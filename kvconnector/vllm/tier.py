@@ -25,11 +25,17 @@ loads are jobs, submitted and then polled with `get_finished_jobs`. What this cl
   fs tier uses (`FileMapper`: model, dtype, block size, KV groups, parallel layout), so two models or layouts never
   share an entry, and kvtier names the file by a hash of the key, as on the LMCache path;
 - a load that fails (a corrupt or vanished entry) fails only its own keys; the entry is dropped by the backend, so
-  the next lookup is a miss and vLLM recomputes.
+  the next lookup is a miss and vLLM recomputes;
+- with `enable_kv_events` (and vLLM's KV events on), the tier yields vLLM's `OffloadingEvent`s from `take_events`, as
+  vLLM's fs and object tiers do: stored when a key enters kvtier's index (a store, a shared entry adopted, and at
+  start every entry the rescan found), removed when it leaves kvtier altogether (evicted from its last level, dropped
+  as corrupt, vanished); a demotion inside kvtier is no event. Medium STORAGE, ownership `kvtier`, and
+  `removal_expected` (the connector keeps a stored chunk's payload until its removal, as for vLLM's kvcr tier).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -45,6 +51,7 @@ from vllm.v1.kv_offload.base import (
     LookupResult,
     Medium,
     OffloadingCounterMetadata,
+    OffloadingEvent,
     OffloadingGaugeMetadata,
     OffloadingMetricMetadata,
     OffloadKey,
@@ -56,6 +63,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from ..backend import KvtierBackend
 from ..backend_config import BackendConfig
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -76,12 +84,20 @@ class KvtierMetrics:
 
     USED_BYTES = "vllm:kv_offload_tiering_kvtier_used_bytes"
     CAPACITY_BYTES = "vllm:kv_offload_tiering_kvtier_capacity_bytes"
+    USAGE_PERC = "vllm:kv_offload_tiering_kvtier_usage_perc"
     ENTRIES = "vllm:kv_offload_tiering_kvtier_entries"
     TIER_EVENTS = "vllm:kv_offload_tiering_kvtier_tier_events"
     BACKEND_EVENTS = "vllm:kv_offload_tiering_kvtier_backend_events"
 
 
 _LEVEL_LABELS = ("tier", "kvtier_tier")
+
+# The tier's name in its KV events (BlockStored/BlockRemoved `ownership`): the connector keeps one residency per
+# (medium, ownership), so kvtier's removals never clear what another STORAGE tier holds.
+EVENT_OWNERSHIP = "kvtier"
+# vLLM 0.34 carries the storing request on a stored event (the connector builds the full payload from it); 0.32 has no
+# such field.
+_EVENT_HAS_REQ_CONTEXT = "req_context" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 
 
 @dataclass(slots=True)
@@ -104,9 +120,14 @@ class KvtierTier(SecondaryTierManager):
         tier_type: str,
         backpressure_detector: BackpressureDetector | None = None,
         locality: str | None = None,
+        enable_kv_events: bool = False,
         **params: Any,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        if not isinstance(enable_kv_events, bool):  # checked before anything is opened
+            raise ConfigError(
+                f"kvtier: invalid configuration: enable_kv_events: must be true or false, not {enable_kv_events!r}"
+            )
         cfg = BackendConfig.from_params(params)  # one-line ConfigError naming the key; vLLM then refuses to start
         self.locality = Locality(locality) if locality is not None else None
         self._namespace = _namespace(offloading_spec)
@@ -123,6 +144,15 @@ class KvtierTier(SecondaryTierManager):
         self._probes: dict[str, Future] = {}
         self._probes_by_req: dict[str, set[str]] = {}
         self._reported: dict[tuple[str, ...], int] = {}
+        self._events_on = self._kv_events_wanted(offloading_spec, tier_type, enable_kv_events)
+        # Index changes as (present, key, storing request or None), appended by the store's key listener (I/O threads)
+        # and drained by `take_events` (the scheduler); the requests of store jobs in flight, by kvtier key.
+        self._changes: deque[tuple[bool, str, ReqContext | None]] = deque()
+        self._store_ctx: dict[str, ReqContext] = {}
+        if self._events_on:
+            held = self.backend.store.watch_keys(self._on_key)
+            # What the rescan found is announced once, so a router learns it after a restart.
+            self._changes.extend((True, k, None) for k in held if k.startswith(self._prefix))
         log.info(
             "kvtier secondary tier %s ready: %s, chunk %d bytes, rescan %s",
             self.label[0],
@@ -131,8 +161,21 @@ class KvtierTier(SecondaryTierManager):
             self.backend.rescan_reports,
         )
 
+    @property
+    def _prefix(self) -> str:
+        return f"{self._namespace}/"
+
     def key_of(self, key: OffloadKey) -> str:
-        return f"{self._namespace}/{bytes(key).hex()}"
+        return f"{self._prefix}{bytes(key).hex()}"
+
+    def offload_key_of(self, k: str) -> OffloadKey | None:
+        """The offload key a kvtier key of this engine's namespace was made from (None for another namespace's)."""
+        if not k.startswith(self._prefix):
+            return None
+        try:
+            return OffloadKey(bytes.fromhex(k[len(self._prefix) :]))
+        except ValueError:
+            return None
 
     def _chunk(self, chunk_id: int) -> memoryview:
         size = self.block_size_bytes
@@ -183,6 +226,10 @@ class KvtierTier(SecondaryTierManager):
             self._finished.append(JobResult(job_id=job_metadata.job_id, success=True, transfer_time=0.0))
             return
         job = _Job(job_metadata, keys, pending=len(keys), ok=[False] * len(keys))
+        if self._events_on and not job_metadata.is_promotion:
+            ctx = getattr(job_metadata, "req_context", None)
+            if ctx is not None:
+                self._store_ctx.update((self.key_of(key), ctx) for key in keys)
         with self._done:
             self._jobs[job_metadata.job_id] = job
         for i, (key, cid) in enumerate(zip(keys, chunk_ids)):
@@ -218,6 +265,9 @@ class KvtierTier(SecondaryTierManager):
             )
             if job.job.is_promotion and 0 < n_ok < len(job.keys):
                 result.successful_keys = tuple(key for key, good in zip(job.keys, job.ok) if good)
+            if self._events_on and not job.job.is_promotion:
+                for key in job.keys:
+                    self._store_ctx.pop(self.key_of(key), None)
             # Reported only now: no I/O of this job touches the primary memory any more.
             self._finished.append(result)
             del self._jobs[job.job.job_id]
@@ -228,6 +278,56 @@ class KvtierTier(SecondaryTierManager):
         while self._finished:
             out.append(self._finished.popleft())
         return out
+
+    # ---- KV events ---------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _kv_events_wanted(spec: OffloadingSpec, tier_type: str, enable_kv_events: bool) -> bool:
+        """As vLLM's fs tier decides: the tier's key asks for events, and vLLM publishes KV events at all (otherwise
+        nobody drains `take_events`, and the tier keeps none)."""
+        if not enable_kv_events:
+            return False
+        cfg = getattr(spec, "kv_events_config", None)
+        if cfg is None or not cfg.enable_kv_cache_events:
+            log.warning(
+                "enable_kv_events is set on secondary tier '%s' but KV cache events are disabled globally "
+                "(kv_events_config); the tier will not emit events.",
+                tier_type,
+            )
+            return False
+        return True
+
+    def _on_key(self, k: str, present: bool) -> None:
+        """The store's key listener: runs under the store's lock on an I/O thread, so it only appends."""
+        if k.startswith(self._prefix):
+            self._changes.append((present, k, self._store_ctx.get(k) if present else None))
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """The index changes since the last call, in their order, one event per run of stores (of one request) or
+        removals, for the connector to publish as BlockStored / BlockRemoved."""
+        events: list[OffloadingEvent] = []
+        run_key = None
+        while self._changes:
+            present, k, ctx = self._changes.popleft()
+            key = self.offload_key_of(k)
+            if key is None:
+                continue
+            if run_key != (present, id(ctx)) or not events:
+                events.append(self._event([], removed=not present, ctx=ctx))
+                run_key = (present, id(ctx))
+            events[-1].keys.append(key)
+        return events
+
+    def _event(self, keys: list[OffloadKey], *, removed: bool, ctx: ReqContext | None) -> OffloadingEvent:
+        extra = {"req_context": ctx} if _EVENT_HAS_REQ_CONTEXT and ctx is not None else {}
+        return OffloadingEvent(
+            keys=keys,
+            medium=self.medium,
+            removed=removed,
+            locality=self.locality,
+            ownership=EVENT_OWNERSHIP,
+            removal_expected=True,
+            **extra,
+        )
 
     def drain_jobs(self) -> None:
         with self._done:
@@ -246,6 +346,9 @@ class KvtierTier(SecondaryTierManager):
         return {
             KvtierMetrics.USED_BYTES: OffloadingGaugeMetadata("Bytes held in each kvtier tier.", _LEVEL_LABELS),
             KvtierMetrics.CAPACITY_BYTES: OffloadingGaugeMetadata("Capacity of each kvtier tier.", _LEVEL_LABELS),
+            KvtierMetrics.USAGE_PERC: OffloadingGaugeMetadata(
+                "Fraction of each kvtier tier's capacity in use (0.0-1.0).", _LEVEL_LABELS
+            ),
             KvtierMetrics.ENTRIES: OffloadingGaugeMetadata("Entries in each kvtier tier.", _LEVEL_LABELS),
             KvtierMetrics.TIER_EVENTS: OffloadingCounterMetadata(
                 "kvtier tier events (hits, evictions, demotions, corrupt_dropped, vanished, enospc, rescan_*).",
@@ -263,6 +366,7 @@ class KvtierTier(SecondaryTierManager):
             labels = (*self.label, u["tier"])
             stats.set_gauge(KvtierMetrics.USED_BYTES, u["used_bytes"], labels)
             stats.set_gauge(KvtierMetrics.CAPACITY_BYTES, u["capacity_bytes"], labels)
+            stats.set_gauge(KvtierMetrics.USAGE_PERC, _fraction(u["used_bytes"], u["capacity_bytes"]), labels)
             stats.set_gauge(KvtierMetrics.ENTRIES, u["entries"], labels)
         # Counters go to vLLM as increments since the last call.
         for tier, st in zip(self.backend.store.tiers, self.backend.store.stats):
@@ -277,6 +381,10 @@ class KvtierTier(SecondaryTierManager):
         if delta > 0:
             stats.increase_counter(name, delta, labels)
             self._reported[(name, *labels)] = total
+
+
+def _fraction(used: int, capacity: int) -> float:
+    return used / capacity if capacity > 0 else 0.0
 
 
 def _namespace(spec: OffloadingSpec) -> str:
@@ -296,4 +404,4 @@ def _tier_label(spec: OffloadingSpec, tier_type: str, params: dict[str, Any]) ->
     return f"?:{tier_type}"
 
 
-__all__ = ["MODULE_PATH", "TIER_TYPE", "KvtierMetrics", "KvtierTier"]
+__all__ = ["EVENT_OWNERSHIP", "MODULE_PATH", "TIER_TYPE", "KvtierMetrics", "KvtierTier"]

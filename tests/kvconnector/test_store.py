@@ -239,3 +239,35 @@ def test_invariants_under_concurrency(shm_tmp, per_thread, promote):
         n = int(k.rsplit("-", 1)[1]) * KB
         out = memoryview(bytearray(n))
         assert s.get(k, out).hit and bytes(out) == data(k, n)
+
+
+def test_the_key_listener_sees_every_key_enter_and_leave_the_index_once(tmp_path):
+    """What a KV event publisher builds on (the vLLM tier's BlockStored / BlockRemoved): a key is announced when it
+    enters the store and when it leaves it (evicted from the bottom tier, dropped as corrupt, deleted), never for a
+    move between tiers; `watch_keys` hands over what is held already, so nothing is missed or told twice."""
+    s = make_store(tmp_path)  # cpu keeps 32K, disk 80K: 10K entries, 3 in cpu, 8 in disk
+    put(s, "before", 10 * KB)
+    seen = []
+    assert s.watch_keys(lambda k, present: seen.append((k, present))) == ["before"]
+    for i in range(14):
+        put(s, f"k{i}", 10 * KB)
+    assert put(s, "k13", 10 * KB).reason == "exists"  # no second announcement
+    entered = [k for k, p in seen if p]
+    left = [k for k, p in seen if not p]
+    assert entered == [f"k{i}" for i in range(14)]
+    held = {k for k in ["before", *entered] if s.contains(k)}
+    assert len(held) == 11 and set(left) == {"before", *entered} - held  # the rest fell off the bottom tier, once each
+    assert len(left) == len(set(left)) == 4
+    # A corrupt entry dropped on read, a delete, a missing key: one departure each, none for nothing.
+    on_disk = next(k for k in sorted(held) if s.contains(k) == "disk")
+    with open(s.tiers[1].path_for(on_disk), "r+b") as f:
+        f.seek(4096 + 10)
+        f.write(b"\xff\xfe")
+    assert not s.get(on_disk).hit and seen[-1] == (on_disk, False)
+    cpu_key = next(k for k in sorted(held) if s.contains(k) == "cpu")
+    assert s.delete(cpu_key) and seen[-1] == (cpu_key, False)
+    n = len(seen)
+    assert not s.delete(cpu_key) and not s.get(on_disk).hit and len(seen) == n
+    # A failing listener is counted in the store's events, never the caller's error.
+    s.key_listener = lambda k, p: 1 / 0
+    assert put(s, "after", 10 * KB).stored and s.events["key_listener_errors"] == 1
