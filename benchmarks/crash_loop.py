@@ -2,8 +2,10 @@
 """Crash consistency of kvtier's directory tiers, as a figure: kill -9 a writer again and again, restart, verify.
 
 A child process puts entries of mixed sizes into a real TieredStore (a DiskTier with spare-file reuse on, above a
-SharedDirTier), O_DIRECT in one tier and buffered in the other (swapped every round), and appends each key to a log
-it fsyncs after the put returns (the acknowledgement). The parent SIGKILLs it at a random moment (after a random
+SharedDirTier), O_DIRECT in one tier and buffered in the other (swapped every round), both with the durability
+policy --sync (entry: fdatasync and directory fsync per put; none: neither; a kill spares the page cache, so
+neither may lose an acknowledged put), and appends each key to a log it fsyncs after the put returns (the
+acknowledgement). The parent SIGKILLs it at a random moment (after a random
 number of acknowledged puts, plus a random 0-4 ms, so the kill lands anywhere in a put: in the payload write, the
 fdatasync, the rename, a spare overwrite, an eviction). After each kill the parent restarts the tiers on the same
 directories, as the backend does on start: both are rescanned with payload verification, then it checks
@@ -19,7 +21,7 @@ The shared tier is rescanned with stale_tmp_s=0 here: this loop is its only writ
 because a younger temp file may be another instance's write in flight).
 
   python benchmarks/crash_loop.py --kills 50 --dir /var/tmp/kvtier-crash
-  python benchmarks/crash_loop.py --kills 20 --large
+  python benchmarks/crash_loop.py --kills 20 --large --sync none
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from kvconnector.timed_io import aligned_buffer, read_header
 from replay.common.leftovers import disk_temp_dir
 
 SPARE_RATIO = 0.3
+# The checkout this file is in: its child imports this checkout's kvtier, not whichever one is installed.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -84,13 +88,16 @@ def modes(round_no: int) -> tuple[str, str]:
     return ("direct", "buffered") if round_no % 2 == 0 else ("buffered", "direct")
 
 
-def open_store(d: str, round_no: int, verify_payload: bool = True, p: Profile = SMALL) -> tuple[TieredStore, list]:
-    """The tiers on d, rescanned (bottom tier first, as the backend does), with payload verification."""
+def open_store(
+    d: str, round_no: int, verify_payload: bool = True, p: Profile = SMALL, sync: str = "entry"
+) -> tuple[TieredStore, list]:
+    """The tiers on d, rescanned (bottom tier first, as the backend does), with payload verification; both tiers
+    with the sync policy `sync` (kvconnector.timed_io.Sync)."""
     disk_mode, shared_mode = modes(round_no)
     store = TieredStore(
         [
-            DiskTier(os.path.join(d, "disk"), p.disk_bytes, disk_mode, spare_ratio=SPARE_RATIO),
-            SharedDirTier(os.path.join(d, "shared"), p.shared_bytes, shared_mode),
+            DiskTier(os.path.join(d, "disk"), p.disk_bytes, disk_mode, spare_ratio=SPARE_RATIO, sync=sync),
+            SharedDirTier(os.path.join(d, "shared"), p.shared_bytes, shared_mode, sync=sync),
         ]
     )
     reports = [
@@ -110,8 +117,8 @@ def registered_buffer(nbytes: int) -> memoryview:
 
 
 # ---- the child: puts until it is killed ------------------------------------------------------------------------------
-def child(d: str, round_no: int, seed: int, log_path: str, p: Profile) -> None:
-    store, _ = open_store(d, round_no, p=p)
+def child(d: str, round_no: int, seed: int, log_path: str, p: Profile, sync: str) -> None:
+    store, _ = open_store(d, round_no, p=p, sync=sync)
     rng = random.Random(seed)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     disk = store.tiers[0]
@@ -206,9 +213,15 @@ def corrupt_some(d: str, rng: random.Random, spare: str | None) -> int:
 
 
 def check_restart(
-    d: str, round_no: int, f: Figures, last_acked: str | None, verify_payload: bool = True, p: Profile = SMALL
+    d: str,
+    round_no: int,
+    f: Figures,
+    last_acked: str | None,
+    verify_payload: bool = True,
+    p: Profile = SMALL,
+    sync: str = "entry",
 ) -> None:
-    store, reports = open_store(d, round_no, verify_payload, p)
+    store, reports = open_store(d, round_no, verify_payload, p, sync)
     try:
         f.adopted += sum(r.adopted for r in reports)
         f.corrupt_dropped += sum(r.corrupt_removed for r in reports)
@@ -247,9 +260,12 @@ def run_loop(
     max_acks: int | None = None,
     verify_payload: bool = True,
     p: Profile = SMALL,
+    sync: str = "entry",
 ) -> Figures:
     """Kill a writing child `kills` times in d (which must be empty or absent), checking a restart after each.
-    `verify_payload=False` restarts with header-only rescans: what the figures must show as a failure."""
+    `verify_payload=False` restarts with header-only rescans: what the figures must show as a failure. `sync`: the
+    tiers' durability policy; a kill leaves the page cache in place, so even with `none` nothing acknowledged may be
+    lost (a power cut is another matter)."""
     max_acks = max_acks or p.max_acks
     rng = random.Random(seed)
     f = Figures()
@@ -275,7 +291,10 @@ def run_loop(
                 "--log",
                 log_path,
                 *(["--large"] if p is LARGE else []),
-            ]
+                "--sync",
+                sync,
+            ],
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))),
         )
         deadline = time.monotonic() + 60
         while len(read_log(log_path)) < target and proc.poll() is None and time.monotonic() < deadline:
@@ -293,7 +312,7 @@ def run_loop(
             f.uring_writes += acks[-1][2]
         if corrupt_every and (n + 1) % corrupt_every == 0:
             f.corrupt_injected += corrupt_some(d, rng, acks[-1][0] if acks else None)
-        check_restart(d, n + 1, f, acks[-1][0] if acks else None, verify_payload, p)
+        check_restart(d, n + 1, f, acks[-1][0] if acks else None, verify_payload, p, sync)
     f.uring_reads = uring.registry.fixed_ops - uring_reads_before
     f.elapsed_s = round(time.monotonic() - t0, 1)
     return f
@@ -341,13 +360,19 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--large", action="store_true", help="entries of 2 MiB to 80 MiB (the large-entry write and read paths)"
     )
+    ap.add_argument(
+        "--sync",
+        choices=["entry", "none"],
+        default="entry",
+        help="the tiers' durability policy (default entry); a kill must lose nothing acknowledged under either",
+    )
     ap.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        child(a.dir, a.round, a.seed, a.log, LARGE if a.large else SMALL)
+        child(a.dir, a.round, a.seed, a.log, LARGE if a.large else SMALL, a.sync)
         return 0
     if a.kills < 1 or a.corrupt_every < 0:
         ap.error("--kills must be >= 1 and --corrupt-every >= 0")
@@ -356,7 +381,7 @@ def main(argv=None) -> int:
         return 2
     d = a.dir or tempfile.mkdtemp(prefix="kvtier-crash-", dir=disk_temp_dir())
     try:
-        f = run_loop(d, a.kills, a.seed, a.corrupt_every, p=LARGE if a.large else SMALL)
+        f = run_loop(d, a.kills, a.seed, a.corrupt_every, p=LARGE if a.large else SMALL, sync=a.sync)
     finally:
         if not a.dir:
             shutil.rmtree(d, ignore_errors=True)

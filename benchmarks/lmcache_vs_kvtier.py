@@ -3,7 +3,7 @@
 
 usage: benchmarks/lmcache_vs_kvtier.py [--dir DIR] [--chunk-mib 32] [--total-gb 2] [--concurrency 8] [--rounds 5]
                                   [--io-workers N] [--lmcache-odirect both|on|off] [--no-preadv-side] [--huge-pages]
-                                  [--no-drop-caches]
+                                  [--sync entry|none|both] [--no-drop-caches]
                                   [--json OUT]
 
 Both sides are driven through the same LMCache MP-mode interface (L2AdapterInterface), with the same keys, the same
@@ -13,6 +13,8 @@ its asyncio loop's default executor), on the same directory's filesystem:
 - kvtier: kvconnector.lmcache.l2_adapter.KvtierL2Adapter (O_DIRECT, fdatasync, rename; loads verify a checksum),
   its transfers through io_uring with the memory objects registered (kvconnector/uring.py);
 - kvtier (direct, preadv): the same with every transfer through preadv/pwritev (--no-preadv-side leaves it out);
+- kvtier (direct, sync none): with --sync none or both, kvtier with no fdatasync or directory fsync (`sync: none`),
+  durable as LMCache's fs adapter is (when the kernel writes back) and still verified on every load;
 - lmcache-fs: LMCache's FSL2Adapter ("fs" L2 adapter), buffered (its default: no fsync) and with use_odirect.
 Each side runs three passes: fill (n chunks into an empty directory), cold load of them, and steady state (n more
 chunks into the full cache: kvtier evicts its LRU entry per put and overwrites the evicted file in place; LMCache's
@@ -197,6 +199,13 @@ def main() -> int:
         help="leave out the side where kvtier moves every payload with preadv/pwritev (io_uring off), kept by default "
         "to show what registered buffers change within the same run",
     )
+    ap.add_argument(
+        "--sync",
+        choices=["entry", "none", "both"],
+        default="entry",
+        help="kvtier's durability policy (adapter_params sync): entry = fdatasync + directory fsync per store (the "
+        "default); none = neither, as LMCache's fs adapter; both = one side each, in the same run",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="repeat every side, alternating the order; medians")
     ap.add_argument("--huge-pages", action="store_true", help="memory objects on transparent huge pages (both sides)")
     ap.add_argument("--no-drop-caches", action="store_true")
@@ -231,8 +240,8 @@ def main() -> int:
     # The tier holds the n entries of the fill pass at its target usage (0.8); the steady pass must evict.
     capacity_gb = n * (nbytes + 4096) / 0.8 / 1e9 * 1.01
 
-    def kvtier(d):
-        return create_l2_adapter(
+    def kvtier(sync):
+        return lambda d: create_l2_adapter(
             PluginL2AdapterConfig.from_dict(
                 {
                     "module_path": "kvconnector.lmcache.l2_adapter",
@@ -241,6 +250,7 @@ def main() -> int:
                         "disk_dir": str(d),
                         "disk_capacity_gb": capacity_gb,
                         "io_mode": "direct",
+                        "sync": sync,
                         "io_workers": a.io_workers or a.concurrency,
                         "snapshot_path": "",
                         "rescan_on_start": False,
@@ -252,9 +262,13 @@ def main() -> int:
     def lmfs(odirect):
         return lambda d: create_l2_adapter(FSL2AdapterConfig.from_dict({"base_path": str(d), "use_odirect": odirect}))
 
-    sides = [("kvtier (direct)", kvtier, "yes (fdatasync)")]
-    if not a.no_preadv_side:
-        sides.append(("kvtier (direct, preadv)", kvtier, "yes (fdatasync)"))
+    sides = []
+    if a.sync in ("entry", "both"):
+        sides.append(("kvtier (direct)", kvtier("entry"), "yes (fdatasync)"))
+        if not a.no_preadv_side:
+            sides.append(("kvtier (direct, preadv)", kvtier("entry"), "yes (fdatasync)"))
+    if a.sync in ("none", "both"):
+        sides.append(("kvtier (direct, sync none)", kvtier("none"), "no fsync"))
     if a.lmcache_odirect in ("both", "off"):
         sides.append(("lmcache-fs (buffered)", lmfs(False), "no fsync"))
     if a.lmcache_odirect in ("both", "on"):
@@ -306,24 +320,31 @@ def main() -> int:
             f"{r['side']:26} {r['store_gbps']:9.2f} {r['steady_store_gbps']:11.2f} {r['store_cpu_s_per_gb']:14.2f} "
             f"{r['load_gbps']:9.2f} {r['load_cpu_s_per_gb']:13.2f}  {r['durable']}{flag}"
         )
-    k = results[0]
+    ours = [r for r in results if r["side"].startswith("kvtier")]
+    theirs = [r for r in results if not r["side"].startswith("kvtier")]
+    k = ours[0]
     if not k["spare_writes"]:
         print(
             "note: no kvtier store reused a spare file (spares are limited to 5% of the tier, here less than one "
             "chunk): raise --total-gb for the steady state a real tier sees"
         )
-    for r in results[1:]:
-        print(
-            f"ratio kvtier / {r['side']}: stores into an empty dir {k['store_gbps'] / r['store_gbps']:.2f}x, "
-            f"steady state {k['steady_store_gbps'] / r['steady_store_gbps']:.2f}x, "
-            f"loads {k['load_gbps'] / r['load_gbps']:.2f}x"
-        )
+    for k in ours:
+        for r in theirs:
+            print(
+                f"ratio {k['side']} / {r['side']}: stores into an empty dir {k['store_gbps'] / r['store_gbps']:.2f}x, "
+                f"steady state {k['steady_store_gbps'] / r['steady_store_gbps']:.2f}x, "
+                f"loads {k['load_gbps'] / r['load_gbps']:.2f}x"
+            )
     hash_cpu = checksum_cpu_s_per_gb(src)
     print(
-        f"kvtier's checksum alone: xxh3 over the same {n * nbytes / 1e9:.2f} GB, out of cache, "
-        f"{hash_cpu:.3f} CPU-s/GB; kvtier without it: store {k['store_cpu_s_per_gb'] - hash_cpu:.3f}, load "
-        f"{k['load_cpu_s_per_gb'] - hash_cpu:.3f} CPU-s/GB (LMCache's fs adapter checksums nothing)"
+        f"kvtier's checksum alone: xxh3 over the same {n * nbytes / 1e9:.2f} GB, out of cache, {hash_cpu:.3f} CPU-s/GB "
+        "(LMCache's fs adapter checksums nothing)"
     )
+    for k in ours:
+        print(
+            f"{k['side']} without it: store {k['store_cpu_s_per_gb'] - hash_cpu:.3f}, "
+            f"load {k['load_cpu_s_per_gb'] - hash_cpu:.3f} CPU-s/GB"
+        )
     if a.json:
         doc = {"args": vars(a), "results": results, "rounds": rounds, "checksum_cpu_s_per_gb": hash_cpu}
         write_run_json(a.json, doc, indent=1)

@@ -42,9 +42,15 @@ class KvtierBackend:
         tiers = []
         uring.set_pin_budget(int(cfg.io_uring_pin_gb * GB))
         if cfg.has_disk:
-            tiers.append(DiskTier(cfg.disk_dir, int(cfg.disk_capacity_gb * GB), cfg.io_mode, name="disk"))
+            tiers.append(
+                DiskTier(cfg.disk_dir, int(cfg.disk_capacity_gb * GB), cfg.io_mode, name="disk", sync=cfg.sync)
+            )
         if cfg.shared_dir:
-            tiers.append(SharedDirTier(cfg.shared_dir, int(cfg.shared_capacity_gb * GB), cfg.shared_io_mode))
+            tiers.append(
+                SharedDirTier(
+                    cfg.shared_dir, int(cfg.shared_capacity_gb * GB), cfg.shared_io_mode, sync=cfg.shared_sync
+                )
+            )
         if cfg.redis_url:
             tiers.append(RedisTier(cfg.redis_url, int(cfg.redis_capacity_gb * GB), cfg.redis_namespace))
         if cfg.mooncake_master:

@@ -37,10 +37,14 @@ class BackendConfig(BaseModel):
     disk_dir: str | None = None
     disk_capacity_gb: float = Field(4.0, ge=0, le=MAX_CAPACITY_GB)
     io_mode: Literal["direct", "buffered"] = "direct"
+    # When a stored entry is durable (timed_io.Sync): entry = before the store completes (fdatasync + directory
+    # fsync); none = when the kernel writes it back (a power cut may lose recent entries, never serves a torn one).
+    sync: Literal["entry", "none"] = "entry"
     # Shared POSIX directory (NFS, Lustre, CephFS, GekkoFS) that several instances read and write at once.
     shared_dir: str | None = None
     shared_capacity_gb: float = Field(4.0, gt=0, le=MAX_CAPACITY_GB)
     shared_io_mode: Literal["direct", "buffered"] = "buffered"
+    shared_sync: Literal["entry", "none"] = "entry"
     # Stale temp files in the shared directory older than this are removed on start (younger ones may be another
     # instance's write in flight).
     shared_stale_tmp_s: float = Field(600.0, gt=0)

@@ -1,11 +1,11 @@
 """A shared POSIX directory as a tier: several LMCache instances (on one host or many) write and read it at once.
 
 Safe sharing comes from the entry format and the write path, not from locks:
-- a writer writes a private temp file (pid and thread in its name), fdatasyncs it and renames it into place, so a
-  reader sees either no file or a whole one, never a partial file; it holds a lock (flock) on the temp file while it
-  writes, so another instance's rescan leaves it alone however slow the write, and removes it once its writer is dead
-  (and it is older than shared_stale_tmp_s: a filesystem whose locks one node cannot see from another is covered by
-  the age alone);
+- a writer writes a private temp file (pid and thread in its name), fdatasyncs it (unless its sync policy is none)
+  and renames it into place, so a reader sees either no file or a whole one, never a partial file; it holds a lock
+  (flock) on the temp file while it writes, so another instance's rescan leaves it alone however slow the write, and
+  removes it once its writer is dead (and it is older than shared_stale_tmp_s: a filesystem whose locks one node
+  cannot see from another is covered by the age alone);
 - each instance holds a shared lock on the directory's marker, so no private tier (disk_dir) is opened on it;
 - a reader opens the file and then reads through its descriptor: if another instance unlinks (evicts) the entry
   meanwhile, POSIX keeps the open file alive and the read completes; if the file is gone before the open, the read is
@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 from .entry_format import EntryHeader
 from .errors import CorruptEntryError
 from .tiers import DiskTier
-from .timed_io import IOMode, read_header
+from .timed_io import IOMode, Sync, read_header
 
 
 @runtime_checkable
@@ -41,10 +41,15 @@ class SharedDirTier(DiskTier):
     shared = True
 
     def __init__(
-        self, directory: str, capacity_bytes: int, io_mode: IOMode | str = IOMode.BUFFERED, name: str = "shared"
+        self,
+        directory: str,
+        capacity_bytes: int,
+        io_mode: IOMode | str = IOMode.BUFFERED,
+        name: str = "shared",
+        sync: Sync | str = Sync.ENTRY,
     ) -> None:
         # No spares: another instance may still be reading a file this one deletes, so it must not be overwritten.
-        super().__init__(directory, capacity_bytes, io_mode, name=name, spare_ratio=0.0)
+        super().__init__(directory, capacity_bytes, io_mode, name=name, spare_ratio=0.0, sync=sync)
 
     def delete(self, key: str) -> None:
         # On a network file system an unlink can fail (a brick down, the link cut: ENOTCONN) after the store has

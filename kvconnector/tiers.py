@@ -25,7 +25,7 @@ from .cpu_pool import BufferPool, PoolBuffer
 from .entry_format import MAX_KEY_BYTES, file_name_for, file_nbytes, spare_name
 from .errors import ConfigError, EntryNotFound
 from .persistence import claim_dir
-from .timed_io import CHUNK_BYTES, PAGE, IOMode, OpTiming, probe_direct, read_entry, scratch, write_entry
+from .timed_io import CHUNK_BYTES, PAGE, IOMode, OpTiming, Sync, probe_direct, read_entry, scratch, write_entry
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,8 @@ def _scatter(src: list[np.ndarray], dst: list[np.ndarray]) -> None:
 
 
 class DiskTier(Tier):
-    """One file per entry under `directory`, written and read with timed O_DIRECT (or buffered+fdatasync+fadvise).
+    """One file per entry under `directory`, written and read with timed O_DIRECT (or buffered+fadvise), made durable
+    per entry or left to the kernel's writeback (`sync`, timed_io.Sync).
 
     A deleted entry's file is kept as a spare (up to `spare_ratio` of the capacity, so with the store's
     large_entry_limit_ratio of 0.95 the directory never holds more than its capacity) and the next entry of the same
@@ -246,6 +247,7 @@ class DiskTier(Tier):
         io_mode: IOMode | str = IOMode.DIRECT,
         name: str = "disk",
         spare_ratio: float = 0.05,
+        sync: Sync | str = Sync.ENTRY,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or "\0" in os.fspath(directory) or not os.fspath(directory):
             raise ConfigError(f"tier {name}: directory must be a non-empty path without NUL bytes, not {directory!r}")
@@ -254,6 +256,11 @@ class DiskTier(Tier):
         except ValueError:
             modes = ", ".join(m.value for m in IOMode)
             raise ConfigError(f"tier {name}: io_mode must be one of {modes}, not {io_mode!r}") from None
+        try:
+            sync = Sync(sync)
+        except ValueError:
+            policies = ", ".join(p.value for p in Sync)
+            raise ConfigError(f"tier {name}: sync must be one of {policies}, not {sync!r}") from None
         if isinstance(spare_ratio, bool) or not isinstance(spare_ratio, numbers.Real) or not 0 <= spare_ratio <= 1:
             raise ConfigError(f"tier {name}: spare_ratio must be a number from 0 to 1, not {spare_ratio!r}")
         # Only 0 means "all the free space": a negative or NaN capacity is refused, not read as "auto".
@@ -282,6 +289,7 @@ class DiskTier(Tier):
             log.warning("%s: the filesystem under %s has no flock: the directory is used unlocked", name, directory)
         self.directory = directory
         self.io_mode = IOMode(io_mode)
+        self.sync = sync  # when a write is durable: timed_io.Sync
         if self.io_mode is IOMode.DIRECT and not probe_direct(directory):
             self.fallbacks["o_direct_unavailable"] += 1
             log.warning(
@@ -305,7 +313,9 @@ class DiskTier(Tier):
             if spare:
                 self._spare_bytes -= size
                 self.counters["spare_writes"] += 1
-        return write_entry(path, key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared)
+        return write_entry(
+            path, key, chunks, self.io_mode, shape, dtype, spare=spare, lock_tmp=self.shared, sync=self.sync
+        )
 
     def read(self, key, nbytes, dest=None):
         try:
@@ -351,6 +361,7 @@ class DiskTier(Tier):
             **super().describe(),
             "directory": self.directory,
             "io_mode": self.io_mode.value,
+            "sync": self.sync.value,
             "spare_writes": self.counters["spare_writes"],
             "spare_bytes": self._spare_bytes,
         }

@@ -10,9 +10,16 @@ Two modes:
   random buffer, LMCache's CPU buffers) go to the kernel with no copy; the tail is padded through a scratch page.
 - buffered: plain write + fdatasync; before each read posix_fadvise(DONTNEED) drops the file's (clean) pages, so the
   read is served by the device, not the page cache.
-Both modes fdatasync after writing and rename a temp file into place, so an entry is durable and never seen
-half-written; the directory is then fsynced (`files.sync_dir`, one fsync shared by concurrent writers) before the
-write returns, so the new name survives a power cut too.
+Both modes write a temp file and rename it into place, so an entry is never seen half-written. How durable it is
+when the write returns is the tier's sync policy (`Sync`):
+- entry (the default): the file is fdatasynced before the rename and the directory fsynced after it (`files.sync_dir`,
+  one fsync shared by concurrent writers), so an acknowledged entry and its name survive a power cut;
+- none: neither; visible means written (in the page cache, or on the device's volatile cache for O_DIRECT). A power
+  cut may lose the latest entries, or leave any mix of their old and new blocks under any of their names. None of
+  that is served: the order of the system calls orders nothing on the device without a sync, so the guarantee comes
+  from the checks every read and rescan makes, not from the order of the writes: the header's own checksum, the key
+  in the header against the name (rescan) and the key asked for (read), the file's length against the header's, and
+  the payload's xxh3 in the header (a torn or stale block fails one of them; see kvconnector/README.md).
 A write may instead overwrite a spare file (a retired entry's file of the same size): its blocks are already allocated
 and written, so neither the write nor the fdatasync changes metadata, and no fresh block is touched (fio's layout
 trick).
@@ -21,8 +28,8 @@ Large payloads are checksummed beside their own write: the payload goes to the d
 a hash thread computes the xxh3 and then writes the header page (the checksum is in it) into the same file, so the
 hash (about 1 ms per 32 MiB out of cache here, xxh3 at 31 GB/s) is hidden under the payload's transfer instead of
 delaying it. A payload in registered memory is submitted through io_uring and the writer's own thread hashes it.
-Writing the header after the payload is safe because nothing reads the file before the fdatasync and the rename that
-follow both writes: a crash in between leaves a temp file, which a rescan removes.
+Writing the header beside the payload is safe because nothing reads the file before the rename that follows both
+writes: a process killed in between leaves a temp file, which a rescan removes (a power cut: see `Sync`).
 
 Large reads are pipelined the same way: piece k's checksum is computed on a hash thread while piece k+1 is read.
 
@@ -90,6 +97,15 @@ O_DIRECT = getattr(os, "O_DIRECT", 0)
 class IOMode(StrEnum):
     DIRECT = "direct"
     BUFFERED = "buffered"
+
+
+class Sync(StrEnum):
+    """When a written entry is durable (module docstring). entry: before the write returns (fdatasync of the file,
+    fsync of its directory); none: whenever the kernel writes it back, so a power cut may lose recent entries but the
+    checks on read and rescan never let a torn one be served."""
+
+    ENTRY = "entry"
+    NONE = "none"
 
 
 @dataclass(slots=True)
@@ -199,8 +215,10 @@ def write_entry(
     dtype: str = "uint8",
     spare: str | None = None,
     lock_tmp: bool = False,
+    sync: Sync = Sync.ENTRY,
 ) -> OpTiming:
-    """Write one entry durably (temp file, fdatasync, rename). Raises StorageFullError on ENOSPC/EDQUOT.
+    """Write one entry (temp file, rename; with `sync` entry: fdatasync before the rename, directory fsync after).
+    Raises StorageFullError on ENOSPC/EDQUOT.
     `spare`: a file of exactly this entry's file size, owned by the caller, to overwrite in place of a new temp file;
     it is consumed (renamed into place, or removed on failure). `lock_tmp`: hold a lock on the temp file until it is
     renamed, so that other instances sharing the directory see a live writer's file (persistence.rescan_dir)."""
@@ -226,19 +244,22 @@ def write_entry(
         else:
             pack_header(scratch.header, dataclasses.replace(header, checksum=checksum(chunks)))
             device_ns += _pwritev_all(fd, [scratch.header, *payload])
-        d0 = perf_counter_ns()
-        os.fdatasync(fd)
-        device_ns += perf_counter_ns() - d0
+        durable = sync is Sync.ENTRY
+        if durable:
+            d0 = perf_counter_ns()
+            os.fdatasync(fd)
+            device_ns += perf_counter_ns() - d0
         # Renamed while still open: a lock on the temp file (lock_tmp) covers it until it has its final name.
         os.rename(tmp, path)
         tmp = path  # published: a failure from here removes the entry, which the caller does not count as stored
         fd, done = -1, fd
         os.close(done)
-        # The entry counts as stored only once its name is durable. Device time: the wait is for the journal commit,
-        # whichever writer's fsync it is.
-        d0 = perf_counter_ns()
-        sync_dir(os.path.dirname(path))
-        device_ns += perf_counter_ns() - d0
+        if durable:
+            # The entry counts as stored only once its name is durable. Device time: the wait is for the journal
+            # commit, whichever writer's fsync it is.
+            d0 = perf_counter_ns()
+            sync_dir(os.path.dirname(path))
+            device_ns += perf_counter_ns() - d0
     except BaseException as exc:
         # Whatever failed (an I/O error, a header that cannot hold the key, an interrupt), no temp file or spare is
         # left behind: nothing else would ever remove it while this process lives.

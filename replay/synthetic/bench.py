@@ -78,7 +78,7 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
             f"--storage-capacity-gb {cfg.storage_capacity_gb:g} ({cfg.size_unit}) exceeds the {human_bytes(free)} free "
             f"under {os.path.dirname(run_dir)}"
         )
-    tiers.append(DiskTier(run_dir, disk_bytes or auto_disk_bytes(run_dir), cfg.io_mode, name="disk"))
+    tiers.append(DiskTier(run_dir, disk_bytes or auto_disk_bytes(run_dir), cfg.io_mode, name="disk", sync=cfg.sync))
     return tiers
 
 

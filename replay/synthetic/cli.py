@@ -195,7 +195,13 @@ def build_parser() -> argparse.ArgumentParser:
     t(
         "--io-mode",
         choices=["direct", "buffered"],
-        help="direct: O_DIRECT; buffered: write+fdatasync, fadvise(DONTNEED) before reads",
+        help="direct: O_DIRECT; buffered: write, fadvise(DONTNEED) before reads",
+    )
+    t(
+        "--sync",
+        choices=["entry", "none"],
+        help="entry: each write fdatasync'd (and its directory fsync'd) before it completes; none: left to the "
+        "kernel's writeback (a power cut may lose recent entries; checksums keep torn ones from being served)",
     )
     t("--promote-on-hit", action="store_true", help="move entries hit in a lower tier back to the top tier")
     t("--target-usage-ratio", type=float, help="evict to keep each tier below this fill")

@@ -366,6 +366,8 @@ class BenchConfig(_Section):
     cache_dir: str | None = None
     storage_capacity_gb: float = Field(0.0, ge=0, le=10_000_000)
     io_mode: Literal["direct", "buffered"] = "direct"
+    # When a disk-tier write is durable (kvconnector.timed_io.Sync): entry = before it completes; none = at writeback.
+    sync: Literal["entry", "none"] = "entry"
     promote_on_hit: bool = False
     # ---- execution
     max_concurrent_allocs: int = Field(0, ge=0)

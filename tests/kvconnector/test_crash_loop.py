@@ -67,3 +67,16 @@ def test_a_move_between_tiers_cut_short_leaves_no_second_copy(tmp_path):
     crash_loop.check_restart(d, 1, f, key)
     assert f.verified == 1 and f.accounting_mismatch == 0 and f.corrupt_served == 0
     assert [n for n in os.listdir(os.path.join(d, "disk")) if ENTRY_NAME.fullmatch(n)] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", [crash_loop.SMALL, crash_loop.LARGE], ids=["small", "large"])
+def test_kills_under_sync_none_serve_nothing_torn_and_lose_nothing_acknowledged(tmp_path, p):
+    """With no fdatasync or directory fsync a kill still loses nothing acknowledged: the page cache outlives the
+    process (what it does not outlive, a power cut, is another test's). Nothing torn is served either way."""
+    kills = 20 if p is crash_loop.SMALL else 5
+    f = crash_loop.run_loop(str(tmp_path / "loop"), kills=kills, seed=3, corrupt_every=4, p=p, sync="none")
+    print("\n" + crash_loop.table(f))
+    assert f.kills == kills and f.stores > 0 and f.corrupt_dropped >= f.corrupt_injected > 0
+    assert f.corrupt_served == 0 and f.adopted_unreadable == 0 and f.verified == f.adopted > 0
+    assert f.acked_lost == 0 and f.temp_survived == 0 and f.accounting_mismatch == 0 and f.ok

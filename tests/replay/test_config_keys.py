@@ -142,6 +142,34 @@ def p_io_mode(tmp):
         assert all(f & O_DIRECT for f in entry_opens(tmp, io_mode="direct"))
 
 
+def sync_calls(tmp, **kw) -> tuple[int, int, int]:
+    """(fdatasync calls, fsync calls, the disk tier's writes) of a run. The fsyncs include the one of the tier's
+    marker file, written once when the run's fresh directory becomes a tier, whatever the policy."""
+    real_fdatasync, real_fsync, counts = os.fdatasync, os.fsync, {"fdatasync": 0, "fsync": 0}
+
+    def count(name, real):
+        def spy(fd):
+            counts[name] += 1
+            return real(fd)
+
+        return spy
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "fdatasync", count("fdatasync", real_fdatasync))
+        mp.setattr(os, "fsync", count("fsync", real_fsync))
+        doc = run(tmp, cpu_mem_gb=0, duration=0.5, **kw)
+    assert doc["tiers"]["disk"]["sync"] == kw["sync"]
+    return counts["fdatasync"], counts["fsync"], doc["tiers"]["disk"]["write"]["ops"]
+
+
+@probe("sync")
+def p_sync(tmp):
+    fdatasyncs, fsyncs, writes = sync_calls(tmp, sync="entry")
+    assert writes > 0 and fdatasyncs >= writes and fsyncs > 0  # each write durable before it returns
+    fdatasyncs, fsyncs, writes = sync_calls(tmp, sync="none")
+    assert writes > 0 and fdatasyncs == 0  # left to the kernel's writeback
+
+
 @probe("promote_on_hit")
 def p_promote_on_hit(tmp):
     # A 2 MB CPU tier over the disk tier: previous turns and decode reads hit on disk; promotion moves them back up.
