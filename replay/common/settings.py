@@ -101,6 +101,7 @@ OTHER_VARIABLES = (
     "KVTIER_TINY_MODEL_DIR",  # the test suite: where the offline model is built
     "KVTIER_TRACE_TMP",  # the test suite: a disk-backed folder for traced I/O
     "KVTIER_REPORT_SCREENSHOTS",  # the test suite: where the report's screenshots go
+    "KVTIER_TEST_IMAGE",  # the test suite: a built kvtier image (make image) to run bench in
     "KVTIER_MLPSTORAGE_SRC",  # the test suite: a checkout of mlpstorage, whose aggregation kvtier's is compared with
 )
 
