@@ -147,6 +147,11 @@ def validate(a) -> str | None:
     a.config = a.config or str(bench_dir(a.reference) / "config.yaml")
     if not os.path.isfile(a.config):
         return f"--config {a.config}: no such file"
+    return None
+
+
+def space_problem(a) -> str | None:
+    """--dir made and its free space checked: after the outputs are claimed, so a user's mistake is said first."""
     try:
         os.makedirs(a.dir, exist_ok=True)
         free = shutil.disk_usage(a.dir).free
@@ -572,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(PROG, str(exc))
     except OSError as exc:
         return fail(PROG, f"--logs {logs}: {exc.strerror}")
+    msg = space_problem(a)
+    if msg:
+        return fail(PROG, msg)
     bdir = bench_dir(a.reference)
     try:
         py, venv_note = ref_python(a.ref_venv)

@@ -40,11 +40,18 @@ def wait_for(pred, what: str, timeout_s: float = 90):
 
 
 def run_dirs_with_entries(base: Path) -> list[Path]:
-    if not base.is_dir():
-        return []
-    return [
-        d for d in base.rglob("kvtier-run-*") if d.is_dir() and any(ENTRY_NAME.fullmatch(p.name) for p in d.iterdir())
-    ]
+    """Run directories below `base` holding entries. Runs remove theirs while this looks (os.walk passes over a
+    directory gone meanwhile; rglob raised FileNotFoundError)."""
+    found = []
+    for top, dirs, _ in os.walk(base):
+        for name in dirs:
+            if name.startswith("kvtier-run-"):
+                try:
+                    if any(ENTRY_NAME.fullmatch(n) for n in os.listdir(os.path.join(top, name))):
+                        found.append(Path(top, name))
+                except FileNotFoundError:
+                    continue
+    return found
 
 
 def children_of(pid: int) -> list[int]:
