@@ -39,6 +39,7 @@ from replay.synthetic.sysinfo import block_device_of, disk_counters
 PROG = "mlperf_harness_side_by_side"
 OPTIONS = (1, 2, 3)
 GIB = 1 << 30
+IDLE_S = 5.0
 
 
 def parse_args(argv):
@@ -118,13 +119,20 @@ def run_side(side: str, bin_path: Path, ranks: int, a, scratch: Path) -> dict:
     cmd = [py, "-m", "mlpstorage_py.main", "open", "kvcache", "run", "--kvcache-bin-path", str(bin_path),
            "--systemname", "sut", "--results-dir", str(res), "--cache-dir", str(cache), "--model", a.model,
            "--num-users", str(a.num_users), "--duration", str(a.duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0",
-           "--generation-mode", "none", "--trials", "1", "--inter-option-delay", "0", "--num-processes", str(ranks)]  # fmt: skip
+           "--generation-mode", "none", "--trials", "1", "--inter-option-delay", "0",
+           "--num-processes", str(ranks)]  # fmt: skip
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     if ranks > (os.cpu_count() or 1):
         cmd.append("--oversubscribe")
     dev = block_device_of(str(cache))
     dropped = drop_caches()
+    # Others' I/O on the same disk (a shared VM) lands in the counters too: measure it idle first, to read against.
+    idle0 = disk_counters(dev)
+    time.sleep(IDLE_S)
+    idle1 = disk_counters(dev)
+    idle = idle1.minus(idle0) if idle0 and idle1 else {}
+    background = {k: idle.get(k, 0) / IDLE_S for k in ("read_bytes", "written_bytes")}
     log = scratch / f"mlpstorage-{side}-{ranks}.log"
     marks: list[tuple[int, float, object]] = []
     ru0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
@@ -153,7 +161,8 @@ def run_side(side: str, bin_path: Path, ranks: int, a, scratch: Path) -> dict:
         per_opt[o] = {"summary": agg, "wall_s": nt - ts, "device": dd, **rank_bytes(run_dir, o)}
     dev_all = marks[-1][2].minus(marks[0][2]) if marks[0][2] and marks[-1][2] else {}
     return {"side": side, "ranks": ranks, "rc": rc, "wall_s": t1 - t0, "cpu_s": cpu, "device_name": dev,
-            "device": dev_all, "caches_dropped": dropped, "command": cmd, "log": str(log),
+            "device": dev_all, "background_bytes_per_s": background, "caches_dropped": dropped, "command": cmd,
+            "log": str(log),
             "summary_file": str(summaries[-1]) if summaries else None, "summary": summ, "options": per_opt}  # fmt: skip
 
 
@@ -177,13 +186,15 @@ def table(runs: list[dict]) -> str:
                 f"{d['reported_write_bytes'] / 1e9:.2f} | {d['requests']} | {d['wall_s']:.0f} |"
             )
     rows.append("")
-    rows.append("| ranks | side | exit | wall s | CPU s | device GiB moved | CPU s per GiB moved |")
-    rows.append("|" + " --- |" * 7)
+    rows.append("| ranks | side | exit | wall s | CPU s | device GiB moved | CPU s per GiB moved | idle MB/s r/w |")
+    rows.append("|" + " --- |" * 8)
     for r in runs:
         moved = (r["device"].get("read_bytes", 0) + r["device"].get("written_bytes", 0)) / GIB
         per = f"{r['cpu_s'] / moved:.2f}" if moved else "-"
+        bg = r["background_bytes_per_s"]
         rows.append(f"| {r['ranks']} | {r['side']} | {r['rc']} | {r['wall_s']:.0f} | {r['cpu_s']:.1f} | "
-                    f"{moved:.2f} | {per} |")  # fmt: skip
+                    f"{moved:.2f} | {per} | {bg.get('read_bytes', 0) / 1e6:.1f} / "
+                    f"{bg.get('written_bytes', 0) / 1e6:.1f} |")  # fmt: skip
     return "\n".join(rows)
 
 
