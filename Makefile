@@ -9,7 +9,7 @@ HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-qd bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-reload bench-shared bench-nodes bench-sweep clean
+.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-qd bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-mlperf-harness bench-reload bench-shared bench-nodes bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -153,6 +153,15 @@ MLPERF_REF ?= /var/tmp/mlperf-ref
 bench-mlperf: $(BASE_STAMP)
 	test -f $(MLPERF_REF)/kv_cache_benchmark/kv-cache.py || git clone https://github.com/hazemawadalla/storage $(MLPERF_REF)
 	$(BIN)/python benchmarks/mlperf_reference_vs_kvtier.py --reference $(MLPERF_REF) --dir /var/tmp/kvtier-mlperf-vs
+
+# mlpstorage (the rules-pr checkout, MLPSTORAGE_SRC) driving the reference's kv-cache.py vs the kvtier shim, one short
+# OPEN run each (3 Options, 1 trial, 10 s, 4 users), 1 then 4 ranks. MLPSTORAGE_PY: a Python with what mlpstorage's
+# kvcache path imports (docs/mlperf.md) plus numpy and pyyaml for the reference. About 6 minutes here.
+MLPSTORAGE_SRC ?= /var/tmp/mlpstorage
+MLPSTORAGE_PY ?= /var/tmp/mlpstorage-venv/bin/python
+bench-mlperf-harness: $(BASE_STAMP)
+	$(BIN)/python benchmarks/mlperf_harness_side_by_side.py --mlpstorage $(MLPSTORAGE_SRC) \
+		--mlpstorage-python $(MLPSTORAGE_PY) --dir /var/tmp/kvtier-mlperf-side --ranks 1 4
 
 # Needs root (FUSE, drop_caches). Two stacks one after the other (tiny model, then a 4x512 random-weight model built
 # offline by deploy/make_tiny_model.py); 4-6 minutes here.
