@@ -39,7 +39,6 @@ pytestmark = [
 CHILD = """
 import json, logging, sys, types
 src, dirs = sys.argv[1], json.loads(sys.argv[2])
-sys.path.insert(0, src)
 from mlpstorage_py.rules.verifier import BenchmarkVerifier
 from mlpstorage_py.submission_checker.checks.kvcache_checks import KVCacheCheck
 log = logging.getLogger("mlpstorage")
@@ -106,6 +105,7 @@ def test_kvtier_tells_the_trees_apart_and_mlpstorages_checks_at_the_pinned_commi
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, "PYTHONPATH": SRC},  # the checkout (not installed) on the child's path
     )
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = dict(zip(made, json.loads(r.stdout.splitlines()[-1])))

@@ -37,10 +37,12 @@ pytestmark = [
     ),
 ]
 
+# the checkout (not installed) on the children's path: mlpstorage_py is imported from there
+CHILD_ENV = {**os.environ, "PYTHONPATH": SRC}
+
 CHILD = """
 import json, logging, sys, types
 src, cases = sys.argv[1], json.loads(sys.argv[2])
-sys.path.insert(0, src)
 from mlpstorage_py.benchmarks.kvcache import KVCacheBenchmark
 me = types.SimpleNamespace(logger=logging.getLogger("mlpstorage"), args=types.SimpleNamespace(hosts=None))
 out = [KVCacheBenchmark._aggregate_option_results(me, o, dirs, n) for o, dirs, n in cases]
@@ -50,7 +52,11 @@ print(json.dumps(out))
 
 def mlpstorage_aggregates(cases: list) -> list[dict]:
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, SRC, json.dumps(cases)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", CHILD, SRC, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=CHILD_ENV,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1])
@@ -87,10 +93,9 @@ def test_kvtiers_aggregation_is_mlpstorages(tmp_path):
 
 def test_the_options_are_mlpstorages_workload_params():
     child = (
-        "import json, sys; sys.path.insert(0, sys.argv[1]);"
-        "from mlpstorage_py.benchmarks.kvcache import WORKLOAD_PARAMS; print(json.dumps(WORKLOAD_PARAMS))"
+        "import json;from mlpstorage_py.benchmarks.kvcache import WORKLOAD_PARAMS; print(json.dumps(WORKLOAD_PARAMS))"
     )
-    r = subprocess.run([sys.executable, "-c", child, SRC], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", child, SRC], capture_output=True, text=True, timeout=120, env=CHILD_ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     theirs = {int(k): v for k, v in json.loads(r.stdout.splitlines()[-1]).items()}
     assert sorted(theirs) == sorted(OPTIONS)
