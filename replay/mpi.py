@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -55,7 +56,7 @@ class Peers:
         self.stop_reason: str | None = None
         self._done = 0
         self._sends: list = []
-        self._last_status = 0.0
+        self._last_status = -math.inf
         self._thread = threading.Thread(target=self._watch, name="kvtier-mpi-peers", daemon=True)
 
     def start(self) -> None:

@@ -11,6 +11,7 @@ Both are context managers; updates outside the block, or while off, do nothing b
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -39,7 +40,7 @@ class LiveLine:
         self.transient = transient
         self.plain_every_s = plain_every_s
         self._live: Any = None
-        self._last_plain = 0.0
+        self._last_plain = -math.inf  # the first line always prints: monotonic() may start near 0 at boot
 
     def __enter__(self) -> LiveLine:
         if not self.enabled:
