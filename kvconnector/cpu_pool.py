@@ -119,7 +119,7 @@ class BufferPool:
             while True:
                 buf = self._pick(nbytes, size) if size else None
                 grow = max(nbytes - buf.resident, 0) if buf is not None else nbytes
-                if self._make_room(grow + extra_bytes, keep=buf):
+                if self._make_room(grow + extra_bytes, keep=buf, keep_len=nbytes):
                     break
                 if deadline is None:
                     deadline = monotonic() + self.wait_s
@@ -224,29 +224,33 @@ class BufferPool:
                         break
         return best
 
-    def _make_room(self, need: int, keep: PoolBuffer | None) -> bool:
-        """Release free buffers (not `keep`), then slack, until `need` more bytes fit. Caller holds the lock."""
+    def _make_room(self, need: int, keep: PoolBuffer | None, keep_len: int = 0) -> bool:
+        """Release free buffers (not `keep`), then slack, then `keep`'s pages past `keep_len` (the buffer being
+        reused holds more than the new entry needs), until `need` more bytes fit. Caller holds the lock."""
         while self.resident_bytes + need > self.limit_bytes:
+            # Only as many pages as the shortfall: the rest stay faulted in for the next entry.
+            cut = -(-(self.resident_bytes + need - self.limit_bytes) // PAGE) * PAGE
             victim = next((b for b in self._free_order if b is not keep), None)
             if victim is not None:
-                # Only as many of its pages as the shortfall: the rest stay faulted in for the next entry.
-                cut = -(-(self.resident_bytes + need - self.limit_bytes) // PAGE) * PAGE
                 if cut >= victim.resident:
                     self._drop_free(victim)
                 else:
-                    self._advise(victim.mm, victim.resident - cut, cut, mmap.MADV_DONTNEED)
-                    victim.resident -= cut
-                    self.resident_bytes -= cut
-                    self.counters["pool_trims"] += 1
-                continue
-            if not self._slack:
+                    self._trim(victim, cut)
+            elif self._slack:
+                b, _ = self._slack.popitem()
+                self._trim(b, b.resident - b.length)
+            elif keep is not None and keep.resident > keep_len:
+                self._trim(keep, min(cut, keep.resident - keep_len))
+            else:
                 return False
-            b, _ = self._slack.popitem()
-            self._advise(b.mm, b.length, b.resident - b.length, mmap.MADV_DONTNEED)
-            self.resident_bytes -= b.resident - b.length
-            b.resident = b.length
-            self.counters["pool_trims"] += 1
         return True
+
+    def _trim(self, buf: PoolBuffer, cut: int) -> None:
+        """Give the last `cut` bytes of `buf`'s faulted-in pages back to the kernel. Caller holds the lock."""
+        self._advise(buf.mm, buf.resident - cut, cut, mmap.MADV_DONTNEED)
+        buf.resident -= cut
+        self.resident_bytes -= cut
+        self.counters["pool_trims"] += 1
 
     def _drop_free(self, buf: PoolBuffer) -> None:
         del self._free_order[buf]

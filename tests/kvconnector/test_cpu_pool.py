@@ -171,6 +171,25 @@ def test_free_buffers_and_slack_are_released_to_stay_within_capacity():
     assert bytes(out) == data("d", 660 * KB)
 
 
+@pytest.mark.parametrize("tail", [1, PAGE - 1])
+def test_a_shorter_entry_with_a_tail_takes_its_room_from_the_buffer_it_reuses(tail):
+    """The only free buffer is the one reused and holds more pages than the new entry's body; the entry's tail (counted
+    apart) fits only once those extra pages go. They are given back at once: no wait (the pool's 30 s were once spent
+    here, at the end of every RAG run with a small CPU tier), no StorageFullError, and the page table agrees."""
+    tier = CPUTier(200 * PAGE)
+    tier.pool.wait_s = 0.01
+    n = 200 * PAGE
+    tier.write("a", [memoryview(data("a", n))], n)
+    tier.delete("a")
+    m = 190 * PAGE + tail  # body 190 pages in a's buffer (200 faulted in), a tail of `tail` bytes besides
+    tier.write("b", [memoryview(data("b", m))], m)
+    assert tier.counters["pool_waits"] == 0 and tier.counters["pool_reuses"] == 1
+    assert pool_present_bytes(tier.pool) + tail == tier.pool.resident_bytes <= 200 * PAGE
+    out = memoryview(bytearray(m))
+    tier.read("b", m, out)
+    assert bytes(out) == data("b", m)
+
+
 def test_a_put_ahead_of_the_delete_that_makes_its_room_waits_for_it():
     pool = BufferPool(8 * PAGE)
     held = pool.acquire(6 * PAGE)
