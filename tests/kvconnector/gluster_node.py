@@ -1,11 +1,14 @@
 """One kvtier "node" on a shared directory, run as its own process by test_shared_glusterfs.py.
 
     python gluster_node.py --dir MOUNT/kv --name a --peer b --until EPOCH_S [--keys N] [--nbytes N] [--cap-mb M]
+                           [--restored-file PATH --settle-s S]
 
 Until the given wall-clock time it loops: store its own key `<name>-<i>` (removing it first, so every round writes a
 fresh file), then load a key of its own or of the peer and compare every byte with what that key must hold (bytes
 derived from the key, so a torn or foreign file cannot pass). Each operation is classified from the backend's own
 counters and written with its end time and duration; the summary (JSON, one line on stdout) is what the test checks.
+With --restored-file it also ends once the test has written the time a fault ended into that file and, since then and
+since its last failed operation, S seconds have passed with a store and a load that worked: it has recovered.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import time
 import zlib
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 
@@ -53,6 +57,30 @@ def _record_errors(tier, errnos: Counter, last: list) -> None:
         setattr(tier, name, wrapped)
 
 
+ERRORS = ("store_errors", "load_errors")
+
+
+class Recovery:
+    """Whether the fault is over and this node has worked cleanly for `settle_s` since: a store and a load that
+    worked, and no failed operation. The test writes the time the fault ended into `path`."""
+
+    def __init__(self, path: str | None, settle_s: float) -> None:
+        self.path, self.settle_s = path, settle_s
+        self.checked = 0.0
+
+    def done(self, ops: list) -> bool:
+        if not self.path or not ops or ops[-1][0] - self.checked < 0.5:  # looked at twice a second
+            return False
+        self.checked = ops[-1][0]
+        try:
+            restored_at = float(Path(self.path).read_text())
+        except (OSError, ValueError):  # not written (yet)
+            return False
+        clean_from = max([restored_at, *(t for t, _, outcome, _ in ops if outcome in ERRORS)])
+        worked = {(op, outcome) for t, op, outcome, _ in ops if t > clean_from}
+        return ops[-1][0] - clean_from >= self.settle_s and {("put", "ok"), ("get", "hit")} <= worked
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
@@ -64,6 +92,8 @@ def main() -> None:
     ap.add_argument("--cap-mb", type=float, default=64)
     ap.add_argument("--io-mode", default="direct")
     ap.add_argument("--store-only", action="store_true", help="only store (fill the tier), do not load")
+    ap.add_argument("--restored-file", help="where the test writes the time the fault ended")
+    ap.add_argument("--settle-s", type=float, default=10.0, help="clean seconds after it that end the run")
     args = ap.parse_args()
     be = KvtierBackend(
         BackendConfig(
@@ -85,7 +115,8 @@ def main() -> None:
     ops: list[tuple[float, str, str, float]] = []  # (end time, op, outcome, seconds)
     wrong = 0
     i = 0
-    while time.time() < args.until:
+    recovery = Recovery(args.restored_file, args.settle_s)
+    while time.time() < args.until and not recovery.done(ops):
         key = f"{args.name}-{i % args.keys}" if not args.store_only else f"{args.name}-{i}"
         i += 1
         t0 = time.time()
