@@ -22,6 +22,7 @@ Re-running with the same OUT_DIR and arguments reuses the directory (a stamp fil
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
@@ -144,16 +145,20 @@ def build(out_dir: str, vocab_size: int, seed: int, shape: dict | None = None) -
 
 
 def ensure(out_dir: str, vocab_size: int = 4096, seed: int = 0, force: bool = False, **shape) -> dict:
-    """Build into out_dir unless a build with the same arguments (vocabulary, seed, shape) is already there."""
+    """Build into out_dir unless a build with the same arguments (vocabulary, seed, shape) is already there. Two
+    processes asking for the same directory at once (test workers) take turns: the second finds the first's build."""
     shp = check_shape(shape)
     stamp = os.path.join(out_dir, STAMP)
-    if not force and os.path.exists(stamp):
-        with open(stamp) as fh:
-            info = json.load(fh)
-        same_shape = all(info.get(k, SHAPE[k]) == v for k, v in shp.items())
-        if info.get("requested_vocab_size") == vocab_size and info.get("seed") == seed and same_shape:
-            return {**shp, "kv_bytes_per_token": kv_bytes_per_token(shp), **info}
-    return build(out_dir, vocab_size, seed, shp)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not force and os.path.exists(stamp):
+            with open(stamp) as fh:
+                info = json.load(fh)
+            same_shape = all(info.get(k, SHAPE[k]) == v for k, v in shp.items())
+            if info.get("requested_vocab_size") == vocab_size and info.get("seed") == seed and same_shape:
+                return {**shp, "kv_bytes_per_token": kv_bytes_per_token(shp), **info}
+        return build(out_dir, vocab_size, seed, shp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,9 +4,12 @@ folder on sys.path when it loads this conftest, so every test imports them as `f
 Markers (pyproject.toml lists them) decide where a test runs in `make test`:
 - no marker: the fast tier (`make test-fast`), on every core, each test under a minute;
 - `slow`: over about a second of wall time; still run on every core, after the fast tier;
-- `serial`: needs the machine alone (it times something, loads both cores, starts a vLLM stack, or changes machine-wide
-  configuration another test reads, such as a sudoers rule): run one at a time at the end. `e2e` (starts real
-  servers) implies `serial`.
+- `e2e`: starts a real stack (vLLM, LMCache, kvtier, their servers): run after the slow tier on two workers, each
+  running a whole group at a time (a module, or the modules sharing a session's stack: an `xdist_group` mark), so two
+  stacks start and serve side by side and no stack is started twice;
+- `serial`: needs the machine alone (it times something, loads both cores, traces every process, or changes
+  machine-wide configuration another test reads, such as a sudoers rule): run one at a time at the end. A test marked
+  `e2e` and `serial` (a stack traced with bpftrace) runs there.
 The `root` marker is also the skip: a test marked `@pytest.mark.root` (optionally with reason="what needs root") is
 skipped with that reason when the suite does not run as root, so no test checks os.geteuid() itself.
 
@@ -52,11 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_Durations(path), "kvtier-durations")
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects: `-m "not serial"` must see the e2e implication
+@pytest.hookimpl(tryfirst=True)  # before xdist's --dist loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("e2e") is not None and item.get_closest_marker("serial") is None:
-            item.add_marker(pytest.mark.serial)
+        if item.get_closest_marker("e2e") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))  # its module's stack, one worker
     if os.geteuid() == 0:
         return
     for item in items:

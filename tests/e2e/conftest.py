@@ -8,10 +8,11 @@ Tests are skipped, with the reason, when vllm is not importable.
 
 `disk_stack` (session scope) is the full stack (deploy/run-stack.sh: vLLM + LMCache + kvtier, a 1 GB disk tier,
 Prometheus when installed) that test_lmcache_stack.py and test_prometheus_stack.py share: a SharedStack
-(kvtier_stack.py), started once. Its users run one after another from where the first of them was collected
-(pytest_collection_modifyitems below): those marked `fresh_disk_stack` first, on the stack as started, those marked
-`stops_disk_stack` last, so no test finds it stopped under it and it is not left idle beside the other modules'
-stacks. A test that needs another configuration starts its own stack.
+(kvtier_stack.py), started once (both modules are in one xdist group, so one worker runs them). Its users run one after
+another from where the first of them was collected (pytest_collection_modifyitems below): those marked
+`fresh_disk_stack` first, on the stack as started, those marked `stops_disk_stack` last, so no test finds it stopped
+under it and it is not left idle beside the other modules' stacks. A test that needs another configuration starts its
+own stack.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def tiny_model_dir(tmp_path_factory) -> str:
     reason = _vllm_missing()
     if reason:
         pytest.skip(reason)
-    out = os.environ.get("KVTIER_TINY_MODEL_DIR") or str(tmp_path_factory.getbasetemp().parent / "kvtier-tiny-model")
+    base = tmp_path_factory.getbasetemp()  # pytest-of-USER/pytest-N, or pytest-N/popen-gwK on an xdist worker
+    root = base.parent.parent if os.environ.get("PYTEST_XDIST_WORKER") else base.parent
+    out = os.environ.get("KVTIER_TINY_MODEL_DIR") or str(root / "kvtier-tiny-model")
     make_tiny_model.ensure(out)
     return out
 

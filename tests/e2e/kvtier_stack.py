@@ -33,9 +33,11 @@ from deploy.stack import (  # noqa: F401  (the tests use them through this modul
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACER = ROOT / "tracing" / "storage_latency_stack.sh"
-# a test module that traces a stack: root, bpftrace, and a stack's start-up on a loaded machine
+# a test module that traces a stack: root, bpftrace, and a stack's start-up on a loaded machine; alone (serial), as
+# the tracer sees every process of its name on the machine, another stack's too
 TRACE_STACK_MARKS = [
     pytest.mark.e2e,
+    pytest.mark.serial,
     pytest.mark.root(reason="bpftrace attaches kernel tracepoints"),
     pytest.mark.timeout(900),
     pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace not installed"),

@@ -32,7 +32,8 @@ from kvtier_stack import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# on the worker that runs test_prometheus_stack.py: the session's shared stack (conftest.py's disk_stack) starts once
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("disk_stack"), pytest.mark.timeout(900)]
 
 CHUNKS = 5  # 1300 tokens at LMCache's chunk size 256: five full chunks are stored
 HIT_TOKENS = CHUNKS * 256

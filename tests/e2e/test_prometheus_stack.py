@@ -42,6 +42,7 @@ from replay.openai.server_metrics import Snapshot, derive
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.xdist_group("disk_stack"),  # on the worker that runs test_lmcache_stack.py: one shared stack
     pytest.mark.fresh_disk_stack,
     pytest.mark.timeout(600),
     pytest.mark.skipif(
