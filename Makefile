@@ -248,8 +248,8 @@ lint: $(TEST_STAMP)
 
 # The suite in tiers (markers: tests/conftest.py): the fast tier on both cores, each test under 60 s; the slow tests
 # on four workers (7.4 min against 9.9 on two here); the vLLM stacks (`e2e`) two modules at a time (the nodes stack
-# and the traced ones alone); then what needs the machine alone (`serial`: timed runs, traced stacks), one at a time; then LMCache
-# 0.5.7's subset in its own venv. Each tier writes every test's wall time to test-durations/, and the 20
+# and the traced ones alone); then what needs the machine alone (`serial`: timed runs, traced stacks), one at a time;
+# then LMCache 0.5.7's subset in its own venv. Each tier writes every test's wall time to test-durations/, and the 20
 # slowest of the whole run are printed at the end. Budget: 20 minutes from a fresh clone here, install included.
 PYTEST    := KVTIER_VLLM_NEWEST_SRC=$(CURDIR)/$(VLLM_NEWEST_SRC) $(BIN)/python -m pytest
 DURATIONS := test-durations
