@@ -32,6 +32,7 @@ from .config import BenchConfig
 from .executor import PriorityExecutor
 from .payload import RandomPayload
 from .request import SimulatedRequest
+from .request_queue import RequestQueue
 from .scheduling import UserScheduling
 from .stats import RequestStats, RunOutcome
 from .trace_blocks import TraceBlocks
@@ -78,6 +79,7 @@ class SyntheticDriver(UserScheduling, SimulatedRequest):
         # Made here so that a block no tier can take is a usage error before the run starts.
         self.chained = ChainedRounds(self) if cfg.prefix_model == "chained" else None
         self.trace = TraceBlocks(self) if cfg.source else None
+        self._queue: RequestQueue | None = None  # the reference's request queue (request_queue.py), when used
 
     # ---- public ----------------------------------------------------------------------------------------------------
     def run(self) -> RunOutcome:
@@ -124,6 +126,9 @@ class SyntheticDriver(UserScheduling, SimulatedRequest):
         elif self.workload.timed:
             background.append(self._watched(self._dispatch_timed()))
         else:
+            if self._reference_queue_used():
+                self._queue = RequestQueue(self.cfg.effective_io_workers, self._fail)
+                background += [self._watched(self._queue.work()) for _ in range(self._queue.workers)]
             self._scale_to(self.cfg.num_users)
             if self.cfg.enable_autoscaling:
                 background.append(self._watched(self._autoscale()))
@@ -143,6 +148,8 @@ class SyntheticDriver(UserScheduling, SimulatedRequest):
         await loop.run_in_executor(None, self._pool.shutdown)
         end_ns = time.perf_counter_ns()
         window = self._window_report(timed_out, stop_ns, cancelled_ns, end_ns, len(tasks))
+        if self._queue is not None:
+            window["request_queue"] = self._queue.report()
         self._record_sample(end_ns)
         busy = self._pool.busy_ns() / max(1, self._pool.workers * (end_ns - self.start_ns))
         return RunOutcome(

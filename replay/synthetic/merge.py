@@ -228,6 +228,8 @@ def _merged_window(docs: Sequence[dict], runs: Sequence[dict], intervals: Sequen
             out[k] = round(pick(o if o is not None else iv for o, iv in zip(own, ends)), 3)
         elif k == "duration_s":
             out[k] = max(values) if values else None
+        elif k == "request_queue":  # each source's own queue: the deepest, and the rest added up
+            out[k] = {q: (max if q == "max_depth" else sum)(v.get(q, 0) for v in values) for q in values[0]}
         elif values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             out[k] = max(values)  # delays and overruns: the worst source's
         else:

@@ -11,7 +11,8 @@ entries.
 to the first block missing from every tier (replay/synthetic/chained.py; one row per round in `RunOutcome.rounds`).
 
 --request-model reference does what the MLPerf reference does instead, so the same flags give comparable numbers:
-a request's entry holds its whole context (the source's context tokens), every earlier turn of the conversation is
+synthetic users draw their sizes once and each request below them (workload.reference_user_ranges), a request's
+entry holds its whole context (the source's context tokens), every earlier turn of the conversation is
 read back, a request of 10,000 context tokens or more is prefill only (no decode), decode is one read plus
 ceil(generate_tokens / batch size) more with the generation time after them (a missing entry is written again),
 --max-concurrent-allocs bounds the prefill writes only, and the I/O pool has min(users, 500) threads (the
@@ -154,9 +155,11 @@ class SimulatedRequest:
         generate_tokens: int,
         rng: random.Random,
         first_turn: bool,
+        t_submit: int | None = None,
     ) -> None:
+        """One request; `t_submit` is when it was made, if it waited in a queue since (else now)."""
         cfg = self.cfg
-        t_submit = time.perf_counter_ns()
+        t_submit = time.perf_counter_ns() if t_submit is None else t_submit
         prio = (self._qos_key[session.qos], t_submit)
         await self._rate_limit()
         storage_ns = 0

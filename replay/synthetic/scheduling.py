@@ -5,6 +5,7 @@ that yield to the event loop, timed sessions at their trace times, the modes tha
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from kvconnector.histogram import LatencyHistogram
@@ -130,9 +131,22 @@ class UserScheduling:
             else:  # the tokens this turn adds (its input and the previous answer); the previous turn is read
                 new_tokens = self.workload.entry_tokens(max(1, turn.input_tokens + prev_output))
                 reads = (prev_key,) if prev_key is not None else ()
-            await self._request(session, key, reads, new_tokens, turn.output_tokens, rng, first_turn=i == 0)
+            request = functools.partial(
+                self._request, session, key, reads, new_tokens, turn.output_tokens, rng, first_turn=i == 0
+            )
+            if self._queue is not None and user is not None:  # the reference's users do not wait for the answer
+                t_submit = time.perf_counter_ns()
+                prio = (-self.cfg.qos_profiles[session.qos].priority, t_submit)
+                await self._queue.put(prio, functools.partial(request, t_submit=t_submit))
+            else:
+                await request()
             prev_key, prev_output = key, turn.output_tokens
             earlier.append(key)
+
+    def _reference_queue_used(self) -> bool:
+        """Synthetic users under --request-model reference put their requests on the reference's queue
+        (request_queue.py) instead of waiting for each one."""
+        return self.cfg.request_model == "reference" and self.workload.kind == "synthetic"
 
     # ---- autoscaling -----------------------------------------------------------------------------------------------
     async def _autoscale(self) -> None:

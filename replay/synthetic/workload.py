@@ -79,6 +79,25 @@ class Session:
     offset_s: float = 0.0
 
 
+def reference_user_ranges(template: UserTemplate, rng: random.Random) -> UserTemplate:
+    """The MLPerf reference's users: a user's context C, answer A and think time T are drawn once from the
+    profile's ranges (UserSimulator.generate_user in kv_cache_benchmark/kv_cache/workload.py of mlcommons/storage),
+    and each request then draws its context from [C/4, C], its answer from [A/4, A] and its think time from
+    [0.8T, 1.2T] (user_worker in kv_cache/benchmark.py). Drawing every request from the profile's whole range
+    instead makes requests larger on average and far more of them reach the 10,000 tokens above which the reference
+    writes without decoding: the device's read:write mix then differs from the reference's several-fold."""
+    context = rng.randint(*template.context_tokens)
+    answer = rng.randint(*template.generate_tokens)
+    think = rng.uniform(*template.think_time_s)
+    return template.model_copy(
+        update={
+            "context_tokens": (max(1, context // 4), context),
+            "generate_tokens": (min(answer, max(1, answer // 4)), answer),
+            "think_time_s": (0.8 * think, 1.2 * think),
+        }
+    )
+
+
 @dataclass
 class User:
     """One simulated user: a worker that runs sessions one after another until told to stop."""
@@ -190,7 +209,10 @@ class Workload:
         rng = random.Random(self.seed * 1_000_003 + user_id)
         name = rng.choices(self._templates, weights=self._template_weights)[0]
         qos = rng.choices(self._qos_names, weights=self._qos_weights)[0]
-        return User(user_id, name, self.cfg.user_templates[name], qos, rng)
+        template = self.cfg.user_templates[name]
+        if self.cfg.request_model == "reference":
+            template = reference_user_ranges(template, rng)
+        return User(user_id, name, template, qos, rng)
 
     def _system_prompt(self, rng: random.Random) -> int | None:
         pc = self.cfg.prefix_cache
