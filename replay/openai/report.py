@@ -298,6 +298,7 @@ def _rounds(state: RunState, pcts, block_size, kv_bytes_per_token, kv_bytes_metr
                 "excess_recompute_share": _ratio(excess, reusable) if excess is not None else None,
                 "kv_written_bytes": m["kv_written_bytes"] if m else None,
                 "kv_bytes_by_tier": m["kv_bytes_by_tier"] if m else None,
+                "prompt_tokens_by_tier": m["prompt_tokens_by_tier"] if m else None,
                 "preemptions": m["preemptions"] if m else None,
                 "wall_s": round(wall_s, 4),
             }

@@ -45,6 +45,8 @@ KV_WRITTEN_BYTES_METRICS = (
     "lmcache:num_stored_bytes_total",
 )
 _KVTIER_BYTES = "kvtier_bytes_total"
+# vLLM's prompt tokens by where they came from (`vllm:prompt_tokens_by_source_total{source}`)
+_PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 def metric_selector(text: str) -> tuple[str, dict[str, str]]:
@@ -215,6 +217,44 @@ def kv_bytes_by_tier(a: Snapshot, b: Snapshot) -> dict[str, dict[str, float]] | 
     return out or None
 
 
+def _apportion(total: int, weights: Mapping[str, float]) -> dict[str, int]:
+    """`total` split in proportion to `weights` (their sum above 0) as whole numbers that add up to it (largest
+    remainders first)."""
+    den = sum(weights.values())
+    exact = {k: total * v / den for k, v in weights.items()}
+    out = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: out[k] - exact[k])[: total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
+def prompt_tokens_by_tier(a: Snapshot, b: Snapshot) -> dict[str, int] | None:
+    """Where each prompt token of the interval came from: vLLM's own prefix cache (`vllm_prefix_cache`), LMCache's
+    memory (`lmcache_l1`), each kvtier tier behind LMCache (`kvtier_<tier>`; `lmcache_l2` when kvtier exports
+    nothing), or computed again (`recomputed`); the parts add up to vLLM's prompt tokens of the interval. None without
+    vLLM's `vllm:prompt_tokens_by_source`.
+
+    vLLM counts its own hits, the external (KV connector) ones and the computed ones per token. No server counts the
+    external ones per tier, so they are split in proportion to LMCache's lookup hits in L1 and L2
+    (`lmcache_mp_lookup_hit_{l1,l2}_tokens`) and L2's part in proportion to the bytes kvtier read from each tier
+    (`kvtier_bytes_total{op="read"}`); `external_kv_transfer` stays whole when LMCache counted no lookup hit."""
+    src = {s: delta(a, b, "vllm:prompt_tokens_by_source", source=s) for s in _PROMPT_SOURCES}
+    if all(v is None for v in src.values()):
+        return None
+    parts = {"vllm_prefix_cache": int(src["local_cache_hit"] or 0), "recomputed": int(src["local_compute"] or 0)}
+    external = int(src["external_kv_transfer"] or 0)
+    if not external:
+        return parts
+    lookups = {t: delta(a, b, f"lmcache_mp_lookup_hit_{t}_tokens") or 0.0 for t in ("l1", "l2")}
+    if not sum(lookups.values()):
+        return {**parts, "external_kv_transfer": external}
+    lmcache = _apportion(external, {"lmcache_l1": lookups["l1"], "lmcache_l2": lookups["l2"]})
+    reads = {f"kvtier_{t}": v for (t, op), v in delta_by(a, b, _KVTIER_BYTES, "tier", "op").items() if op == "read"}
+    if lmcache["lmcache_l2"] and any(reads.values()):
+        return {**parts, "lmcache_l1": lmcache["lmcache_l1"], **_apportion(lmcache["lmcache_l2"], reads)}
+    return {**parts, **lmcache}
+
+
 def derive(
     a: Snapshot, b: Snapshot, kv_bytes_per_token: float | None = None, kv_bytes_metric: str | None = None
 ) -> dict:
@@ -226,10 +266,7 @@ def derive(
 
     hits, queries = d("vllm:prefix_cache_hits"), d("vllm:prefix_cache_queries")
     ext_hits, ext_queries = d("vllm:external_prefix_cache_hits"), d("vllm:external_prefix_cache_queries")
-    src = {
-        s: d("vllm:prompt_tokens_by_source", source=s)
-        for s in ("local_compute", "local_cache_hit", "external_kv_transfer")
-    }
+    src = {s: d("vllm:prompt_tokens_by_source", source=s) for s in _PROMPT_SOURCES}
     have_src = any(v is not None for v in src.values())
     total_src = sum(v or 0 for v in src.values()) if have_src else None
     if have_src and total_src:
@@ -261,6 +298,7 @@ def derive(
         "external_prefix_cache_hits": ext_hits,
         "external_prefix_cache_queries": ext_queries,
         "prompt_tokens_by_source": src if have_src else None,
+        "prompt_tokens_by_tier": prompt_tokens_by_tier(a, b),
         "preemptions": d("vllm:num_preemptions"),
         "server_queue_time_mean_ms": round(q_sum / q_cnt * 1e3, 3) if q_sum is not None and q_cnt else None,
         "kv_written_bytes": written,

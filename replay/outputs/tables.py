@@ -71,10 +71,39 @@ def replay_tables(summary: dict[str, Any]) -> list[Table]:
     tables = [t]
     if summary.get("rounds"):
         tables.append(rows_table("per round", summary["rounds"], _ROUND_COLS))
-    by_tier = (summary.get("server_metrics") or {}).get("kv_bytes_by_tier")
-    if by_tier:
-        tables.append(tier_bytes_table(by_tier))
+    server = summary.get("server_metrics") or {}
+    if server.get("kv_bytes_by_tier"):
+        tables.append(tier_bytes_table(server["kv_bytes_by_tier"]))
+    if server.get("prompt_tokens_by_tier"):
+        tables.append(prompt_sources_table(server["prompt_tokens_by_tier"]))
     return tables
+
+
+def prompt_sources_table(parts: dict[str, int]) -> Table:
+    """Prompt tokens over the run by where they came from (server_metrics.prompt_tokens_by_tier), with shares."""
+    total = sum(parts.values())
+    rows = [
+        {"source": k, "tokens": f"{v:,}", "share": f"{v / total:.1%}" if total else "-"}
+        for k, v in sorted(parts.items(), key=lambda kv: source_order(kv[0]))
+    ]
+    t = rows_table("prompt tokens by where they came from (server /metrics)", rows, _SOURCE_COLS)
+    t.columns[0].justify = "left"
+    t.caption = f"{total:,} prompt tokens"
+    return t
+
+
+_SOURCE_COLS = (("source", "source"), ("tokens", "tokens"), ("share", "share"))
+
+
+def source_order(name: str) -> tuple[int, str]:
+    """Nearest the GPU first: vLLM's own cache, LMCache's memory, kvtier's tiers, L2 unsplit, recomputed last."""
+    first = ("vllm_prefix_cache", "lmcache_l1")
+    last = ("lmcache_l2", "external_kv_transfer", "recomputed")
+    if name in first:
+        return first.index(name), ""
+    if name in last:
+        return 10 + last.index(name), ""
+    return 5, name
 
 
 def tier_bytes_table(by_tier: dict[str, dict[str, float]]) -> Table:

@@ -185,6 +185,11 @@ def test_replay_reads_the_same_figures_from_prometheus_as_from_the_pages(env):
     # the run read its prefixes back from kvtier's disk tier, so the figures compared are not all zeros
     assert from_prom["kv_bytes_by_tier"]["disk"]["read"] > 0
     assert from_prom["prompt_tokens_by_source"]["external_kv_transfer"] > 0
+    # where the prompt tokens came from: every one counted once, and L1 was cleared before this replay, so kvtier's
+    # disk tier served some of them (the same figures from Prometheus, compared above)
+    parts = from_prom["prompt_tokens_by_tier"]
+    assert sum(parts.values()) == sum(from_prom["prompt_tokens_by_source"].values())
+    assert parts["kvtier_disk"] > 0, parts
 
 
 def test_recording_rules_match_the_exporters_counters(env):

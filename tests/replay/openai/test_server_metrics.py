@@ -170,3 +170,63 @@ def test_scrape_reports_a_text_it_cannot_parse_and_keeps_the_others():
     assert len(snap.errors) == 1 and "/bad: not Prometheus text format" in snap.errors[0]
     with pytest.raises(ValueError):
         parse_prometheus("<html>oops</html>\n")
+
+
+def _sources_text(compute, cache_hit, external, l1=None, l2=None, reads=None) -> str:
+    lines = [
+        f'vllm:prompt_tokens_by_source_total{{source="local_compute"}} {compute}',
+        f'vllm:prompt_tokens_by_source_total{{source="local_cache_hit"}} {cache_hit}',
+        f'vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {external}',
+    ]
+    if l1 is not None:
+        lines += [f"lmcache_mp_lookup_hit_l1_tokens_total {l1}", f"lmcache_mp_lookup_hit_l2_tokens_total {l2}"]
+    for tier, n in (reads or {}).items():
+        lines += [
+            f'kvtier_bytes_total{{tier="{tier}",op="read"}} {n}',
+            f'kvtier_bytes_total{{tier="{tier}",op="write"}} 9',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "external, l1, l2, reads, want",
+    [
+        # LMCache's lookups 1:3 between L1 and L2, kvtier's reads 1:2 between cpu and disk: 1,000 external tokens
+        (1000, 100, 300, {"cpu": 1000, "disk": 2000}, {"lmcache_l1": 250, "kvtier_cpu": 250, "kvtier_disk": 500}),
+        # shares that do not divide evenly still add up to the tokens (largest remainders)
+        (
+            1001,
+            1,
+            1,
+            {"cpu": 1, "disk": 1, "shared": 1},
+            {"lmcache_l1": 501, "kvtier_cpu": 167, "kvtier_disk": 167, "kvtier_shared": 166},
+        ),
+        # no kvtier exporter: L2 stays whole; no LMCache counters: the external tokens stay whole
+        (1000, 100, 300, None, {"lmcache_l1": 250, "lmcache_l2": 750}),
+        (1000, None, None, None, {"external_kv_transfer": 1000}),
+        # LMCache counted no lookup hit: nothing to split by
+        (1000, 0, 0, {"disk": 5}, {"external_kv_transfer": 1000}),
+    ],
+)
+def test_prompt_tokens_are_attributed_to_each_tier_and_add_up(external, l1, l2, reads, want):
+    zero_reads = dict.fromkeys(reads or {}, 0)
+    a = Snapshot(0, parse_prometheus(_sources_text(0, 0, 0, 0 if l1 is not None else None, 0, zero_reads)))
+    b = Snapshot(1, parse_prometheus(_sources_text(700, 300, external, l1, l2, reads)))
+    parts = derive(a, b)["prompt_tokens_by_tier"]
+    assert parts == {"vllm_prefix_cache": 300, "recomputed": 700, **want}
+    assert sum(parts.values()) == 700 + 300 + external  # every prompt token once
+    assert derive(a, Snapshot(1, parse_prometheus("kvtier_bytes_total 1\n")))["prompt_tokens_by_tier"] is None
+
+
+def test_the_closing_table_says_where_the_prompt_tokens_came_from():
+    summary = {k: {} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms", "queue_ms")}
+    summary.update(completed=1, failed=0, request_throughput=1.0, output_throughput=1.0, achieved_rate=None)
+    parts = {"recomputed": 600, "vllm_prefix_cache": 100, "kvtier_disk": 200, "lmcache_l1": 100}
+    summary["server_metrics"] = {"prompt_tokens_by_tier": parts}
+    console = Console(record=True, width=120)
+    for t in replay_tables(summary):
+        console.print(t)
+    text = console.export_text()
+    rows = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│") and "%" in line]
+    assert rows == ["vllm_prefix_cache", "lmcache_l1", "kvtier_disk", "recomputed"]  # nearest the GPU first
+    assert "60.0%" in text and "1,000 prompt tokens" in text

@@ -1,13 +1,15 @@
 """kvtier replay: the summary rows (requests, TTFT, TPOT, ITL, end to end, the server's hit rates), the banners of a
-run cut short or with failed requests, and its figures (TTFT and latency CDFs, hit rate and TTFT per round)."""
+run cut short or with failed requests, and its figures (TTFT and latency CDFs, hit rate and TTFT per round, where
+the prompt tokens came from)."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
 from ...compare_rows import Row
+from ...tables import source_order
 from ..kinds import Run
-from ._shared import KindView, cdf_trace, doc_key, kept, new_figure, series_name
+from ._shared import PALETTE, KindView, cdf_trace, doc_key, kept, new_figure, series_name
 
 
 def summary_rows(runs: list[Run]) -> list[Row]:
@@ -63,7 +65,36 @@ def figures(runs: list[Run]) -> list[go.Figure]:
                 hit.add_trace(go.Scatter(x=xs, y=ys, name=series_name(run, label, many), line={"dash": dash}))
             for key, label in (("ttft_p50_ms", "p50"), ("ttft_p95_ms", "p95")):
                 rt.add_trace(go.Scatter(x=xs, y=[r.get(key) for r in rows], name=series_name(run, label, many)))
-    return kept([ttft, lat, hit, rt])
+    return kept([ttft, lat, hit, rt, _prompt_sources(runs)])
+
+
+def _prompt_sources(runs: list[Run]) -> go.Figure:
+    """Shares of the prompt tokens by where they came from (server_metrics.prompt_tokens_by_tier): one bar per run,
+    and, for a single run in rounds, one per round."""
+    bars: list[tuple[str, dict[str, int]]] = []
+    for run in runs:
+        parts = (run.doc.get("server_metrics") or {}).get("prompt_tokens_by_tier")
+        if parts:
+            bars.append((run.label if len(runs) > 1 else "whole run", parts))
+        if len(runs) == 1:
+            bars += [(f"round {r['round']}", r["prompt_tokens_by_tier"]) for r in run.doc.get("rounds") or []
+                     if r.get("prompt_tokens_by_tier")]  # fmt: skip
+    fig = new_figure("Prompt tokens by where they came from (server /metrics)", "", "share of prompt tokens")
+    names = sorted({k for _, parts in bars for k in parts}, key=source_order)
+    for i, name in enumerate(names):
+        ys = [parts.get(name, 0) / (sum(parts.values()) or 1) for _, parts in bars]
+        fig.add_trace(
+            go.Bar(
+                x=[x for x, _ in bars],
+                y=ys,
+                name=name,
+                marker={"color": PALETTE[i % len(PALETTE)]},
+                hovertemplate="%{x}: %{y:.1%}<extra>%{fullData.name}</extra>",
+            )
+        )
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    return fig
 
 
 def config(run: Run) -> dict:
