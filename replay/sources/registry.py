@@ -184,6 +184,7 @@ BENCH_TRACE_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
     "replay_cycles": (lambda s, _c: not s.block_trace, "a trace is replayed once, its hash ids as they are"),
     "burst_trace_path": (lambda s, _c: not s.block_trace, "the trace is --dataset-path"),
     "trace_speedup": (lambda s, _c: s.timed, "its requests have no times: they run in the file's order"),
+    "max_idle_s": (lambda _s, c: c.trace_timing == "think", "it caps the pauses of --trace-timing think"),
 }
 
 

@@ -8,6 +8,7 @@ import argparse
 
 from replay.models import CATALOG
 from replay.sources.registry import block_trace_names
+from replay.sources.trace_timing import TIMINGS
 
 from ..common.cli import OneLineParser, command, set_log_level
 from ..common.settings import documented
@@ -29,6 +30,7 @@ examples:
   kvtier bench --dataset-path ShareGPT_V3.json --max-conversations 200 --replay-cycles 2
   kvtier bench --use-burst-trace --burst-trace-path 'BurstGPT/*.csv' --trace-speedup 10
   kvtier bench --source mooncake --dataset-path conversation_trace.jsonl --trace-speedup 0   # measured vs plan
+  kvtier bench --source weka --dataset-path traces/ --trace-timing think --trace-speedup 10   # agents, closed loop
   kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
   kvtier bench --prefix-model chained --block-size 256 --rounds 20 --num-users 16 --cpu-mem-gb 2   # hit-rate cliff
@@ -135,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
         "them, --request-rate is refused) and every request is in the first QoS class of qos_distribution",
     )
     w("--trace-block-tokens", type=int, help="--source: the trace's block in tokens (default: its format's)")
+    w(
+        "--trace-timing",
+        choices=list(TIMINGS),
+        help="--source: timestamps (open loop, each request at its time) or think (a trace with sessions, weka: each "
+        "call its think time after the previous call of its session ended, sub-agents joined; --trace-speedup "
+        "divides the pauses)",
+    )
+    w("--max-idle-s", type=float, help="with --trace-timing think: cap each pause at this many seconds")
     w(
         "--performance-profile",
         choices=["latency", "throughput"],

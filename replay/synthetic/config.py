@@ -20,6 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from kvconnector.units import GB
 from replay.models import CATALOG
 from replay.sources.block_traces import MAX_BLOCK_TOKENS
+from replay.sources.trace_timing import DEFAULT_MAX_IDLE_S, TIMINGS
 
 from ..common.settings import load_settings
 from .mlperf_config import check_validation_limits, from_reference
@@ -354,6 +355,10 @@ class BenchConfig(_Section):
     source: str | None = None
     # The trace's block in tokens (lengths scaled with it); None = its format's own.
     trace_block_tokens: int | None = Field(None, ge=1, le=MAX_BLOCK_TOKENS)
+    # When the trace's requests start (replay/sources/trace_timing.py): timestamps (open loop) or think (each session's
+    # calls closed loop, a call its pause after the call it follows ended; pauses capped at max_idle_s).
+    trace_timing: Literal[TIMINGS] = "timestamps"  # type: ignore[valid-type]
+    max_idle_s: float = Field(DEFAULT_MAX_IDLE_S, gt=0)
     replay_cycles: int = Field(0, ge=0)
     # ---- tiers (sizes in size_unit: GiB as the reference reads them, or GB)
     size_unit: Literal["GiB", "GB"] = "GiB"
@@ -488,9 +493,12 @@ class BenchConfig(_Section):
         if self.source is not None:
             source = check_source(self.source, {"--dataset-path": self.dataset_path}, choices=block_trace_names())
             check_reads(self, source, BENCH_TRACE_READS)
-        elif self.trace_block_tokens is not None:
+        else:
             traces = ", ".join(block_trace_names())
-            raise ValueError(f"--trace-block-tokens rescales a block-hash trace: give --source ({traces})")
+            for key, what in (("trace_block_tokens", "rescales"), ("trace_timing", "paces"), ("max_idle_s", "paces")):
+                if getattr(self, key) != type(self).model_fields[key].default:
+                    flag = "--" + key.replace("_", "-")
+                    raise ValueError(f"{flag} {what} a block-hash trace: give --source ({traces})")
         unknown = set(self.qos_distribution) - set(self.qos_profiles)
         if unknown:
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")

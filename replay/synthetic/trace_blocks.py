@@ -3,18 +3,21 @@ trace of block hashes replayed block by block on the real tiered store, its meas
 `kvtier plan --trace` predicts.
 
 The model is the plan's (replay/plan/trace.py), here with real entries, tiers and I/O:
-- Each request starts at its arrival time (divided by --trace-speedup; 0 = no delay). Block id h is the entry
-  `trace/<h>` of block_tokens x the model's KV bytes per token: equal ids are equal prefixes, as in the trace.
+- Each request starts at its arrival time (divided by --trace-speedup; 0 = no delay); with --trace-timing think a
+  call of a session starts its pause (divided likewise, capped at --max-idle-s) after the call it follows ended and
+  once the sub-agents it joins have ended (replay/sources/trace_timing.py), so slower tiers stretch the sessions.
+  Block id h is the entry `trace/<h>` of block_tokens x the model's KV bytes per token: equal ids are equal
+  prefixes, as in the trace.
 - Look-up, compute and writes are one request at a time in arrival order (one GPU, as chained.py says why), so the
   store sees the block uses in the plan's order. A request looks its blocks up in order and stops at the first one
   missing from every tier (later blocks are of no use without it, as vLLM and LMCache stop there too); never the
   block of the prompt's last token, which a server always computes. Hits are read from their tier.
 - The rest is computed (simulated GPU time, generation.prefill_ms_per_token of the generation mode) and its blocks
   written (one already stored is left as it is); decode is simulated time, no store I/O.
-The prediction is the plan's exclusive LRU waterfall over the same requests and each tier's blocks at its target
-usage ratio. The store keeps a hit in its tier (no promotion) and does not refresh blocks past the first miss, where
-the plan moves both to the top: with tiers that hold the trace both are exact, with small ones they differ by a few
-points.
+The prediction is the plan's exclusive LRU waterfall over the same requests, in the order they ran, and each tier's
+blocks at its target usage ratio. The store keeps a hit in its tier (no promotion) and does not refresh blocks past
+the first miss, where the plan moves both to the top: with tiers that hold the trace both are exact, with small ones
+they differ by a few points.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import time
 
 from ..plan.trace import reuse_profile
 from ..sources.base import Conversation, Turn
+from ..sources.trace_request import TraceRequest
+from ..sources.trace_timing import pause_s
 from .chained import RoundsDriver, check_block_fits, tier_blocks
 from .workload import Session
 
@@ -55,7 +60,11 @@ class TraceBlocks:
             f"--source {driver.cfg.source}: one {self.block}-token block",
             "give --trace-block-tokens smaller or more room",
         )
-        self.done = 0  # requests completed, in arrival order (the lock keeps them in it)
+        self.done = 0  # requests completed
+        self._ran: list[int] = []  # the requests that did their store I/O, in the order they did (the lock's)
+        self._completed: set[int] = set()
+        self._ended: dict[int, asyncio.Event] = {}  # --trace-timing think: a call's end, for the calls that wait on it
+        self._end_s: dict[int, float] = {}
         self.prompt_tokens = 0
         self.hit_tokens: dict[str, int] = {}
         self._gpu = asyncio.Lock()  # FIFO: waiters get it in the order they asked
@@ -84,10 +93,11 @@ class TraceBlocks:
 
     async def _start_each(self, pending: set[asyncio.Task], speed: float, start: float, t0: float) -> None:
         d = self.d
+        think = d.cfg.trace_timing == "think"
         for i, req in enumerate(self.trace.requests):
             if time.perf_counter_ns() >= d._deadline_ns:
                 break
-            if speed:
+            if speed and not (think and req.session >= 0):
                 delay = (req.arrival_s - t0) / speed - (time.perf_counter() - start)
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -98,8 +108,27 @@ class TraceBlocks:
                 pending -= done
                 for t in done:
                     t.result()  # a storage failure or a bug ends the run (the caller fails it)
-            pending.add(asyncio.create_task(self._request(i, req)))
+            # A linked call waits in its task for what it follows: those are earlier in the file, so they were
+            # started before it and the bound above cannot hold back what it waits for.
+            work = self._linked(i, req, speed, start) if think and req.session >= 0 else self._request(i, req)
+            pending.add(asyncio.create_task(work))
             await asyncio.sleep(0)
+
+    async def _linked(self, i: int, req: TraceRequest, speed: float, start: float) -> None:
+        """--trace-timing think: a call of a session, its pause after the call it follows ended and once the
+        sub-agents it joins have ended."""
+        for j in (req.after, *req.joins):
+            if j >= 0:
+                await self._ended.setdefault(j, asyncio.Event()).wait()
+        ready = self._end_s[req.after] if req.after >= 0 else start
+        if speed:
+            ready += pause_s(req, self.d.cfg.max_idle_s) / speed
+        ready = max([ready, *(self._end_s[j] for j in req.joins)])
+        if (delay := ready - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        await self._request(i, req)
+        self._end_s[i] = time.perf_counter()
+        self._ended.setdefault(i, asyncio.Event()).set()
 
     async def _request(self, i: int, req) -> None:
         d, cfg, bs = self.d, self.d.cfg, self.block
@@ -132,6 +161,7 @@ class TraceBlocks:
                 )
                 storage_ns += w.timing.total_ns
                 written += self.block_bytes if w.stored else 0
+            self._ran.append(i)
         out = req.output_tokens
         if cfg.ms_per_token and out > 0 and not cfg.prefill_only:
             g0 = time.perf_counter_ns()
@@ -148,14 +178,16 @@ class TraceBlocks:
             prefill_bytes=written,
             multi_turn=(int(hits > 0), int(hits == 0 and usable > 0)),
         )
-        self.done = max(self.done, i + 1)
+        self.done += 1
+        self._completed.add(i)
         self.prompt_tokens += req.input_tokens
         for tier, n in by_tier.items():
             self.hit_tokens[tier] = self.hit_tokens.get(tier, 0) + n
 
     def report(self) -> dict:
-        """Measured and predicted hit rate per tier over the requests that completed (a prefix of the trace)."""
-        done = dataclasses.replace(self.trace, requests=self.trace.requests[: self.done])
+        """Measured and predicted hit rate per tier over the requests that completed, in the order they ran."""
+        ran = tuple(self.trace.requests[i] for i in self._ran if i in self._completed)
+        done = dataclasses.replace(self.trace, requests=ran)
         capacities = self.tier_tokens()
         # None where the requests done had no prompt token: no hit rate, measured or predicted
         predicted = reuse_profile(done).tier_hit_rates(capacities) if self.done else [None] * len(capacities)
@@ -181,6 +213,8 @@ class TraceBlocks:
             "path": self.d.cfg.dataset_path,
             "block_tokens": self.block,
             "block_bytes": self.block_bytes,
+            "trace_timing": self.d.cfg.trace_timing,
+            "max_idle_s": self.d.cfg.max_idle_s if self.d.cfg.trace_timing == "think" else None,
             "requests": self.done,
             "prompt_tokens": total,
             "hit_rate": rate(sum(self.hit_tokens.values())),

@@ -22,6 +22,7 @@ from ..sources.block_traces import BlockTrace
 from ..sources.registry import SOURCES
 from ..sources.sharegpt import default_token_counter
 from ..sources.synthetic_users import SyntheticUser
+from ..sources.trace_timing import has_sessions
 from .config import REFERENCE_BURST_TRACE_PATH, BenchConfig, UserTemplate
 
 
@@ -135,11 +136,19 @@ class Workload:
                     block_tokens=cfg.trace_block_tokens,
                     max_requests=cfg.max_requests or None,
                     max_context_tokens=max_context_tokens,
-                    # a timed run reads no row past its window (rows are in arrival order)
-                    until_s=cfg.duration * cfg.trace_speedup if cfg.trace_speedup else None,
+                    # a timed run reads no row past its window (rows are in arrival order); under the think timing a
+                    # session's calls go when the calls before them end, whatever their recorded times
+                    until_s=cfg.duration * cfg.trace_speedup
+                    if cfg.trace_speedup and cfg.trace_timing == "timestamps"
+                    else None,
                 )
             except WorkloadError as exc:
                 raise WorkloadError(f"--dataset-path {exc}") from exc
+            if cfg.trace_timing == "think" and not has_sessions(self.block_trace):
+                raise WorkloadError(
+                    f"--dataset-path {cfg.dataset_path}: --trace-timing think paces sessions' calls, and this "
+                    f"{cfg.source} trace has none"
+                )
             self.report = self.block_trace.report
         elif cfg.dataset_path:
             self.kind = "sharegpt"

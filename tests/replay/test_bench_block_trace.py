@@ -106,3 +106,20 @@ def test_a_trace_of_zero_token_prompts_is_run_and_its_results_written(tmp_path):
     assert t["requests"] == 5 and t["prompt_tokens"] == 0
     assert t["hit_rate"] is None and t["predicted_hit_rate"] is None
     assert all(row["hit_rate"] is None and row["predicted_hit_rate"] is None for row in t["tiers"])
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--trace-timing", "think"], "--trace-timing paces a block-hash trace: give --source"),
+        (["--max-idle-s", "5"], "--max-idle-s paces a block-hash trace: give --source"),
+        (["--source", "mooncake", "--dataset-path", str(SAMPLE), "--max-idle-s", "5"], "caps the pauses of --trace"),
+        (["--source", "mooncake", "--dataset-path", str(SAMPLE), "--trace-timing", "think"], "mooncake trace has none"),
+        (
+            ["--source", "mooncake", "--dataset-path", str(SAMPLE), "--trace-timing", "think", "--max-idle-s", "0"],
+            "max",
+        ),
+    ],
+)
+def test_trace_timing_mistakes_are_one_line(tmp_path, capsys, flags, needle):
+    assert needle in bad(tmp_path, capsys, *flags)

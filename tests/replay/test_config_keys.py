@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from kvconnector.errors import ConfigError
 from replay.common.leftovers import KEPT_NAME
+from replay.sources.block_traces import load_block_trace
 from replay.synthetic.config import BenchConfig
 
 
@@ -562,6 +563,37 @@ def p_source(tmp):
     t = mooncake(tmp)["trace"]
     assert t["source"] == "mooncake" and t["requests"] == 20 and t["hit_rate"] == t["predicted_hit_rate"] > 0
     assert "trace" not in run(tmp, duration=0.5)
+
+
+WEKA = os.path.join(os.path.dirname(__file__), "data", "weka", "kv-cache-tester", "trace_0291.json")
+
+
+def weka(tmp, **kw) -> dict:
+    """trace_0291 of kv-cache-tester: a real agentic session, 20 minutes recorded, two sub-agents; in real time."""
+    kw = {"dataset_path": WEKA, "trace_block_tokens": 16, "trace_speedup": 1, "cpu_mem_gb": 0.5, "duration": 60, **kw}
+    return run(tmp, source="weka", **kw)
+
+
+@probe("trace_timing")
+def p_trace_timing(tmp):
+    # in a 3 s window the timestamps timing starts only the calls recorded in its first 3 s; the think timing, its
+    # pauses capped at 10 ms, runs every call (each after the call it follows and the sub-agents it joins) and ends
+    # with the last, and the plan's prediction over the order they ran is what a tier holding the trace measured
+    think = weka(tmp, trace_timing="think", max_idle_s=0.01)["trace"]
+    stamps = weka(tmp, duration=3)["trace"]
+    calls = len(load_block_trace(WEKA, "weka", block_tokens=16).requests)
+    assert think["requests"] == calls > 20 and stamps["requests"] < 5
+    assert (think["trace_timing"], stamps["trace_timing"]) == ("think", "timestamps")
+    assert think["hit_rate"] == think["predicted_hit_rate"] > 0
+
+
+@probe("max_idle_s")
+def p_max_idle_s(tmp):
+    # the session's pauses capped at 10 ms run it whole (the run ends with it); capped at the default minute, a 5 s
+    # window sees fewer of its calls
+    capped = weka(tmp, trace_timing="think", max_idle_s=0.01)["trace"]
+    minute = weka(tmp, trace_timing="think", duration=5)["trace"]
+    assert capped["max_idle_s"] == 0.01 and capped["requests"] > minute["requests"]
 
 
 @probe("trace_block_tokens")
