@@ -13,12 +13,14 @@ all sides alike):
   kvtier           kvtier bench FLAGS --request-model kvtier       (kvtier's request model: per-turn increments)
   kvtier-refmodel  kvtier bench FLAGS --request-model reference    (the reference's request semantics, kvtier's
                                                                     default; given explicitly all the same)
-FLAGS = --config CONFIG --model M --num-users U --duration D --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode none
+FLAGS = --config CONFIG --model M --num-users U --duration D --gpu-mem-gb 0 --cpu-mem-gb 0 --generation-mode G
         --seed 42 --storage-capacity-gb S --cache-dir <fresh dir under --dir> --output <json>
 CONFIG is the reference's own kv_cache_benchmark/config.yaml for both tools. The flags mean the same in both
 (kvtier's `--help` and replay/synthetic/README.md; the reference's kv_cache/cli.py): --duration is the measurement
 window in seconds, --storage-capacity-gb the disk tier's size in GiB (the reference's 0 = "95% of the free space" is
-avoided); kvtier is given --size-unit GiB explicitly (its default), so both tiers hold the same bytes.
+avoided); kvtier is given --size-unit GiB explicitly (its default), so both tiers hold the same bytes. G is
+--generation-mode (none by default): with fast or realistic both tools wait the same simulated generation per token,
+so neither is bound by its own I/O or CPU and their queues serve alike (the fair way to compare request mixes).
 
 Per run:
   process R/W    bytes the child process itself read from / wrote to the block layer (wait4 rusage ru_inblock /
@@ -98,6 +100,13 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--duration", type=int, default=20, help="measurement window, seconds (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--generation-mode",
+        choices=("none", "fast", "realistic"),
+        default="none",
+        help="simulated generation per token, both tools (default: %(default)s; fast or realistic bound both by the "
+        "same generation time instead of each by its own I/O and CPU)",
+    )
     p.add_argument("--storage-capacity-gb", type=float, default=20.0, help="disk tier, GiB (default: %(default)s)")
     p.add_argument("--config", help="config.yaml for both tools (default: the reference's own)")
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of: " + ", ".join(SIDES))
@@ -188,7 +197,8 @@ def git_commit(path: Path) -> str | None:
 def command(side: str, a, model: str, cache: str, out: str, py: str, bdir: Path) -> tuple[list[str], str]:
     """The child's argv and working directory: both tools get the same flags."""
     flags = ["--config", os.path.abspath(a.config), "--model", model, "--num-users", str(a.num_users)]
-    flags += ["--duration", str(a.duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--generation-mode", "none"]
+    flags += ["--duration", str(a.duration), "--gpu-mem-gb", "0", "--cpu-mem-gb", "0"]
+    flags += ["--generation-mode", a.generation_mode]
     flags += ["--seed", str(a.seed), "--cache-dir", cache, "--output", out]
     if side == "reference":
         return [py, "kv-cache.py", *flags, "--storage-capacity-gb", f"{a.storage_capacity_gb:g}"], str(bdir)
@@ -538,7 +548,8 @@ def write_plot(doc: dict, path: str) -> None:
     f = doc["flags"]
     load = (doc["host"]["load_at_start"][0], doc["host"].get("load_at_end", [0])[0])
     fig.suptitle(
-        f"MLPerf reference vs kvtier bench: {f['num_users']} users, {f['duration']} s, gpu/cpu 0, generation none, "
+        f"MLPerf reference vs kvtier bench: {f['num_users']} users, {f['duration']} s, gpu/cpu 0, "
+        f"generation {f.get('generation_mode', 'none')}, "
         f"seed {f['seed']}; {doc['started_at']}, load {load[0]:.1f} -> {load[1]:.1f} on {doc['host']['cpu_count']} "
         "CPUs",
         fontsize=10,
@@ -610,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             "storage_capacity_gib": a.storage_capacity_gb,
             "gpu_mem_gb": 0,
             "cpu_mem_gb": 0,
-            "generation_mode": "none",
+            "generation_mode": a.generation_mode,
         },
         "runs": [],
     }
