@@ -119,6 +119,13 @@ def test_tables_show_the_run_and_its_rounds(run):
     for t in tables:
         console.print(t)
     text = console.export_text()
-    assert [t.title for t in tables] == ["kvtier replay", "per round"]  # the fake server exports no kvtier tiers
+    # the fake server exports no kvtier tiers; its prompt tokens come from its own cache or are computed
+    assert [t.title for t in tables] == [
+        "kvtier replay",
+        "per round",
+        "prompt tokens by where they came from (server /metrics)",
+    ]
+    parts = s["server_metrics"]["prompt_tokens_by_tier"]
+    assert set(parts) == {"vllm_prefix_cache", "recomputed"} and f"{sum(parts.values()):,} prompt tokens" in text
     assert f"completed {s['completed']}" in text and "TTFT p50 ms" in text
     assert f"{s['ttft_ms']['p50']:.2f}" in text and f"{s['rounds'][-1]['ttft_p50_ms']:.4f}" in text
