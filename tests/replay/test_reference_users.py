@@ -77,3 +77,13 @@ def test_users_do_not_wait_for_their_answers_and_the_queue_decides_what_runs(tmp
     assert ref["multi_turn_stats"]["previous_turn_misses"] > 0
     ours = run(tmp_path, **kw)["summary"]
     assert "request_queue" not in ours["window"] and ours["multi_turn_stats"]["previous_turn_misses"] == 0
+
+
+def test_the_reference_never_stores_a_system_prompt(tmp_path):
+    """The reference looks a system prompt's entry up and never stores it, so every look-up misses; kvtier's model
+    stores it on the first miss and the later conversations hit it."""
+    kw = {"prefix_cache": {"probability": 1.0}, "num_users": 2, "duration": 1.5, "disable_prefix_caching": False}
+    ref = run(tmp_path, request_model="reference", **kw)["summary"]["prefix_cache_stats"]
+    ours = run(tmp_path, **kw)["summary"]["prefix_cache_stats"]
+    assert ref["misses"] > 0 and ref["hits"] == 0, ref
+    assert ours["hits"] > 0, ours
