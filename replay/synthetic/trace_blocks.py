@@ -8,10 +8,10 @@ The model is the plan's (replay/plan/trace.py), here with real entries, tiers an
   once the sub-agents it joins have ended (replay/sources/trace_timing.py), so slower tiers stretch the sessions.
   Block id h is the entry `trace/<h>` of block_tokens x the model's KV bytes per token: equal ids are equal
   prefixes, as in the trace.
-- Look-up, compute and writes are one request at a time in arrival order (one GPU, as chained.py says why), so the
-  store sees the block uses in the plan's order. A request looks its blocks up in order and stops at the first one
-  missing from every tier (later blocks are of no use without it, as vLLM and LMCache stop there too); never the
-  block of the prompt's last token, which a server always computes. Hits are read from their tier.
+- Look-up, compute and writes are one request at a time in the order requests start (one GPU, as chained.py says
+  why), so the store sees the block uses in the plan's order. A request looks its blocks up in order and stops at
+  the first one missing from every tier (later blocks are of no use without it, as vLLM and LMCache stop there too);
+  never the block of the prompt's last token, which a server always computes. Hits are read from their tier.
 - The rest is computed (simulated GPU time, generation.prefill_ms_per_token of the generation mode) and its blocks
   written (one already stored is left as it is); decode is simulated time, no store I/O.
 The prediction is the plan's exclusive LRU waterfall over the same requests, in the order they ran, and each tier's
