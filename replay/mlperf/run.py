@@ -323,9 +323,11 @@ def probe_shared_results_dir(plan: Plan, run_dir: Path) -> None:
     probe = run_dir / ".fs_probe"
     probe.mkdir()
     token = uuid.uuid4().hex[:12]
+    # One rank per host (-host H:1 each, --map-by node): a file per rank is a file per host. Named by the rank, not
+    # the host name: network-namespace nodes (deploy/netns-rsh) and containers may all have this machine's name.
     code = (
-        "import pathlib,socket,sys;h=socket.gethostname();"
-        "pathlib.Path(sys.argv[1],sys.argv[2]+'__'+h+'.ok').write_text(h)"
+        "import os,pathlib,sys;r=os.environ.get('OMPI_COMM_WORLD_RANK',os.environ.get('PMI_RANK','0'));"
+        "pathlib.Path(sys.argv[1],sys.argv[2]+'__'+r+'.ok').write_text(r)"
     )
     cmd = [plan.mpirun, "-n", str(len(hosts)), "-host", ",".join(f"{h}:1" for h in hosts), "--map-by", "node"]
     cmd += (["--allow-run-as-root"] if os.geteuid() == 0 else []) + plan.mpi_params
