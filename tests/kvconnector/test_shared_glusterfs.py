@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gluster_node import ERRORS  # the node's outcomes that are errors: one list for both sides
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
@@ -48,7 +49,6 @@ RECOVERY_BOUND_S = 25
 LINK_RECOVERY_BOUND_S = 80
 LINK_RUN_AFTER_S = 95
 LINK_SETTLE_S = 10  # ...but a node that has worked cleanly this long after the link is back has recovered: it stops
-ERRORS = ("store_errors", "load_errors")
 N = 256 << 10
 
 
