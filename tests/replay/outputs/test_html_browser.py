@@ -256,7 +256,7 @@ def test_replay_page_from_html_output(browser, work):
     parts = doc["server_metrics"]["prompt_tokens_by_tier"]
     assert sum(parts.values()) == sum(doc["server_metrics"]["prompt_tokens_by_source"].values()) > 0
     assert parts["vllm_prefix_cache"] > 0
-    src = next(p for p in got["plots"] if p["title"].startswith("Prompt tokens by where they came from"))
+    src = next(p for p in got["plots"] if p["title"].startswith("Where the prompt tokens came from"))
     assert {t["name"] for t in src["traces"]} == {"vllm_prefix_cache", "recomputed"}
     assert {t["n"] for t in src["traces"]} == {1 + 4}  # the whole run, then each round
     assert got["banners"] == []

@@ -79,7 +79,7 @@ def _prompt_sources(runs: list[Run]) -> go.Figure:
         if len(runs) == 1:
             bars += [(f"round {r['round']}", r["prompt_tokens_by_tier"]) for r in run.doc.get("rounds") or []
                      if r.get("prompt_tokens_by_tier")]  # fmt: skip
-    fig = new_figure("Prompt tokens by where they came from (server /metrics)", "", "share of prompt tokens")
+    fig = new_figure("Where the prompt tokens came from", "", "share of prompt tokens")
     names = sorted({k for _, parts in bars for k in parts}, key=source_order)
     for i, name in enumerate(names):
         ys = [parts.get(name, 0) / (sum(parts.values()) or 1) for _, parts in bars]
