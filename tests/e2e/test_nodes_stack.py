@@ -175,13 +175,18 @@ def test_prometheus_scrapes_every_node(nodes):
         want |= {("vllm", str(i), e["vllm"] + "/metrics"), ("lmcache", str(i), e["lmcache_metrics"])}
         want.add(("kvtier", str(i), e["kvtier_metrics"]))
     assert seen == want
-    # node 1 stored into the shared tier in the first test: Prometheus has its bytes, under its index
+    # node 1 stored into the shared tier in the first test: Prometheus has its bytes, under its index, once a scrape
+    # after those stores has landed (a target is "up" from its first scrape, which may have been before them: a CI
+    # run read 0 once)
     q = urllib.parse.urlencode(
         {"query": f'sum by (stack_instance) (kvtier_bytes_total{{op="write",tier="{nodes.tier}"}})'}
     )
-    with urllib.request.urlopen(f"{prom}/api/v1/query?{q}", timeout=10) as r:
-        written = {x["metric"]["stack_instance"]: float(x["value"][1]) for x in json.load(r)["data"]["result"]}
-    assert written["0"] > 0, written
+
+    def written() -> dict[str, float]:
+        with urllib.request.urlopen(f"{prom}/api/v1/query?{q}", timeout=10) as r:
+            return {x["metric"]["stack_instance"]: float(x["value"][1]) for x in json.load(r)["data"]["result"]}
+
+    assert wait_for(lambda: written().get("0", 0.0) > 0, 30, 0.5), written()
 
 
 def test_requests_keep_completing_while_the_shared_tier_is_broken_and_it_recovers(nodes):
