@@ -17,8 +17,9 @@
   the directories it was given. The run closes its end once it has cleaned up itself; the watchdog then finds
   nothing left to do.
 - `made_dirs(path)`: the directories a `makedirs(path)` would create, so a run removes them (when empty) at its end.
-- `disk_temp_dir()`: where a run's own scratch directories go when the user named none: /var/tmp, disk-backed on most
-  systems where /tmp may be tmpfs (a disk tier on tmpfs measures memory), else the temp dir Python would use.
+- `disk_temp_dir()`: where a run's own scratch directories go when the user named none: $TMPDIR when set (the user's
+  choice, as for mktemp), else /var/tmp, disk-backed on most systems where /tmp may be tmpfs (a disk tier on tmpfs
+  measures memory), else the temp dir Python would use.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ _PR_SET_PDEATHSIG = 1
 
 
 def disk_temp_dir() -> str:
-    """/var/tmp when writable (disk-backed on most systems, where /tmp may be tmpfs), else tempfile's choice."""
-    return "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
+    """$TMPDIR when set and writable, else /var/tmp when writable (disk-backed on most systems, where /tmp may be
+    tmpfs), else tempfile's choice. Read at each call: tempfile caches its choice for the process."""
+    for d in (os.environ.get("TMPDIR"), "/var/tmp"):
+        if d and os.path.isdir(d) and os.access(d, os.W_OK):
+            return d
+    return tempfile.gettempdir()
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:

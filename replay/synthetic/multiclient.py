@@ -33,8 +33,6 @@ from .merge import merge_results, print_sources
 from .view import STATUS_ENV, LiveView
 
 CLIENTS_PREFIX = "kvtier-clients-"
-# The clients' caches, when no --cache-dir is given.
-CACHE_BASE = disk_temp_dir()
 
 
 def share_config(cfg: BenchConfig, i: int, n: int, cache_dir: str | None, local_n: int | None = None) -> dict:
@@ -76,7 +74,8 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
     if cfg.seed is None:
         cfg = cfg.model_copy(update={"seed": int(time.time()) % 2**31})
     # What a killed run left (its directories name their owner): removed before this run makes its own.
-    for base in {tempfile.gettempdir(), CACHE_BASE}:
+    cache_home = disk_temp_dir()  # the clients' caches, when no --cache-dir is given
+    for base in {tempfile.gettempdir(), cache_home}:
         dirs, nbytes = remove_dead(base, CLIENTS_PREFIX)
         if dirs:
             print(
@@ -92,7 +91,7 @@ def run_clients(cfg: BenchConfig, output: str, is_default: bool = False) -> int:
         cache_base = os.path.abspath(cfg.cache_dir)
         made = made_dirs(cache_base)
     else:
-        owned.append(OwnedDir(CLIENTS_PREFIX, CACHE_BASE))
+        owned.append(OwnedDir(CLIENTS_PREFIX, cache_home))
         cache_base = owned[1].path
     try:  # the block device is looked up from the directory, so it must exist before the clients make it
         os.makedirs(cache_base, exist_ok=True)

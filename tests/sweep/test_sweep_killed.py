@@ -17,7 +17,7 @@ from deploy.throttle.cli import check_fuse
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(check_fuse() is not None, reason=f"FUSE: {check_fuse()}")]
 
-BACKING_BASE = Path("/var/tmp")
+BACKING_PREFIX = "kvtier-sweep-kv-"
 
 
 def mounts() -> set[str]:
@@ -42,6 +42,19 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def own_backing(pid: int) -> list[Path]:
+    """The backing directory named on the command line of one of this sweep's processes (its throttlefs server):
+    never another's, as a glob of the machine-wide temp directory would be beside another sweep."""
+    found = []
+    for p in descendants(pid):
+        try:
+            args = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        found += [Path(a) for a in args if Path(a).name.startswith(BACKING_PREFIX)]
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -61,7 +74,6 @@ def wait_for(pred, what: str, timeout_s: float = 90):
 
 @pytest.mark.parametrize("kill", ["SIGKILL", "SIGKILL-group", "SIGTERM", "SIGINT-group"])
 def test_a_killed_sweep_leaves_no_server_mount_or_directory(tmp_path, kill):
-    before = set(BACKING_BASE.glob("kvtier-sweep-kv-*"))
     cmd = [sys.executable, "-m", "deploy.sweep", "--bw", "none,25MB/s", "--lat-ms", "0", "--driver", "bench"]
     cmd += ["--output", str(tmp_path / "s.json"), "--", "--num-users", "2", "--duration", "120"]
     cmd += ["--cpu-mem-gb", "0", "--gpu-mem-gb", "0", "--storage-capacity-gb", "0.2", "--max-context-tokens", "256"]
@@ -71,7 +83,7 @@ def test_a_killed_sweep_leaves_no_server_mount_or_directory(tmp_path, kill):
     )
     try:
         mnt = wait_for(lambda: [m for m in mounts() if m.startswith(f"{tmp_path}/kvtier-sweep-mnt-")], "the mount")[0]
-        (backing,) = wait_for(lambda: set(BACKING_BASE.glob("kvtier-sweep-kv-*")) - before, "the backing directory")
+        backing = wait_for(lambda: own_backing(sweep.pid), "the backing directory")[0]
         # A driver run is under way: its cache directory on the mount holds entries.
         wait_for(lambda: any(f.endswith(".kv") for _, _, fs in os.walk(backing) for f in fs), "the first run")
         procs = descendants(sweep.pid)
