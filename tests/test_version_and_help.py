@@ -3,6 +3,7 @@ prints what `--help` prints; anything else after `help` is one line and exit 2."
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -49,3 +50,16 @@ def test_help_of_something_else_is_one_line_and_exit_2(capsys, argv):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"kvtier: help {' '.join(argv[1:])}: not a subcommand")
     assert all(s in err[0] for s in SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("columns", ["60", "100"])
+@pytest.mark.parametrize("sub", sorted(SUBCOMMANDS))
+def test_no_help_splits_a_flag_over_two_lines(sub, columns, capsys, monkeypatch):
+    # argparse wraps with textwrap, which by default also breaks at hyphens: "--target-hit-" / "rate"
+    monkeypatch.setenv("COLUMNS", columns)
+    with pytest.raises(SystemExit):
+        kvtier([sub, "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: kvtier {sub}")
+    split = [line for line in out.splitlines() if re.search(r"(?<![\w-])--[a-z][a-z0-9-]*-$", line)]
+    assert not split, split

@@ -24,6 +24,7 @@ import shlex
 import signal
 import sys
 import tempfile
+import textwrap
 import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -37,8 +38,25 @@ if TYPE_CHECKING:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class WholeFlagsFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help text wrapped at spaces only: textwrap's default breaks at hyphens too, which splits a flag named in a
+    help text over two lines (`--target-hit-` / `rate`), one a reader cannot copy."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that answers a bad command line with one line and a pointer to --help, not the whole usage."""
+    """argparse that answers a bad command line with one line and a pointer to --help, not the whole usage; its help
+    never splits a flag's name over two lines (WholeFlagsFormatter)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        if kwargs.get("formatter_class", argparse.HelpFormatter) in (
+            argparse.HelpFormatter,
+            argparse.RawDescriptionHelpFormatter,
+        ):
+            kwargs["formatter_class"] = WholeFlagsFormatter
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message} (see '{self.prog} --help')\n")

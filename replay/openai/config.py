@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from replay.sources.base import WorkloadError
 from replay.sources.block_traces import MAX_BLOCK_TOKENS
 from replay.sources.registry import (
     MIN_TRACE_SPEEDUP,
@@ -19,6 +20,7 @@ from replay.sources.registry import (
     check_source,
     source_names,
 )
+from replay.sources.target_hit_rate import DEFAULT_BLOCK_TOKENS, TargetShape, shape_for
 from replay.sources.trace_timing import DEFAULT_MAX_IDLE_S, TIMINGS
 
 from ..common.cli import (
@@ -47,6 +49,9 @@ EXAMPLES = """examples:
   # yours: match= keeps the series of the servers this run drives)
   kvtier replay --base-url http://127.0.0.1:8000 --model M --num-requests 200 --request-rate 4 --output p.json \
       --metrics-url 'prometheus+http://127.0.0.1:9090?match={job=~"vllm|lmcache|kvtier"}'
+  # sessions made to hit 60% of their prompt tokens in a 2M-token prefix cache (measured beside the target)
+  kvtier replay --base-url http://127.0.0.1:8000 --model M --endpoint completions --target-hit-rate 0.6 \
+      --cache-tokens 2e6 --input-len 2048 --users 8 --metrics-url http://127.0.0.1:8000/metrics --output hr.json
   # synthetic open loop, bursty (gamma, burstiness 0.5), SLO goodput
   kvtier replay --base-url http://127.0.0.1:8000 --model M --source synthetic --input-len 512 --output-len 64 \\
       --num-requests 500 --request-rate 20 --burstiness 0.5 --slo ttft_ms=500,tpot_ms=50 --output syn.json
@@ -156,6 +161,10 @@ class ReplayConfig(BaseModel):
     concurrency: Count | None = None
     output_len: Count = 128
     input_len: Count = 256
+    # --source hit-rate (given --target-hit-rate, it is the source): sessions whose prefix hit rate at a cache of
+    # cache_tokens is the target (replay/sources/target_hit_rate.py)
+    target_hit_rate: float | None = Field(None, ge=0, le=1)
+    cache_tokens: float | None = Field(None, gt=0)
     # vLLM's random dataset: lengths uniform in L*(1-r)..L*(1+r), so r below 1 (at 1 a prompt could be empty).
     range_ratio: float = Field(0.0, ge=0, lt=1)
     # The longest prompt the run may send, in tokens: a dataset row above it is cut to it (and counted), a
@@ -194,6 +203,16 @@ class ReplayConfig(BaseModel):
     html_output: str | None = None
     quiet: bool = False
 
+    def hit_rate_shape(self) -> TargetShape:
+        """--source hit-rate's sessions at --cache-tokens (a WorkloadError when the target cannot be reached)."""
+        return shape_for(
+            self.target_hit_rate,
+            self.cache_tokens,
+            block_tokens=self.trace_block_tokens or DEFAULT_BLOCK_TOKENS,
+            prompt_tokens=self.input_len,
+            requests=self.num_requests,
+        )
+
     def source_inputs(self) -> dict[str, str | None]:
         """The workload's input files by flag (None where not given)."""
         return {"--dataset-path": self.dataset_path, "--trace-path": self.trace_path}
@@ -209,8 +228,17 @@ class ReplayConfig(BaseModel):
                 f"{self.base_url!r}; --endpoint picks chat or completions"
             )
         self.base_url = api_root(self.base_url)  # the one place a trailing /v1 is taken off
+        if self.target_hit_rate is not None and self.source == "synthetic":
+            self.source = "hit-rate"  # the target names the workload; no --source needed
+        if self.source == "hit-rate" and (self.target_hit_rate is None or self.cache_tokens is None):
+            raise ValueError("--source hit-rate needs --target-hit-rate R and --cache-tokens C (the server's cache)")
         source = check_source(self.source, self.source_inputs(), block_tokens=self.trace_block_tokens)
         check_reads(self, source, REPLAY_READS)
+        if source.name == "hit-rate":
+            try:
+                self.hit_rate_shape()
+            except WorkloadError as exc:
+                raise ValueError(str(exc)) from None
         check_paced(source, bool(self.users or self.max_concurrency or self.rounds or math.isfinite(self.request_rate)))
         for url in self.metrics_url:
             if is_prometheus_url(url):
@@ -299,8 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="run window in seconds: nothing is scheduled or started after it; requests in flight get 2 s",
     )
-    g("--input-len", type=int, help="synthetic: input tokens per turn")
-    g("--output-len", type=int, help="synthetic and long sessions: output tokens")
+    g("--input-len", type=int, help="synthetic and hit-rate: input tokens per turn")
+    g("--output-len", type=int, help="synthetic, hit-rate and long sessions: output tokens")
     g("--range-ratio", type=float, help="synthetic: lengths uniform in L*(1-r)..L*(1+r); 0 = fixed")
     g("--prefix-len", type=int, help="synthetic: shared prefix tokens per group")
     g(
@@ -311,6 +339,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g("--prefix-groups", type=int, help="synthetic: number of shared-prefix groups")
     g("--turns", type=int, help="synthetic: turns per session")
+    g(
+        "--target-hit-rate",
+        type=float,
+        help="the hit-rate source: sessions made so that their prefix hit rate in a cache of --cache-tokens is this "
+        "fraction (ten turns a session unless a number of requests is given); the summary shows the rate measured",
+    )
+    g(
+        "--cache-tokens",
+        type=float,
+        help="the server's prefix cache in tokens, for --target-hit-rate (vLLM: num_gpu_blocks x block_size)",
+    )
     g("--max-tokens", help="'dataset' (the dataset's answer length) or a fixed number")
     g("--max-tokens-cap", type=int, help="upper bound on max_tokens from the dataset")
     g("--ignore-eos", action="store_true", default=None, help="force the full output length (vLLM)")

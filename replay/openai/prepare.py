@@ -15,6 +15,7 @@ import threading
 
 from replay.sources.base import WorkloadError
 from replay.sources.registry import SOURCES
+from replay.sources.target_hit_rate import target_trace
 from replay.sources.trace_timing import has_sessions
 
 from .config import ReplayConfig
@@ -92,7 +93,11 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
         traced = True
         meta["trace_speedup"] = cfg.trace_speedup
     if source.block_trace:
-        trace = await _load_block_trace(source, path, cfg)
+        if source.name == "hit-rate":
+            trace_shape = cfg.hit_rate_shape()
+            trace = target_trace(trace_shape, cfg.output_len)
+        else:
+            trace = await _load_block_trace(source, path, cfg)
         meta["load_report"] = {
             "requests": len(trace.requests),
             "block_tokens": trace.block_tokens,
@@ -103,6 +108,8 @@ async def prepare(cfg: ReplayConfig, drv: Driver, rng: random.Random, state: Run
         meta["trace_timing"] = cfg.trace_timing
         # a trace none of whose requests names its blocks shares nothing: no reuse is claimed for it
         meta["trace_block_ids"] = trace.has_block_ids
+        if source.name == "hit-rate":
+            meta["target_hit_rate"] = trace_shape.as_dict()
         if cfg.trace_timing == "think":
             if not has_sessions(trace):
                 raise WorkloadError(

@@ -15,6 +15,7 @@ from kvconnector.histogram import LatencyHistogram
 from replay.openai.client import RequestRecord
 from replay.openai.driver import RunState
 from replay.openai.server_metrics import delta, delta_by, derive
+from replay.sources.target_hit_rate import TargetShape
 
 __all__ = ["build_summary", "media_identity", "parse_slo", "request_rows", "run_failure"]
 
@@ -194,6 +195,13 @@ def build_summary(
         s["server_metrics"] = derive(state.metrics_start, state.metrics_last, kv_bytes_per_token, kv_bytes_metric)
     else:
         s["server_metrics"] = None
+    if s.get("target_hit_rate"):  # --target-hit-rate: the rate the server measured beside the target
+        shape = TargetShape.from_dict(s["target_hit_rate"])
+        s["target_hit_rate"] = {
+            **s["target_hit_rate"],
+            "planned_hit_rate_of_completed": round(shape.first(len(ok)).hit_rate, 6),
+            "measured_hit_rate": (s["server_metrics"] or {}).get("hit_rate"),
+        }
     if state.round_snapshots:
         server_block = state.metrics_start.block_size() if state.metrics_start else None
         if block_size is None:

@@ -76,7 +76,26 @@ def replay_tables(summary: dict[str, Any]) -> list[Table]:
         tables.append(tier_bytes_table(server["kv_bytes_by_tier"]))
     if server.get("prompt_tokens_by_tier"):
         tables.append(prompt_sources_table(server["prompt_tokens_by_tier"]))
+    if summary.get("target_hit_rate"):
+        tables.append(target_hit_rate_table(summary["target_hit_rate"], "server /metrics"))
     return tables
+
+
+def target_hit_rate_table(t: dict[str, Any], measured_by: str) -> Table:
+    """--target-hit-rate: the target, what the sessions plan for the whole run and for what completed, the measure."""
+    rows = [
+        {"what": "target", "hit rate": t["target"]},
+        {"what": f"planned ({t['requests']:,} requests)", "hit rate": t["planned_hit_rate"]},
+        {"what": "planned (the requests completed)", "hit rate": t["planned_hit_rate_of_completed"]},
+        {"what": f"measured ({measured_by})", "hit rate": t["measured_hit_rate"]},
+    ]
+    table = rows_table("prefix hit rate against the target", rows, (("what", ""), ("hit rate", "hit rate")))
+    table.columns[0].justify = "left"
+    table.caption = (
+        f"{t['sessions']:,} sessions, {t['shared_blocks'] * t['block_tokens']:,} of {t['prompt_tokens']:,} prompt "
+        f"tokens shared a turn, cache {t['cache_tokens']:,} tokens"
+    )
+    return table
 
 
 def prompt_sources_table(parts: dict[str, int]) -> Table:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .block_traces import FORMATS, UNTIMED_FORMATS
+from .target_hit_rate import DEFAULT_BLOCK_TOKENS
 
 __all__ = [
     "BENCH_TRACE_READS",
@@ -105,6 +106,8 @@ SOURCES: dict[str, Source] = {
             )
             for fmt, block in FORMATS.items()
         ),
+        # a block-hash trace made to a hit rate (--target-hit-rate): replay/sources/target_hit_rate.py
+        Source("hit-rate", None, "", False, False, DEFAULT_BLOCK_TOKENS, None),
     )
 }
 
@@ -156,7 +159,16 @@ def check_paced(source: Source, paced: bool) -> None:
 
 
 def _synthetic(s: Source, _cfg: Any) -> bool:
+    return s.name == "synthetic"
+
+
+def _made_up(s: Source, _cfg: Any) -> bool:
+    """A workload the run makes to the lengths asked for (synthetic, hit-rate), not one a dataset gives."""
     return s.path_flag is None
+
+
+def _hit_rate(s: Source, _cfg: Any) -> bool:
+    return s.name == "hit-rate"
 
 
 # kvtier replay: option -> (which sources read it, what the refusal adds). Options every source reads are not here.
@@ -167,11 +179,13 @@ REPLAY_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
         lambda s, c: s.block_trace and c.trace_timing == "think",
         "it caps the pauses of --trace-timing think",
     ),
-    "input_len": (_synthetic, "the dataset gives the lengths"),
+    "input_len": (_made_up, "the dataset gives the lengths"),
     "range_ratio": (_synthetic, "the dataset gives the lengths"),
     "prefix_len": (_synthetic, "the dataset gives the prompts"),
     "prefix_groups": (_synthetic, "the dataset gives the prompts"),
     "turns": (_synthetic, "the dataset gives the sessions"),
+    "target_hit_rate": (_hit_rate, "it synthesizes its own workload: leave --source out"),
+    "cache_tokens": (_hit_rate, "it sizes the workload of --target-hit-rate"),
     "output_len": (
         lambda s, c: s.path_flag is None or bool(c.rounds),
         "the dataset gives the answers' lengths; --max-tokens N fixes them",
@@ -185,6 +199,10 @@ BENCH_TRACE_READS: dict[str, tuple[Callable[[Source, Any], bool], str]] = {
     "burst_trace_path": (lambda s, _c: not s.block_trace, "the trace is --dataset-path"),
     "trace_speedup": (lambda s, _c: s.timed, "its requests have no times: they run in the file's order"),
     "max_idle_s": (lambda _s, c: c.trace_timing == "think", "it caps the pauses of --trace-timing think"),
+    "target_hit_rate": (_hit_rate, "it synthesizes its own workload: leave --source out"),
+    "cache_tokens": (_hit_rate, "it sizes the workload of --target-hit-rate"),
+    "input_len": (_hit_rate, "the trace gives the lengths"),
+    "output_len": (_hit_rate, "the trace gives the lengths"),
 }
 
 

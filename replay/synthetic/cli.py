@@ -31,6 +31,7 @@ examples:
   kvtier bench --use-burst-trace --burst-trace-path 'BurstGPT/*.csv' --trace-speedup 10
   kvtier bench --source mooncake --dataset-path conversation_trace.jsonl --trace-speedup 0   # measured vs plan
   kvtier bench --source weka --dataset-path traces/ --trace-timing think --trace-speedup 10   # agents, closed loop
+  kvtier bench --target-hit-rate 0.6 --cpu-mem-gb 1 --gpu-mem-gb 0 --cache-dir /mnt/nvme   # sessions made to hit 60%
   kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
   kvtier bench --prefix-model chained --block-size 256 --rounds 20 --num-users 16 --cpu-mem-gb 2   # hit-rate cliff
@@ -145,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
         "divides the pauses)",
     )
     w("--max-idle-s", type=float, help="with --trace-timing think: cap each pause at this many seconds")
+    w(
+        "--target-hit-rate",
+        type=float,
+        help="synthesize sessions whose prefix hit rate at --cache-tokens is this fraction (the hit-rate source, "
+        "a block-hash trace: --max-requests defaults to 10 turns a session); printed beside the rate measured",
+    )
+    w("--cache-tokens", type=float, help="with --target-hit-rate: the cache it is aimed at (default: the tiers' room)")
+    w("--input-len", type=int, help="with --target-hit-rate: prompt tokens per turn")
+    w("--output-len", type=int, help="with --target-hit-rate: answer tokens per turn")
     w(
         "--performance-profile",
         choices=["latency", "throughput"],

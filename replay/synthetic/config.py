@@ -359,6 +359,13 @@ class BenchConfig(_Section):
     # calls closed loop, a call its pause after the call it follows ended; pauses capped at max_idle_s).
     trace_timing: Literal[TIMINGS] = "timestamps"  # type: ignore[valid-type]
     max_idle_s: float = Field(DEFAULT_MAX_IDLE_S, gt=0)
+    # --source hit-rate (given --target-hit-rate, it is the source): sessions whose prefix hit rate at a cache of
+    # cache_tokens (None: what the store's tiers hold) is the target (replay/sources/target_hit_rate.py); input_len
+    # and output_len are each turn's tokens.
+    target_hit_rate: float | None = Field(None, ge=0, le=1)
+    cache_tokens: float | None = Field(None, gt=0)
+    input_len: int = Field(2048, ge=1)
+    output_len: int = Field(128, ge=1)
     replay_cycles: int = Field(0, ge=0)
     # ---- tiers (sizes in size_unit: GiB as the reference reads them, or GB)
     size_unit: Literal["GiB", "GB"] = "GiB"
@@ -490,15 +497,25 @@ class BenchConfig(_Section):
                 f"--trace-speedup {self.trace_speedup:g}: 0 (no delay) or at least {MIN_TRACE_SPEEDUP:g} (a thousand "
                 "times slower than recorded)"
             )
+        if self.target_hit_rate is not None and self.source is None:
+            self.source = "hit-rate"  # the target names the workload; no --source needed
+        if self.source == "hit-rate" and self.target_hit_rate is None:
+            raise ValueError("--source hit-rate needs --target-hit-rate R")
         if self.source is not None:
             source = check_source(self.source, {"--dataset-path": self.dataset_path}, choices=block_trace_names())
             check_reads(self, source, BENCH_TRACE_READS)
         else:
-            traces = ", ".join(block_trace_names())
-            for key, what in (("trace_block_tokens", "rescales"), ("trace_timing", "paces"), ("max_idle_s", "paces")):
+            give = f"a block-hash trace: give --source ({', '.join(block_trace_names())})"
+            for key, what in (
+                ("trace_block_tokens", f"rescales {give}"),
+                ("trace_timing", f"paces {give}"),
+                ("max_idle_s", f"paces {give}"),
+                ("cache_tokens", "sizes the sessions of --target-hit-rate R: give it"),
+                ("input_len", "sizes the sessions of --target-hit-rate R: give it"),
+                ("output_len", "sizes the sessions of --target-hit-rate R: give it"),
+            ):
                 if getattr(self, key) != type(self).model_fields[key].default:
-                    flag = "--" + key.replace("_", "-")
-                    raise ValueError(f"{flag} {what} a block-hash trace: give --source ({traces})")
+                    raise ValueError(f"--{key.replace('_', '-')} {what}")
         unknown = set(self.qos_distribution) - set(self.qos_profiles)
         if unknown:
             raise ValueError(f"qos_distribution names classes not in qos_profiles: {sorted(unknown)}")

@@ -27,8 +27,11 @@ import dataclasses
 import random
 import time
 
+from kvconnector.errors import ConfigError
+
 from ..plan.trace import reuse_profile
-from ..sources.base import Conversation, Turn
+from ..sources.base import Conversation, Turn, WorkloadError
+from ..sources.target_hit_rate import DEFAULT_BLOCK_TOKENS, TargetShape, shape_for, target_trace
 from ..sources.trace_request import TraceRequest
 from ..sources.trace_timing import pause_s
 from .chained import RoundsDriver, check_block_fits, tier_blocks
@@ -51,15 +54,31 @@ class TraceBlocks:
 
     def __init__(self, driver: RoundsDriver) -> None:
         self.d = driver
-        self.trace = driver.workload.block_trace
-        self.block = self.trace.block_tokens
+        cfg = driver.cfg
+        made = cfg.source == "hit-rate"  # --target-hit-rate: the trace is made here, for the store's room
+        block = cfg.trace_block_tokens or DEFAULT_BLOCK_TOKENS
+        self.block = block if made else driver.workload.block_trace.block_tokens
         self.block_bytes = self.block * driver.bytes_per_token
         check_block_fits(
             driver,
             self.block_bytes,
-            f"--source {driver.cfg.source}: one {self.block}-token block",
+            f"--source {cfg.source}: one {self.block}-token block",
             "give --trace-block-tokens smaller or more room",
         )
+        self.shape: TargetShape | None = None  # the sessions made for --target-hit-rate
+        if made:
+            try:
+                self.shape = shape_for(
+                    cfg.target_hit_rate,
+                    cfg.cache_tokens or sum(self.tier_tokens()),  # by default the room of the store it measures
+                    block_tokens=self.block,
+                    prompt_tokens=cfg.input_len,
+                    requests=cfg.max_requests or None,
+                )
+            except WorkloadError as exc:
+                raise ConfigError(str(exc)) from None
+            driver.workload.block_trace = target_trace(self.shape, cfg.output_len)
+        self.trace = driver.workload.block_trace
         self.done = 0  # requests completed
         self._ran: list[int] = []  # the requests that did their store I/O, in the order they did (the lock's)
         self._completed: set[int] = set()
@@ -220,4 +239,12 @@ class TraceBlocks:
             "hit_rate": rate(sum(self.hit_tokens.values())),
             "predicted_hit_rate": None if None in predicted else rounded(sum(predicted)),
             "tiers": tiers,
+            "target_hit_rate": None
+            if self.shape is None
+            else {
+                **self.shape.as_dict(),
+                # the plan's rate for the turns done: a window that ended early ran more first turns, which miss
+                "planned_hit_rate_of_completed": rounded(self.shape.first(self.done).hit_rate),
+                "measured_hit_rate": rate(sum(self.hit_tokens.values())),
+            },
         }

@@ -12,7 +12,7 @@ from kvconnector.units import GB
 from ..outputs._common import sla_verdict_text
 from ..outputs.progress import LiveLine, StepBars
 from ..outputs.tables import _ROUND_COLS as ROUND_COLUMNS
-from ..outputs.tables import rows_table
+from ..outputs.tables import rows_table, target_hit_rate_table
 from ..outputs.terminal import console as terminal_console
 
 # Set for each process of --num-clients: the file its live figures go to, for the parent's aggregate view.
@@ -218,6 +218,8 @@ def summary_tables(doc: dict) -> list[Table]:
         tables.append(rows_table("per round (chained prefix)", doc["rounds"], ROUND_COLUMNS))
     if doc.get("trace"):
         tables.append(trace_table(doc["trace"]))
+        if doc["trace"].get("target_hit_rate"):
+            tables.append(target_hit_rate_table(doc["trace"]["target_hit_rate"], "the store's hits"))
     return tables
 
 

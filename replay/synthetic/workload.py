@@ -128,7 +128,11 @@ class Workload:
         self._entry_limit, self._entry_reason = max_context_tokens, "over_max_context_tokens"
         self.truncated_requests: dict[str, int] = {}
         self.block_trace: BlockTrace | None = None
-        if cfg.source:
+        if cfg.source == "hit-rate":  # made by TraceBlocks, which knows the tiers' room (--cache-tokens' default)
+            self.kind = "block_trace"
+            if cfg.trace_timing == "think":
+                raise WorkloadError("--trace-timing think paces sessions' calls; --target-hit-rate's have no pauses")
+        elif cfg.source:
             self.kind = "block_trace"
             try:
                 self.block_trace = SOURCES[cfg.source].load(

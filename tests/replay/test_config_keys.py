@@ -596,6 +596,50 @@ def p_max_idle_s(tmp):
     assert capped["max_idle_s"] == 0.01 and capped["requests"] > minute["requests"]
 
 
+def hit_rate_doc(tmp, **kw) -> dict:
+    """--target-hit-rate on one disk tier of about 19,500 tokens (0.05 GB at 2,048 B a token) in 64-token blocks, no
+    simulated time."""
+    kw = {"target_hit_rate": 0.6, "cpu_mem_gb": 0, "storage_capacity_gb": 0.05, "duration": 60, **kw}
+    kw.setdefault("trace_block_tokens", 64)
+    return run(tmp, generation_mode="none", **kw)
+
+
+def hit_rate_run(tmp, **kw) -> dict:
+    return hit_rate_doc(tmp, **kw)["trace"]
+
+
+@probe("target_hit_rate")
+def p_target_hit_rate(tmp):
+    # each target is met within a block of the prompt (64 / 2,048 tokens) and measured on the store's own hits
+    for target in (0.3, 0.7):
+        t = hit_rate_run(tmp, target_hit_rate=target)
+        assert t["source"] == "hit-rate" and t["target_hit_rate"]["target"] == target
+        assert t["hit_rate"] == pytest.approx(target, abs=64 / 2048), t
+
+
+@probe("cache_tokens")
+def p_cache_tokens(tmp):
+    # aimed at half the store: half the sessions, and the store (larger) still meets the target; aimed at twice the
+    # store, the sessions' turns outgrow it and LRU under their cycle keeps no context until it is used again
+    room = hit_rate_run(tmp)
+    half = hit_rate_run(tmp, cache_tokens=room["tiers"][0]["capacity_tokens"] / 2)
+    double = hit_rate_run(tmp, cache_tokens=room["tiers"][0]["capacity_tokens"] * 2)
+    assert half["target_hit_rate"]["sessions"] < room["target_hit_rate"]["sessions"]
+    assert half["hit_rate"] == pytest.approx(0.6, abs=64 / 2048) and double["hit_rate"] < 0.1
+
+
+@probe("input_len")
+def p_input_len(tmp):
+    t = hit_rate_run(tmp, input_len=1024)
+    assert t["prompt_tokens"] == 1024 * t["requests"] and t["target_hit_rate"]["prompt_tokens"] == 1024
+
+
+@probe("output_len")
+def p_output_len(tmp):
+    short, long = (hit_rate_doc(tmp, output_len=n)["summary"] for n in (16, 64))
+    assert long["generated_tokens"] == 4 * short["generated_tokens"] > 0
+
+
 @probe("trace_block_tokens")
 def p_trace_block_tokens(tmp):
     # a 512-token Mooncake block scaled to N tokens: blocks of N x 2,048 B, prompts scaled with them

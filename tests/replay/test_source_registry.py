@@ -10,9 +10,10 @@ from replay.synthetic.config import BenchConfig
 
 
 def test_the_registry_holds_every_source_and_each_block_trace_format():
-    assert set(source_names()) == {"sharegpt", "burstgpt", "synthetic", *FORMATS}
-    assert block_trace_names() == tuple(FORMATS)
-    assert {n: s.block_tokens for n, s in SOURCES.items() if s.block_trace} == FORMATS
+    # hit-rate: a block-hash trace made to a target hit rate (replay/sources/target_hit_rate.py), in vLLM's blocks
+    assert set(source_names()) == {"sharegpt", "burstgpt", "synthetic", *FORMATS, "hit-rate"}
+    assert block_trace_names() == (*FORMATS, "hit-rate")
+    assert {n: s.block_tokens for n, s in SOURCES.items() if s.block_trace} == {**FORMATS, "hit-rate": 16}
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,7 @@ def test_the_registry_holds_every_source_and_each_block_trace_format():
         ("synthetic", {"--trace-path": "t.csv"}, {}, "--trace-path is not read by --source synthetic"),
         ("sharegpt", {"--dataset-path": "x"}, {"block_tokens": 16}, "--trace-block-tokens rescales a block-hash"),
         ("nope", {}, {}, "--source nope: not a known source (known: sharegpt, burstgpt, synthetic, mooncake"),
-        ("sharegpt", {}, {"choices": tuple(FORMATS)}, "--source sharegpt: not a block-hash trace format (known: "),
+        ("sharegpt", {}, {"choices": block_trace_names()}, "--source sharegpt: not a block-hash trace format (known: "),
     ],
 )
 def test_a_source_without_what_it_needs_is_one_line(name, inputs, kw, line):

@@ -318,6 +318,30 @@ def p_input_len(c: Ctx):
         assert [len(prompt(b).split()) for b in srv.recent_bodies] == [32] * 3
 
 
+def hit_rate_run(c: Ctx, *args: str) -> dict:
+    """--target-hit-rate 0.5 against a server with a 20,000-token prefix cache, 512-token prompts."""
+    with FakeServer(FakeServerConfig(block_size=16, cache_tokens=20_000)) as srv:
+        rc, s = replay(srv, c, "--endpoint", "completions", "--input-len", "512", "--users", "2", "--max-tokens", "1",
+                       "--metrics-url", srv.base_url + "/metrics", *args)  # fmt: skip
+    assert rc == 0
+    return s["target_hit_rate"]
+
+
+@probe("--target-hit-rate")
+def p_target_hit_rate(c: Ctx):
+    low, high = (hit_rate_run(c, "--target-hit-rate", t, "--cache-tokens", "20000") for t in ("0.2", "0.7"))
+    assert low["measured_hit_rate"] == pytest.approx(0.2, abs=0.03)
+    assert high["measured_hit_rate"] == pytest.approx(0.7, abs=0.03)
+
+
+@probe("--cache-tokens")
+def p_cache_tokens(c: Ctx):
+    # told the server's cache: the target; told twice it, the sessions' cycle outgrows the cache and misses
+    fits, over = (hit_rate_run(c, "--target-hit-rate", "0.5", "--cache-tokens", n) for n in ("20000", "40000"))
+    assert over["sessions"] > fits["sessions"] and over["cache_tokens"] == 40_000
+    assert fits["measured_hit_rate"] == pytest.approx(0.5, abs=0.03) and over["measured_hit_rate"] < 0.1
+
+
 @probe("--output-len")
 def p_output_len(c: Ctx):
     with FakeServer() as srv:
