@@ -40,6 +40,7 @@ needs_ceph = pytest.mark.skipif(
     any(shutil.which(b) is None for b in ceph.BINARIES),
     reason=f"Ceph is not installed (apt-get install {ceph.PACKAGES}; deploy/install-system-deps.sh)",
 )
+HAS_CEPHFS = all(shutil.which(b) is not None for b in ceph.CEPHFS_BINARIES)
 real = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.root(reason="a network namespace for Ceph"), needs_ceph]
 
 
@@ -53,8 +54,8 @@ def on_ceph(fn):
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("ceph")
     t0 = time.monotonic()
-    c = ceph.up(d)
-    print(f"ceph up in {time.monotonic() - t0:.1f} s")
+    c = ceph.up(d, cephfs=HAS_CEPHFS)
+    print(f"ceph up in {time.monotonic() - t0:.1f} s{' with CephFS' if HAS_CEPHFS else ''}")
     try:
         with pytest.MonkeyPatch.context() as mp:  # as a boto3 user gives them: the environment
             s3 = c.s3()
@@ -259,6 +260,27 @@ def test_readers_never_see_part_of_an_object(cluster):
         reader.close()
     print(f"reads while writing: {seen}")
     assert seen["corrupt"] == 0 and seen["other"] == 0 and seen["hit"] >= 2 * len(keys)
+
+
+@on_ceph
+@pytest.mark.skipif(not HAS_CEPHFS, reason=f"CephFS needs {ceph.CEPHFS_PACKAGES} (deploy/install-system-deps.sh)")
+def test_the_same_cluster_serves_a_shared_directory_tier_on_cephfs(cluster):
+    """CephFS from the same cluster (ceph-fuse): two instances share a kvtier shared directory on it."""
+    shared = {"disk_capacity_gb": 0, "shared_dir": str(cluster.cephfs_mount / "kv"), "shared_capacity_gb": 0.05}
+    a = KvtierBackend(BackendConfig(**shared, snapshot_path=""))
+    b = None
+    try:
+        for i in range(5):
+            assert a.put(f"f{i}", [memoryview(data(f"f{i}", N))])
+        b = KvtierBackend(BackendConfig(**shared, snapshot_path=""))  # its rescan adopts what a stored
+        out = memoryview(bytearray(N))
+        for i in range(5):
+            assert b.get_into(f"f{i}", out) and bytes(out) == data(f"f{i}", N)
+        assert len(list((cluster.cephfs_mount / "kv").glob("*.kv"))) == 5
+    finally:
+        if b is not None:
+            b.close()
+        a.close()
 
 
 # ---- faults: radosgw hung, killed, restarted (last: the cluster's radosgw is started again at the end) ------------
