@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import threading
 import time
 
@@ -65,6 +66,11 @@ def cluster(tmp_path_factory):
             yield c
     finally:
         ceph.down(d)
+    # down removed what up made, and only that: no daemon, namespace, veth, mount or file of it is left
+    assert not any(c._alive(pid) for pid in list(c.children))
+    assert c.ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not c.dir.exists() and not c.cephfs_mount.exists() and not list(d.iterdir())
+    assert ceph.down(d) is False
 
 
 def tier(prefix: str, cap: int = 16 * MB, **kw) -> S3Tier:
