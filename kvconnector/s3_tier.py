@@ -36,8 +36,8 @@ table in kvconnector/README.md): obstore is ahead for small objects (128 KiB: pu
 against 3.5 ms; 1 MiB: put 12.6 against 14.8 ms, get 2.9 against 4.1 ms: boto3's per-request Python cost), the two
 are even at 4 MiB, and boto3 is ahead at 16 MiB (put 118 against 218 ms, get 44 against 54 ms). boto3 is kept: ahead
 or even from 4 MiB (an LMCache chunk of 256 tokens of Llama-3-8B is 32 MiB: 32 layers x 8 KV heads x 128 x K and V
-x 2 bytes x 256), with timeouts and retries that are botocore's documented Config; for engines' small blocks (128 KiB-2 MiB) an obstore client would save 1-2 ms a
-call, still to be measured with many requests in flight.
+x 2 bytes x 256), with timeouts and retries that are botocore's documented Config; for engines' small blocks
+(128 KiB-2 MiB) an obstore client would save 1-2 ms a call, still to be measured with many requests in flight.
 """
 
 from __future__ import annotations
