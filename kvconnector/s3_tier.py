@@ -12,9 +12,10 @@ What kvtier relies on, and how it holds (each checked by tests/kvconnector/test_
   own checksum, key, length) and the payload's xxh3 checksum, so a damaged or foreign object is refused
   (`CorruptEntryError`: the store drops the entry, counts `corrupt_dropped`, and deletes the object), never served.
 - bounded time: boto3's `connect_timeout` and `read_timeout` are `timeout_s` (capped at 5 s for the connect) and each
-  call is tried `max_attempts` times in all (botocore's `standard` retry mode, with its backoff of at most a few
-  seconds between tries: boto3 docs, "Retries"), so a dead or hung endpoint costs a call at most about
-  max_attempts x (connect or read timeout) plus the backoff, never a hang (tested: radosgw SIGSTOPped, then killed).
+  call is tried `max_attempts` times in all (botocore's `standard` retry mode: exponential backoff with jitter
+  between tries, under a second before the first retry, at most 20 s: boto3 docs, "Retries"), so a dead or hung
+  endpoint costs a call about max_attempts x (connect or read timeout) plus the backoff, never a hang (tested with
+  the default 2 tries: radosgw SIGSTOPped, then killed).
 - errors: a call the store cannot answer (refused connection, timeout, a 5xx) becomes the `OSError` the store
   counts for any tier (`read_errors`, `write_errors` here); a missing object (404, NoSuchKey) is `EntryNotFound`.
 - capacity: kvtier accounts for what this instance put or adopted (`capacity_bytes`), as for the other tiers, and
@@ -33,7 +34,7 @@ accepts both ways: checked).
 Why boto3, not obstore: measured with `python -m benchmarks.s3_clients` (boto3 1.44.18, obstore 0.12.1; one client,
 one request in flight, radosgw of Ceph 16.2.15 with three memstore OSDs on a 2-core machine shared with other work;
 table in kvconnector/README.md): obstore is ahead for small objects (128 KiB: put 4.7 against 6.6 ms, get 1.6
-against 3.5 ms; 1 MiB: put 12.6 against 14.8 ms, get 2.9 against 4.1 ms: boto3's per-request Python cost), the two
+against 3.5 ms; 1 MiB: put 12.6 against 14.8 ms, get 2.9 against 4.1 ms: boto3 does more per request), the two
 are even at 4 MiB, and boto3 is ahead at 16 MiB (put 118 against 218 ms, get 44 against 54 ms). boto3 is kept: ahead
 or even from 4 MiB (an LMCache chunk of 256 tokens of Llama-3-8B is 32 MiB: 32 layers x 8 KV heads x 128 x K and V
 x 2 bytes x 256), with timeouts and retries that are botocore's documented Config; for engines' small blocks
