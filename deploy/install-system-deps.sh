@@ -6,11 +6,14 @@
 # glusterfs-client (deploy/glusterfs.sh: a GlusterFS volume as the shared tier, and its tests), strace (the tests
 # that watch the write path's system calls: the directory fsync before a put is acknowledged), prometheus (promtool
 # and `run-stack.sh up --prometheus`: the stack's metrics scraped, its recording rules), chromium and chromium-driver (the HTML
-# report's test loads each report in a headless browser through selenium). Installs only what is
+# report's test loads each report in a headless browser through selenium), ceph-mon, ceph-mgr, ceph-osd, radosgw and
+# ceph-common (deploy/ceph.py: a Ceph cluster with radosgw, the S3 tier's tests), ceph-mds and ceph-fuse (its
+# CephFS, mounted with ceph-fuse). Installs only what is
 # missing; needs root for that, otherwise says what to install.
 set -euo pipefail
 want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo glusterfs-server glusterfs-client strace
-      prometheus chromium chromium-driver)
+      prometheus chromium chromium-driver ceph-mon ceph-mgr ceph-osd radosgw ceph-common
+      ceph-mds ceph-fuse)
 missing=()
 for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

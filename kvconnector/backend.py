@@ -1,8 +1,9 @@
 """The kvtier backend that both LMCache adapters wrap: tiers below LMCache's own memory.
 
 A local disk tier (timed O_DIRECT or buffered+fdatasync+fadvise I/O), then an optional shared directory, an optional
-Redis/Valkey tier and an optional Mooncake Store tier, under one waterfall LRU store (`TieredStore`): a put goes to the
-top tier, an entry evicted from a tier is demoted to the next, the bottom tier deletes; every tier is capacity-bounded.
+Redis/Valkey tier, an optional Mooncake Store tier and an optional S3 tier, under one waterfall LRU store
+(`TieredStore`): a put goes to the top tier, an entry evicted from a tier is demoted to the next, the bottom tier
+deletes; every tier is capacity-bounded.
 On start the directories are rescanned (`persistence.rescan_dir`) so a restart serves what was there. A key missing
 from this instance's index is looked up in the shared tiers, where another instance may have put it, and adopted.
 
@@ -27,6 +28,7 @@ from .files import atomic_path
 from .mooncake_tier import MIB, MooncakeTier
 from .persistence import rescan_dir
 from .redis_tier import RedisTier
+from .s3_tier import S3Tier
 from .shared_tier import SharedDirTier, SharedTier
 from .store import TieredStore
 from .tiers import DiskTier
@@ -65,6 +67,18 @@ class KvtierBackend:
                     local_buffer_bytes=int(cfg.mooncake_local_buffer_mb * MIB),
                     timeout_s=cfg.mooncake_timeout_s,
                     local_hostname=cfg.mooncake_local_hostname,
+                )
+            )
+        if cfg.s3_bucket:
+            tiers.append(
+                S3Tier(
+                    cfg.s3_bucket,
+                    int(cfg.s3_capacity_gb * GB),
+                    cfg.s3_prefix,
+                    endpoint=cfg.s3_endpoint,
+                    timeout_s=cfg.s3_timeout_s,
+                    max_attempts=cfg.s3_max_attempts,
+                    max_connections=2 * cfg.io_workers,
                 )
             )
         self.store = TieredStore(tiers, target_usage_ratio=cfg.target_usage_ratio, promote_on_hit=cfg.promote_on_hit)
@@ -110,7 +124,7 @@ class KvtierBackend:
                     shared=shared,
                 )
                 self.rescan_reports.append(rep.to_dict())
-            elif isinstance(tier, RedisTier):
+            elif isinstance(tier, (RedisTier, S3Tier)):
                 n = 0
                 for hdr in tier.scan():
                     n += self.store.adopt(t, hdr.key, hdr.payload_nbytes, hdr.shape, hdr.dtype)

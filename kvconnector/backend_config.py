@@ -8,9 +8,10 @@ Unknown keys, wrong types and impossible values are errors (one line each, namin
 
 Tiers, fastest first: the local disk tier (`disk_dir`, `disk_capacity_gb`; 0 means none), then an optional shared
 directory (`shared_dir`), then an optional Redis/Valkey (`redis_url`), then an optional Mooncake Store
-(`mooncake_master` with `mooncake_metadata_url`). A put goes to the top tier; an entry evicted from
-a tier is demoted to the next; the bottom tier deletes. With no local disk tier every put lands in the shared tier at
-once, which is how several instances share each other's prefixes without waiting for demotion.
+(`mooncake_master` with `mooncake_metadata_url`), then an optional S3 bucket (`s3_bucket`). A put goes to the top
+tier; an entry evicted from a tier is demoted to the next; the bottom tier deletes. With no local disk tier every put
+lands in the shared tier at once, which is how several instances share each other's prefixes without waiting for
+demotion.
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ class BackendConfig(BaseModel):
     mooncake_timeout_s: float = Field(5.0, gt=0, le=600)
     # The address other instances reach this one's segment at; None: the one the route to the master leaves from.
     mooncake_local_hostname: str | None = None
+    # S3 tier (kvconnector/s3_tier.py): one object per entry under <s3_prefix><hash>.kv in this bucket. The endpoint
+    # and credentials are boto3's: s3_endpoint, else AWS_ENDPOINT_URL; keys from AWS_ACCESS_KEY_ID and
+    # AWS_SECRET_ACCESS_KEY (never in this config, which is written to the snapshot).
+    s3_bucket: str | None = Field(None, min_length=3, max_length=63)
+    s3_endpoint: str | None = None
+    s3_prefix: str = Field("kvtier/", max_length=512)
+    s3_capacity_gb: float = Field(1.0, gt=0, le=MAX_CAPACITY_GB)
+    # Each try of a call ends within this (boto3's connect and read timeouts; the connect at most 5 s) ...
+    s3_timeout_s: float = Field(5.0, gt=0, le=600)
+    # ... and a call is tried at most this many times in all (botocore's standard retry mode).
+    s3_max_attempts: int = Field(2, ge=1, le=10)
     # Waterfall policy.
     target_usage_ratio: float = Field(0.9, gt=0, le=1)
     promote_on_hit: bool = False
@@ -97,6 +109,9 @@ class BackendConfig(BaseModel):
         "mooncake_metadata_url",
         "mooncake_namespace",
         "mooncake_local_hostname",
+        "s3_bucket",
+        "s3_endpoint",
+        "s3_prefix",
     )
     @classmethod
     def _no_nul(cls, v: str | None) -> str | None:
@@ -115,7 +130,9 @@ class BackendConfig(BaseModel):
             )
         return v
 
-    @field_validator("disk_capacity_gb", "shared_capacity_gb", "redis_capacity_gb", "mooncake_capacity_gb")
+    @field_validator(
+        "disk_capacity_gb", "shared_capacity_gb", "redis_capacity_gb", "mooncake_capacity_gb", "s3_capacity_gb"
+    )
     @classmethod
     def _at_least_a_byte(cls, v: float) -> float:
         # 1e-10 GB is 0 bytes once whole, and the disk tier's 0 means "all the free space": the opposite.
@@ -146,13 +163,21 @@ class BackendConfig(BaseModel):
             raise ValueError("must be the HTTP metadata server's URL, http://host:port/metadata")
         return v
 
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _s3_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be the S3 endpoint's URL, http(s)://host[:port]")
+        return v
+
     @model_validator(mode="after")
     def _tiers(self) -> BackendConfig:
         if (self.mooncake_master is None) != (self.mooncake_metadata_url is None):
             raise ValueError("mooncake_master and mooncake_metadata_url go together: set both or neither")
-        if not self.has_disk and not (self.shared_dir or self.redis_url or self.mooncake_master):
+        if not self.has_disk and not (self.shared_dir or self.redis_url or self.mooncake_master or self.s3_bucket):
             raise ValueError(
-                "no tier configured: set disk_dir (with disk_capacity_gb > 0), shared_dir, redis_url or mooncake_master"
+                "no tier configured: set disk_dir (with disk_capacity_gb > 0), shared_dir, redis_url, mooncake_master "
+                "or s3_bucket"
             )
         if self.disk_dir and self.shared_dir and _same_dir(self.disk_dir, self.shared_dir):
             raise ValueError("disk_dir and shared_dir must be different directories")

@@ -291,6 +291,7 @@ REFUSALS = {  # raised for what the user gave: each derives from UserError (one 
     "replay.plan.cli": ["_ConfigFlagsError"],
     "deploy.throttle.settings": ["SettingError"],
     "deploy.redis_cluster": ["ClusterRefused"],
+    "deploy.ceph": ["CephRefused"],
 }
 NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they escape
     # the store failed, a miss; or its caller misused the library (a key no tier holds, a call after close): a bug
@@ -310,6 +311,7 @@ NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they 
     "deploy.throttle.runner": ["MountError"],  # throttlefs did not mount
     "deploy.throttle.control": ["ControlError"],  # the control endpoint failed or refused a change
     "deploy.redis_cluster": ["ClusterError"],  # the cluster did not start (ClusterRefused: what was asked)
+    "deploy.ceph": ["CephError"],  # the cluster did not start or answer (CephRefused: what was asked)
     "deploy.sweep.cli": ["StackFailed"],  # the stack did not start
     "deploy.nodes": ["NoFreeNet"],  # no free subnet for the nodes' bridge
     "deploy.processes": ["NotHealthy"],  # a server exited or did not answer during start-up

@@ -1,0 +1,379 @@
+"""The S3 tier against a real radosgw: a Ceph cluster (one monitor, one manager, three memstore OSDs, radosgw) in a
+network namespace of its own, started once for the module by deploy/ceph.py, the script people use, and removed at
+its end. Round trip, miss, damaged objects refused (and, through the backend, dropped, counted and deleted), capacity
+kept with evicted objects deleted, a second instance adopting what the first stored (on lookup, and by listing on
+start), readers never seeing part of an object, and radosgw hung, killed and restarted: each call fails within its
+bound, never hangs, and the tier works again once radosgw is back.
+
+Marked `e2e` as well as `slow`: the e2e tier runs a module's tests on one worker (tests/conftest.py), so the module
+starts one cluster (about 14 s here), not one per worker. Root: a network namespace and a veth pair."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import xxhash
+from helpers import wait_for
+from store_helpers import data
+
+from deploy import ceph
+from kvconnector.backend import KvtierBackend
+from kvconnector.backend_config import BackendConfig
+from kvconnector.entry_format import PAGE, EntryHeader, file_name_for, pack_header
+from kvconnector.errors import ConfigError, CorruptEntryError, EntryNotFound
+from kvconnector.shared_tier import SharedTier
+from kvconnector.store import TieredStore
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'kvtier[s3]')")
+
+from kvconnector.s3_tier import S3Tier  # noqa: E402 - after the skip: the tier needs boto3
+
+N = 20_000
+MB = 1 << 20
+BUCKET = "kvtier-test"
+
+needs_ceph = pytest.mark.skipif(
+    any(shutil.which(b) is None for b in ceph.BINARIES),
+    reason=f"Ceph is not installed (apt-get install {ceph.PACKAGES}; deploy/install-system-deps.sh)",
+)
+HAS_CEPHFS = all(shutil.which(b) is not None for b in ceph.CEPHFS_BINARIES)
+real = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.root(reason="a network namespace for Ceph"), needs_ceph]
+
+
+def on_ceph(fn):
+    for mark in real:
+        fn = mark(fn)
+    return fn
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ceph")
+    t0 = time.monotonic()
+    c = ceph.up(d, cephfs=HAS_CEPHFS)
+    print(f"ceph up in {time.monotonic() - t0:.1f} s{' with CephFS' if HAS_CEPHFS else ''}")
+    try:
+        with pytest.MonkeyPatch.context() as mp:  # as a boto3 user gives them: the environment
+            s3 = c.s3()
+            mp.setenv("AWS_ENDPOINT_URL", s3["endpoint"])
+            mp.setenv("AWS_ACCESS_KEY_ID", s3["access_key"])
+            mp.setenv("AWS_SECRET_ACCESS_KEY", s3["secret_key"])
+            yield c
+    finally:
+        ceph.down(d)
+    # down removed what up made, and only that: no daemon, namespace, veth, mount or file of it is left
+    assert not any(c._alive(pid) for pid in list(c.children))
+    assert c.ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not c.dir.exists() and not c.cephfs_mount.exists() and not list(d.iterdir())
+    assert ceph.down(d) is False
+
+
+def tier(prefix: str, cap: int = 16 * MB, **kw) -> S3Tier:
+    return S3Tier(BUCKET, cap, prefix=prefix, **kw)
+
+
+def cfg(prefix: str, **kw) -> BackendConfig:
+    base = {"disk_capacity_gb": 0, "s3_bucket": BUCKET, "s3_prefix": prefix, "s3_capacity_gb": 0.016}
+    return BackendConfig(**{**base, "snapshot_path": "", **kw})
+
+
+def raw():
+    from botocore.config import Config
+
+    return boto3.client("s3", region_name="us-east-1", config=Config(s3={"addressing_style": "path"}))
+
+
+def objects(prefix: str) -> set[str]:
+    resp = raw().list_objects_v2(Bucket=BUCKET, Prefix=prefix)
+    return {o["Key"] for o in resp.get("Contents", ())}
+
+
+def entry(key: str, payload: bytes, header_key: str | None = None, nbytes: int | None = None) -> bytes:
+    """An object as the tier writes it (header page, payload), with the header's key or length changed if asked."""
+    hdr = bytearray(PAGE)
+    n = len(payload) if nbytes is None else nbytes
+    pack_header(memoryview(hdr), EntryHeader(header_key or key, n, xxhash.xxh3_64_intdigest(payload), "uint8", ()))
+    return bytes(hdr) + payload
+
+
+# ---- what every tier does ------------------------------------------------------------------------------------------
+@on_ceph
+def test_round_trip_miss_probe_and_hashed_names(cluster):
+    t = tier("rt/")
+    try:
+        assert isinstance(t, SharedTier) and t.endpoint == cluster.endpoint  # from AWS_ENDPOINT_URL
+        t.write("m/../x@1", [memoryview(data("a", N))], N, (2, 3), "bf16/1")
+        okey = f"rt/{file_name_for('m/../x@1')}"
+        assert objects("rt/") == {okey}  # <prefix><hash>.kv: the key never reaches S3
+        assert raw().head_object(Bucket=BUCKET, Key=okey)["ContentLength"] == PAGE + N
+        out = memoryview(bytearray(N))
+        timing = t.read("m/../x@1", N, out)
+        assert bytes(out) == data("a", N) and timing.device_ns > 0 and timing.host_ns > 0 and timing.nbytes == N
+        assert t.read("m/../x@1", N).nbytes == N  # no destination: through the scratch buffer, still checked
+        assert t.probe("m/../x@1").shape == (2, 3) and t.probe("never stored") is None
+        with pytest.raises(EntryNotFound):
+            t.read("other", N, out)
+        t.write("", [memoryview(b"")], 0)  # an empty key and an empty entry are values like any other
+        assert t.read("", 0).nbytes == 0 and t.probe("") is not None
+        for n in (1, PAGE - 1, PAGE + 1, 3 * MB + 7):
+            t.write(f"s{n}", [memoryview(data(f"s{n}", n))], n)
+            out = memoryview(bytearray(n))
+            assert t.read(f"s{n}", n, out).nbytes == n and bytes(out) == data(f"s{n}", n)
+        with pytest.raises(CorruptEntryError):  # a length that is not the entry's
+            t.read("s1", 2, memoryview(bytearray(2)))
+        t.delete("m/../x@1")
+        t.delete("m/../x@1")  # twice: nothing left to remove, nothing counted
+        with pytest.raises(EntryNotFound):
+            t.read("m/../x@1", N, out)
+        assert not t.fallbacks
+    finally:
+        t.close()
+
+
+# An object under the entry's name that is not the entry, put with a plain client as another writer would.
+DAMAGED = {
+    "payload-byte-flipped": lambda k, p: entry(k, p)[: PAGE + 5] + bytes([p[5] ^ 0xFF]) + entry(k, p)[PAGE + 6 :],
+    "header-byte-flipped": lambda k, p: b"KVTX" + entry(k, p)[4:],
+    "header-checksum-flipped": lambda k, p: entry(k, p)[:60] + bytes([entry(k, p)[60] ^ 1]) + entry(k, p)[61:],
+    "truncated": lambda k, p: entry(k, p)[:-100],
+    "one-byte-longer": lambda k, p: entry(k, p) + b"\0",
+    "another-key": lambda k, p: entry(k, p, header_key=k + "x"),
+    "header-says-shorter": lambda k, p: entry(k, p[:-1], nbytes=len(p)),
+    "header-only": lambda k, p: entry(k, p)[:PAGE],
+}
+
+
+@on_ceph
+def test_damaged_objects_are_refused_never_served(cluster):
+    t = tier("bad/")
+    try:
+        key, payload = "k", data("b", N)
+        for how, damage in DAMAGED.items():
+            raw().put_object(Bucket=BUCKET, Key=t.object_key(key), Body=damage(key, payload))
+            with pytest.raises(CorruptEntryError):
+                t.read(key, N, memoryview(bytearray(b"\xee" * N)))
+            hdr = t.probe(key)  # a lookup adopts only an entry whose header and length agree
+            assert hdr is None or how == "payload-byte-flipped", how
+        assert t.fallbacks["corrupt_removed"] >= 1 and not t.fallbacks["read_errors"]
+    finally:
+        t.close()
+
+
+@on_ceph
+def test_a_flipped_byte_is_dropped_by_the_store_counted_and_deleted(cluster):
+    b = KvtierBackend(cfg("flip/"))
+    try:
+        assert b.put("k", [memoryview(data("c", N))])
+        t = b.store.tiers[0]
+        good = entry("k", data("c", N))
+        flipped = good[: PAGE + 100] + bytes([good[PAGE + 100] ^ 0x40]) + good[PAGE + 101 :]
+        raw().put_object(Bucket=BUCKET, Key=t.object_key("k"), Body=flipped)
+        out = memoryview(bytearray(N))
+        assert not b.get_into("k", out)
+        assert b.store.stats[0].to_dict()["events"]["corrupt_dropped"] == 1
+        assert b.store.contains("k") is None and objects("flip/") == set()  # dropped, and deleted
+    finally:
+        b.close()
+
+
+@on_ceph
+def test_capacity_is_kept_and_the_evicted_are_deleted(cluster):
+    cap = 400_000
+    s = TieredStore([tier("cap/", cap=cap)])
+    try:
+        for i in range(40):
+            assert s.put(f"e{i}", [memoryview(data(f"e{i}", N))]).stored
+            assert s.usage()[0]["used_bytes"] <= cap
+        kept = set(s.keys_by_tier()["s3"])
+        assert 0 < len(kept) < 40 and "e39" in kept
+        assert objects("cap/") == {f"cap/{file_name_for(k)}" for k in kept}
+        assert s.stats[0].to_dict()["events"]["evictions"] == 40 - len(kept)
+        out = memoryview(bytearray(N))
+        assert s.get("e39", out).hit and bytes(out) == data("e39", N)
+    finally:
+        s.close()
+
+
+@on_ceph
+def test_a_second_instance_adopts_on_lookup_and_by_listing_on_start(cluster):
+    a = KvtierBackend(cfg("shared/", s3_timeout_s=3.0, s3_max_attempts=1))
+    others = []
+    try:
+        d = a.store.tiers[0].describe()  # the config's keys reach the tier
+        assert (d["prefix"], d["timeout_s"], d["max_attempts"], d["capacity_bytes"]) == ("shared/", 3.0, 1, 16_000_000)
+        for i in range(6):
+            assert a.put(f"k{i}", [memoryview(data(f"k{i}", N))])
+        out = memoryview(bytearray(N))
+        # On lookup: an instance that did not list the prefix finds what the first stored.
+        b = KvtierBackend(cfg("shared/", rescan_on_start=False))
+        others.append(b)
+        for i in range(6):
+            assert b.lookup(f"k{i}") and b.get_into(f"k{i}", out) and bytes(out) == data(f"k{i}", N)
+        assert not b.lookup("never") and b.events_snapshot()["shared_adopted"] == 6
+        # By listing on start: a restarted instance serves what the prefix holds.
+        c = KvtierBackend(cfg("shared/"))
+        others.append(c)
+        assert c.rescan_reports == [{"tier": "s3", "adopted": 6}]
+        assert c.store.contains("k3") == "s3" and c.get_into("k3", out) and bytes(out) == data("k3", N)
+        # A prefix is a namespace: another prefix in the same bucket sees none of it.
+        d = KvtierBackend(cfg("elsewhere/"))
+        others.append(d)
+        assert d.rescan_reports == [{"tier": "s3", "adopted": 0}] and not d.lookup("k3")
+    finally:
+        for o in others:
+            o.close()
+        a.close()
+
+
+@on_ceph
+def test_readers_never_see_part_of_an_object(cluster):
+    """Atomic visibility: while one instance puts (and overwrites) 8 MiB entries, another reads them as they appear:
+    every read is a miss or a whole entry of one version, never a part (which would fail its checksum)."""
+    writer, reader = tier("atomic/", cap=256 * MB), tier("atomic/", cap=256 * MB)
+    n, keys = 8 * MB, [f"big{i}" for i in range(6)]
+    seen = {"hit": 0, "miss": 0, "corrupt": 0, "other": 0}
+    done = threading.Event()
+    versions = {k: {data(k, n)[:64], data(k + "v2", n)[:64]} for k in keys}
+
+    def read_all():
+        out = memoryview(bytearray(n))
+        while not done.is_set():
+            for k in keys:
+                try:
+                    reader.read(k, n, out)
+                    seen["hit" if bytes(out[:64]) in versions[k] else "other"] += 1
+                except EntryNotFound:
+                    seen["miss"] += 1
+                except CorruptEntryError:
+                    seen["corrupt"] += 1
+
+    th = threading.Thread(target=read_all)
+    th.start()
+    try:
+        for v in ("", "v2"):
+            for k in keys:
+                writer.write(k, [memoryview(data(k + v, n))], n)
+        wait_for(lambda: seen["hit"] >= 2 * len(keys), timeout_s=60, what="the reader to see every entry")
+    finally:
+        done.set()
+        th.join(60)
+        writer.close()
+        reader.close()
+    print(f"reads while writing: {seen}")
+    assert seen["corrupt"] == 0 and seen["other"] == 0 and seen["hit"] >= 2 * len(keys)
+
+
+@on_ceph
+@pytest.mark.skipif(not HAS_CEPHFS, reason=f"CephFS needs {ceph.CEPHFS_PACKAGES} (deploy/install-system-deps.sh)")
+def test_the_same_cluster_serves_a_shared_directory_tier_on_cephfs(cluster):
+    """CephFS from the same cluster (ceph-fuse): two instances share a kvtier shared directory on it."""
+    shared = {"disk_capacity_gb": 0, "shared_dir": str(cluster.cephfs_mount / "kv"), "shared_capacity_gb": 0.05}
+    a = KvtierBackend(BackendConfig(**shared, snapshot_path=""))
+    b = None
+    try:
+        for i in range(5):
+            assert a.put(f"f{i}", [memoryview(data(f"f{i}", N))])
+        b = KvtierBackend(BackendConfig(**shared, snapshot_path=""))  # its rescan adopts what a stored
+        out = memoryview(bytearray(N))
+        for i in range(5):
+            assert b.get_into(f"f{i}", out) and bytes(out) == data(f"f{i}", N)
+        assert len(list((cluster.cephfs_mount / "kv").glob("*.kv"))) == 5
+    finally:
+        if b is not None:
+            b.close()
+        a.close()
+
+
+# ---- faults: radosgw hung, killed, restarted (last: the cluster's radosgw is started again at the end) ------------
+TIMEOUT_S = 1.0
+ATTEMPTS = 2
+# What one call may take: every try's timeout, botocore's backoff between tries (under a second for the first retry
+# in standard mode), and room for a loaded machine.
+BOUND_S = ATTEMPTS * TIMEOUT_S + 1.0 + 3.0
+
+
+def timed_raises(fn) -> float:
+    t0 = time.monotonic()
+    with pytest.raises(OSError):
+        fn()
+    return time.monotonic() - t0
+
+
+@on_ceph
+def test_radosgw_hung_killed_and_restarted(cluster):
+    t = tier("fault/", timeout_s=TIMEOUT_S, max_attempts=ATTEMPTS)
+    b = KvtierBackend(cfg("fault-b/", s3_timeout_s=TIMEOUT_S, s3_max_attempts=ATTEMPTS))
+    out = memoryview(bytearray(N))
+    try:
+        t.write("k", [memoryview(data("k", N))], N)
+        assert b.put("bk", [memoryview(data("bk", N))])
+        for sig, what in ((signal.SIGSTOP, "hung"), (signal.SIGKILL, "killed")):
+            assert cluster.signal("rgw", sig)
+            if sig == signal.SIGKILL:
+                wait_for(lambda: not cluster.is_running("rgw"), 10, what="radosgw to end")
+            took = [
+                timed_raises(lambda: t.read("k", N, out)),
+                timed_raises(lambda: t.write("w", [memoryview(data("w", N))], N)),
+            ]
+            t0 = time.monotonic()
+            assert not b.get_into("bk", out) and not b.put("bw", [memoryview(data("bw", N))])
+            took.append(time.monotonic() - t0)
+            print(f"radosgw {what}: read, write, backend load+store failed after {[f'{s:.2f}' for s in took]} s")
+            assert max(took) < BOUND_S * 2  # the last one is two calls
+            assert t.probe("k") is None
+            if sig == signal.SIGSTOP:
+                cluster.signal("rgw", signal.SIGCONT)
+                t.write("k2", [memoryview(data("k2", N))], N)  # it answers again
+                t.read("k2", N, out)
+        assert t.fallbacks["read_errors"] == 2 and t.fallbacks["write_errors"] == 2 and t.fallbacks["probe_errors"] == 2
+        ev = b.events_snapshot()
+        assert ev["load_errors"] == 2 and ev["store_errors"] == 2
+        t0 = time.monotonic()
+        cluster.start_rgw()
+        print(f"radosgw restarted: answering after {time.monotonic() - t0:.2f} s")
+        t.read("k", N, out)  # the OSDs kept it
+        assert bytes(out) == data("k", N)
+        assert b.get_into("bk", out) and bytes(out) == data("bk", N)
+        assert b.put("after", [memoryview(data("after", N))]) and b.get_into("after", out)
+    finally:
+        cluster.signal("rgw", signal.SIGCONT)
+        if not cluster.is_running("rgw"):
+            cluster.start_rgw()
+        b.close()
+        t.close()
+
+
+# ---- no server needed ----------------------------------------------------------------------------------------------
+def test_config_keys_are_checked():
+    ok = {"s3_bucket": "b-1", "disk_capacity_gb": 0}
+    assert BackendConfig(**ok).s3_prefix == "kvtier/"
+    bad = [
+        ({**ok, "s3_bucket": "b"}, "s3_bucket"),
+        ({**ok, "s3_endpoint": "127.0.0.1:7480"}, "http"),
+        ({**ok, "s3_capacity_gb": 0}, "s3_capacity_gb"),
+        ({**ok, "s3_timeout_s": 0}, "s3_timeout_s"),
+        ({**ok, "s3_max_attempts": 0}, "s3_max_attempts"),
+        ({**ok, "s3_max_attempts": 11}, "s3_max_attempts"),
+        ({**ok, "s3_prefix": "a\0"}, "NUL"),
+        ({**ok, "s3_bogus": 1}, "s3_bogus"),
+        ({"disk_capacity_gb": 0}, "s3_bucket"),  # no tier at all: the message names this one too
+    ]
+    for params, what in bad:
+        with pytest.raises(ConfigError, match=what):
+            BackendConfig.from_params(params)
+
+
+def test_an_unreachable_endpoint_is_a_config_error_within_the_bound(monkeypatch):
+    from helpers import free_port
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot use S3 bucket"):
+        S3Tier("b-1", MB, endpoint=f"http://127.0.0.1:{free_port()}", timeout_s=1, max_attempts=1)
+    assert time.monotonic() - t0 < 5
