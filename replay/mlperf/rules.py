@@ -35,7 +35,8 @@ a failure of a CLOSED run, a warning of an OPEN one). What each check reads:
 - kvcacheOpenInvocationNote (6.6.3, OPEN): the exact invocation of every trial is recorded.
 
 Not checkable from the files, and not listed: 6.4.2 (the POSIX I/O model is the benchmark's code), 6.5.1 and 6.5.2
-(what backs --cache-dir), 6.6.2 (allowances: nothing to fail).
+(what backs --cache-dir: kvtier's harness records an object-storage gateway under it, replay/common/object_gateway.py),
+6.6.2 (allowances: nothing to fail).
 """
 
 from __future__ import annotations

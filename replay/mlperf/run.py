@@ -46,6 +46,7 @@ from kvconnector.errors import ConfigError, UserError
 
 from ..common.cli import exit_code, signal_name, stop_signals_handled
 from ..common.json_files import write_json
+from ..common.object_gateway import gateway_of
 from .options import OPTIONS
 from .record import MANIFEST_KIND, MANIFEST_PREFIX, wrapper_flags
 from .rules import CLOSED_DELAY_S, CLOSED_SEED, CLOSED_TRIALS, WRAPPER_DELAY_S
@@ -96,6 +97,7 @@ class Plan:
     mpirun: str
     mpi_params: list[str]
     same_filesystem: bool
+    cache_gateway: dict | None = None  # the object-storage gateway holding --cache-dir (Rules.md 6.5.2), if any
     argv: list[str] = field(default_factory=list)
 
 
@@ -247,6 +249,9 @@ def make_plan(args, argv: list[str]) -> Plan:
         log.warning("kvcachePosixCacheDir: %s (only an OPEN result: results I/O perturbs the storage under test)", what)
     if mode == "whatif":
         capacity_gate(cache, option_flags, npernode)
+    gateway = gateway_of(str(cache)) if cache.exists() else None
+    if gateway is not None:  # 6.5.2: a cache on object storage through a POSIX gateway records which, and how mounted
+        log.info("--cache-dir is on %s (%s), mounted %s", gateway["name"], gateway["version"], gateway["mount_options"])
     return Plan(
         mode=mode,
         results_dir=results,
@@ -266,6 +271,7 @@ def make_plan(args, argv: list[str]) -> Plan:
         mpirun=args.mpirun,
         mpi_params=shlex.split(args.mpi_params or ""),
         same_filesystem=same,
+        cache_gateway=gateway,
         argv=argv,
     )
 
@@ -387,7 +393,7 @@ class Runner:
             "total_ranks": p.total_ranks,
             "cache_dir": str(p.cache_dir),
             "results_dir": str(p.results_dir),
-            "filesystems": {"same": p.same_filesystem},
+            "filesystems": {"same": p.same_filesystem, "cache_gateway": p.cache_gateway},
             "commands": self.commands,
             "stopped_by": signal_name(self.stop[0]) if self.stop else None,
         }

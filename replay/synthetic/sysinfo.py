@@ -9,6 +9,8 @@ import platform
 import resource
 from dataclasses import dataclass
 
+from ..common.object_gateway import gateway_of
+
 SECTOR = 512
 
 
@@ -145,6 +147,7 @@ def environment(cache_dir: str) -> dict:
         "memory_bytes": mem_total,
         "cache_dir": cache_dir,
         "filesystem": filesystem_of(cache_dir),
+        "object_gateway": gateway_of(cache_dir),
         "block_device": dev,
     }
     if dev:

@@ -10,9 +10,11 @@ starts one cluster (about 14 s here), not one per worker. Root: a network namesp
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -28,6 +30,7 @@ from kvconnector.entry_format import PAGE, EntryHeader, file_name_for, pack_head
 from kvconnector.errors import ConfigError, CorruptEntryError, EntryNotFound
 from kvconnector.shared_tier import SharedTier
 from kvconnector.store import TieredStore
+from replay.common.object_gateway import gateway_of
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'kvtier[s3]')")
 
@@ -346,6 +349,60 @@ def test_radosgw_hung_killed_and_restarted(cluster):
             cluster.start_rgw()
         b.close()
         t.close()
+
+
+# ---- the same bucket store behind a POSIX gateway (s3fs), as the MLPerf v3.0 rules allow for --cache-dir -----------
+@pytest.fixture
+def s3fs_mount(cluster, tmp_path):
+    """The cluster's bucket `kvtier-s3fs` mounted with s3fs at tmp_path/mnt (path-style requests to radosgw)."""
+    if shutil.which("s3fs") is None:
+        pytest.skip("s3fs is not installed (apt-get install s3fs; deploy/install-system-deps.sh)")
+    s3 = cluster.s3()
+    boto3.client("s3").create_bucket(Bucket="kvtier-s3fs")
+    passwd = tmp_path / "s3fs-passwd"
+    passwd.write_text(f"{s3['access_key']}:{s3['secret_key']}\n")
+    passwd.chmod(0o600)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    opts = f"url={s3['endpoint']},use_path_request_style,passwd_file={passwd}"
+    subprocess.run(["s3fs", "kvtier-s3fs", str(mnt), "-o", opts], check=True, timeout=60)
+    try:
+        wait_for(lambda: gateway_of(str(mnt)) is not None, "the s3fs mount", 30)
+        yield mnt
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], check=False, timeout=60)
+
+
+@on_ceph
+def test_a_bench_on_an_s3fs_mount_records_the_gateway_and_its_options(s3fs_mount, tmp_path):
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "replay.cli", "bench", "--cache-dir", str(s3fs_mount / "kv"), "--duration", "3"]
+    argv += ["--num-users", "2", "--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--storage-capacity-gb", "0.2"]
+    argv += ["--max-context-tokens", "256", "--output", str(out)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    gw = doc["environment"]["object_gateway"]
+    version = subprocess.run(["s3fs", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    assert (gw["name"], gw["fs_type"], gw["version"]) == ("s3fs", "fuse.s3fs", version)
+    assert gw["mount_point"] == str(s3fs_mount) and "rw" in gw["mount_options"].split(",")
+    (opts,) = [a for a in gw["daemon_args"] if a.startswith("url=")]
+    assert "use_path_request_style" in opts and "passwd_file=***" in opts  # where the keys are is not recorded
+    assert doc["tiers"]["disk"]["write"]["bytes"] > 0  # the run's entries went through the gateway
+
+
+@on_ceph
+def test_an_mlperf_run_records_the_gateway_of_its_cache_dir(s3fs_mount, tmp_path):
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "replay.cli", "mlperf", "run", "--mode", "open", "--results-dir", str(results)]
+    argv += ["--cache-dir", str(s3fs_mount / "kv"), "--num-processes", "1", "--num-users", "2", "--options", "1"]
+    argv += ["--trials", "1", "--duration", "2", "--inter-option-delay", "0", "--start-delay", "0", "--end-delay", "0"]
+    argv += ["--gpu-mem-gb", "0", "--cpu-mem-gb", "0", "--no-progress"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (record,) = results.glob("open/kv_cache/run/*/kvtier_mlperf_run_*.json")
+    gw = json.loads(record.read_text())["filesystems"]["cache_gateway"]
+    assert gw["name"] == "s3fs" and gw["version"].startswith("Amazon Simple Storage Service File System V")
 
 
 # ---- no server needed ----------------------------------------------------------------------------------------------
