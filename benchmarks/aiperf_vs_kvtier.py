@@ -42,7 +42,9 @@ from pathlib import Path
 
 from replay.cli import main as kvtier
 from replay.common.cli import fail
+from replay.common.json_files import write_json
 from replay.openai.fake_server import FakeServer, FakeServerConfig
+from replay.outputs.jsonl import write_jsonl
 from replay.outputs.paths import default_results_path
 from replay.outputs.provenance import write_run_json
 from replay.plan.trace import reuse_profile
@@ -128,21 +130,23 @@ def make_tokenizer(corpus: Path, hf_home: Path) -> None:
     snap.mkdir(parents=True, exist_ok=True)
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(SNAPSHOT)
-    (snap / "tokenizer.json").write_text(json.dumps(spec))
-    (snap / "tokenizer_config.json").write_text(json.dumps(config))
+    write_json(snap / "tokenizer.json", spec, indent=None)
+    write_json(snap / "tokenizer_config.json", config)
 
 
 def mooncake_copy(src: Path, dst: Path, n: int, block: int, speedup: float) -> None:
     """The first n rows: times / speedup, input_length rescaled to `block` as kvtier does, one output token."""
     native = FORMATS["mooncake"]
-    with src.open() as f, dst.open("w") as out:
+    rows = []
+    with src.open() as f:
         for line, _ in zip(f, range(n)):
             row = json.loads(line)
             row["timestamp"] = row["timestamp"] / speedup
             if block != native:
                 row["input_length"] = math.ceil(row["input_length"] * block / native)
             row["output_length"] = 1
-            out.write(json.dumps(row) + "\n")
+            rows.append(row)
+    write_jsonl(rows, dst)
 
 
 def weka_copy(src: Path, dst: Path, speedup: float) -> None:
@@ -160,7 +164,7 @@ def weka_copy(src: Path, dst: Path, speedup: float) -> None:
 
     doc = json.loads(src.read_text())
     scale(doc["requests"])
-    dst.write_text(json.dumps(doc))
+    write_json(dst, doc, indent=None)
 
 
 # ---------------------------------------------------------------- runs
@@ -357,14 +361,14 @@ def run_all(args) -> dict:
         mooncake_copy(args.mooncake, copy, args.num_requests, args.block_tokens, args.speedup)
         trace = load_block_trace(args.mooncake, "mooncake", block_tokens=args.block_tokens,
                                  max_requests=args.num_requests)  # fmt: skip
-        for cache in (0, args.mooncake_cache_tokens):
+        for cache in dict.fromkeys((0, args.mooncake_cache_tokens)):  # 0: the unbounded case alone
             rows.append(measure(args, "mooncake", cache, trace, args.mooncake, copy, args.block_tokens, scratch))
     if "weka" in args.traces:
         copy = scratch / "weka-aiperf" / args.weka.name
         copy.parent.mkdir(exist_ok=True)
         weka_copy(args.weka, copy, args.speedup)
         trace = load_block_trace(args.weka, "weka")
-        for cache in (0, args.weka_cache_tokens):
+        for cache in dict.fromkeys((0, args.weka_cache_tokens)):
             rows.append(measure(args, "weka", cache, trace, args.weka, copy, trace.block_tokens, scratch))
     return {"speedup": args.speedup, "aiperf_python": args.aiperf_python, "rows": rows}
 
