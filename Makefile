@@ -83,7 +83,7 @@ bench-qd: $(BASE_STAMP) system-deps
 	mkdir -p results
 	$(BIN)/python -m benchmarks.disk_qd_sweep --dir /var/tmp/kvtier-qd --json results/disk_qd_sweep.json
 
-.PHONY: bench-host-split bench-floor bench-l2-hit bench-mooncake-redis bench-nixl-probe bench-s3-clients
+.PHONY: bench-host-split bench-floor bench-l2-hit bench-mooncake-redis bench-nixl-probe bench-s3-clients bench-aiperf
 
 # A disk-tier write's host time split by system call and checksum, hashed beside the write vs before it; no root.
 bench-host-split: $(BASE_STAMP)
@@ -127,6 +127,12 @@ NIXL_VENV ?= /var/tmp/nixl-venv
 bench-nixl-probe:
 	test -x $(NIXL_VENV)/bin/python || (python3 -m venv $(NIXL_VENV) && $(NIXL_VENV)/bin/pip install -q nixl-cu12==1.5.1)
 	$(NIXL_VENV)/bin/python benchmarks/nixl_probe.py
+
+# AIPerf 0.13.0 (its own venv) and kvtier replay on the same Mooncake and Weka files, same fake prefix-caching server.
+AIPERF_VENV ?= /var/tmp/aiperf-venv
+bench-aiperf: $(BASE_STAMP)
+	test -x $(AIPERF_VENV)/bin/python || (python3 -m venv $(AIPERF_VENV) && $(AIPERF_VENV)/bin/pip install -q aiperf==0.13.0)
+	$(BIN)/python benchmarks/aiperf_vs_kvtier.py --aiperf-python $(AIPERF_VENV)/bin/python --dir /var/tmp/kvtier-aiperf
 
 bench-tracer: $(BASE_STAMP) system-deps
 	$(BIN)/python benchmarks/tracer_overhead.py --runtime-s 5 --rounds 3

@@ -103,6 +103,7 @@ OTHER_VARIABLES = (
     "KVTIER_REPORT_SCREENSHOTS",  # the test suite: where the report's screenshots go
     "KVTIER_TEST_IMAGE",  # the test suite: a built kvtier image (make image) to run bench in
     "KVTIER_MLPSTORAGE_SRC",  # the test suite: a checkout of mlpstorage, whose aggregation kvtier's is compared with
+    "KVTIER_AIPERF_PYTHON",  # the test suite and benchmarks/aiperf_vs_kvtier.py: a Python with AIPerf 0.13.0
 )
 
 

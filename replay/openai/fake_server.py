@@ -64,6 +64,7 @@ class FakeServerConfig:
     word: str = "tok"
     hang_s: float = 30.0  # the "hang" fault: seconds before the response starts (a client timeout should come first)
     tokenize_delay_s: float = 0.0  # /tokenize answers after this long (a large value = a hanging tokenizer)
+    keep_bodies: int = 256  # how many of the latest request bodies (and their arrival times) are kept
 
 
 @dataclass
@@ -75,8 +76,9 @@ class _State:
     generation_tokens: int = 0
     cached_blocks: OrderedDict = field(default_factory=OrderedDict)  # block hash -> None, least recent first
     evicted_blocks: int = 0
-    recent_bodies: deque = field(default_factory=lambda: deque(maxlen=256))  # for tests that check what was sent
-    recent_headers: deque = field(default_factory=lambda: deque(maxlen=256))  # the same requests' headers
+    recent_bodies: deque = field(default_factory=deque)  # for tests that check what was sent (bounded in make_app)
+    recent_headers: deque = field(default_factory=deque)  # the same requests' headers
+    recent_arrivals_ns: deque = field(default_factory=deque)  # the same requests' arrivals (perf_counter_ns)
     metrics_scrapes: int = 0  # GETs of /metrics (tests of the scrape interval)
 
 
@@ -105,7 +107,10 @@ def _prompt_text(body: dict) -> str:
 
 
 def make_app(cfg: FakeServerConfig) -> web.Application:
-    state = _State()
+    keep = cfg.keep_bodies
+    state = _State(
+        recent_bodies=deque(maxlen=keep), recent_headers=deque(maxlen=keep), recent_arrivals_ns=deque(maxlen=keep)
+    )
     loop_time = time.perf_counter
 
     bs = cfg.block_size
@@ -144,6 +149,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
 
     async def completions(request: web.Request) -> web.StreamResponse:
         t_arrive = loop_time()
+        arrival_ns = time.perf_counter_ns()
         n_req = state.requests
         state.requests += 1
         try:
@@ -152,6 +158,7 @@ def make_app(cfg: FakeServerConfig) -> web.Application:
             return web.json_response({"error": {"message": "body is not JSON"}}, status=400)
         state.recent_bodies.append(body)
         state.recent_headers.append(dict(request.headers))
+        state.recent_arrivals_ns.append(arrival_ns)
         fault = cfg.fault_plan(n_req) if cfg.fault_plan else None
         for name, every in cfg.fault_every.items():
             if every and (n_req + 1) % every == 0:
@@ -309,6 +316,11 @@ class FakeServer:
     def recent_headers(self) -> list[dict[str, str]]:
         """Headers of the requests in `recent_bodies` (in-process mode only), oldest first."""
         return list(self.app[STATE_KEY].recent_headers) if self.app else []
+
+    @property
+    def recent_arrivals_ns(self) -> list[int]:
+        """When each request of `recent_bodies` arrived (time.perf_counter_ns, in-process mode only)."""
+        return list(self.app[STATE_KEY].recent_arrivals_ns) if self.app else []
 
     @property
     def metrics_scrapes(self) -> int:
