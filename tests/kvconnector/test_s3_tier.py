@@ -405,6 +405,66 @@ def test_an_mlperf_run_records_the_gateway_of_its_cache_dir(s3fs_mount, tmp_path
     assert gw["name"] == "s3fs" and gw["version"].startswith("Amazon Simple Storage Service File System V")
 
 
+@on_ceph
+def test_an_osd_killed_under_load_costs_bounded_failures_and_serves_nothing_corrupt(cluster):
+    """Last of the cluster's tests: it leaves two of the three OSDs (pools of size 3, min_size 1 keep serving).
+    A writer and a reader run through the kill; every call ends within its bound (1 s timeouts, 2 tries), none serves
+    a wrong byte, and calls work again once the monitor has marked the OSD down (heartbeat grace)."""
+    bound_s = 2 * (1 + 1) + 2  # two tries of a 1 s connect and a 1 s read, the backoff between them, slack
+    t = tier("osd-kill/", 64 * MB, timeout_s=1, max_attempts=2)
+    counts = {"put": 0, "put_failed": 0, "get": 0, "get_failed": 0, "wrong": 0}
+    slowest, last_fail = [0.0], [0.0]
+    stop = threading.Event()
+    n = 256 * 1024
+    for i in range(8):
+        t.write(f"k{i}", [memoryview(data(f"k{i}", n))], n)
+
+    def work(kind: str) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            key = f"k{i % 8}" if kind == "get" else f"w{i}"
+            t0 = time.monotonic()
+            try:
+                if kind == "put":
+                    t.write(key, [memoryview(data(key, n))], n)
+                else:
+                    out = memoryview(bytearray(n))
+                    t.read(key, n, out)
+                    counts["wrong"] += bytes(out) != data(key, n)
+                counts[kind] += 1
+            except (OSError, EntryNotFound, CorruptEntryError):  # refused, never served: counted as failed
+                counts[f"{kind}_failed"] += 1
+                last_fail[0] = time.monotonic()
+            slowest[0] = max(slowest[0], time.monotonic() - t0)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in ("put", "get")]
+    for th in threads:
+        th.start()
+    try:
+        wait_for(lambda: counts["put"] > 5 and counts["get"] > 5, "calls before the kill", 30)
+        killed_at = time.monotonic()
+        assert cluster.signal("osd.0", signal.SIGKILL)
+        # back: calls have worked for 3 s with no failure since (the monitor marks the OSD down after its grace)
+        before = dict(counts)
+        wait_for(
+            lambda: time.monotonic() - max(last_fail[0], killed_at) > 3 and counts["put"] > before["put"] + 3,
+            "calls to work again after the OSD's kill",
+            90,
+        )
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(60)
+        t.close()
+    back_s = max(last_fail[0], killed_at) - killed_at
+    print(
+        f"OSD killed under load: {counts}, slowest call {slowest[0]:.1f} s, failures for {back_s:.1f} s after the kill"
+    )
+    assert counts["wrong"] == 0 and slowest[0] < bound_s
+    assert json.loads(cluster.ceph("osd", "stat", "--format", "json"))["num_up_osds"] == 2
+
+
 # ---- no server needed ----------------------------------------------------------------------------------------------
 def test_config_keys_are_checked():
     ok = {"s3_bucket": "b-1", "disk_capacity_gb": 0}
