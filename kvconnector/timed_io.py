@@ -1,7 +1,7 @@
 """Timed entry I/O that really reaches the device, with host and device time kept apart.
 
 Device time is the time spent inside the system calls that move or allocate data (`os.preadv`, `os.pwritev`,
-`os.fdatasync`, `posix_fallocate`); host time is everything else the operation costs (opening, header, checksum,
+`os.fdatasync`, `fallocate`); host time is everything else the operation costs (opening, header, checksum,
 copies, rename, page-cache advice). Both use `perf_counter_ns`. When two writes of one entry are in the kernel at once
 (payload and header, below), device time is the span either is in, counted once.
 
@@ -44,6 +44,7 @@ System calls and xxh3 release the GIL, so worker threads overlap I/O. Buffers ar
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import errno
 import fcntl
@@ -350,14 +351,23 @@ def _forget_pool() -> None:
 os.register_at_fork(after_in_child=_forget_pool)
 
 
+# Linux's fallocate(2) itself, not posix_fallocate(3): where a filesystem cannot allocate (FUSE ones such as s3fs, NFS
+# before 4.2), glibc's posix_fallocate emulates it by writing a byte into every block of the range (its man page,
+# NOTES), which on a FUSE mount is one round trip to the daemon per 4 KiB (a 2 s bench on s3fs was still writing
+# those bytes minutes later).
+_libc = ctypes.CDLL(None, use_errno=True)
+_fallocate = getattr(_libc, "fallocate64", None) or _libc.fallocate
+_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
 def _preallocate(fd: int, nbytes: int) -> None:
     """Reserve the file's blocks up front: a full filesystem fails here, before any data moves, and the data
-    write does not allocate extents piecemeal. Filesystems without fallocate just skip it."""
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            raise
+    write does not allocate extents piecemeal. A filesystem that cannot allocate says so and the write goes on."""
+    if _fallocate(fd, 0, 0, nbytes) == 0:
+        return
+    err = ctypes.get_errno()
+    if err not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        raise OSError(err, os.strerror(err))
 
 
 def _payload_iov(chunks: list[memoryview], nbytes: int, mode: IOMode) -> list[memoryview]:
