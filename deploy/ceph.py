@@ -237,7 +237,7 @@ class CephCluster:
     def cephfs_mount(self) -> Path:
         return self.state_dir / "cephfs"
 
-    def start_cephfs(self, timeout_s: float = 60) -> None:
+    def start_cephfs(self, timeout_s: float = 120) -> None:
         """An MDS, a file system (CEPHFS_NAME, two pools) and a ceph-fuse mount of it at state_dir/cephfs, in this
         namespace (a mount made inside the cluster's namespace would be seen only there)."""
         (self.dir / f"mds-{MDS_ID}").mkdir(exist_ok=True)
@@ -256,16 +256,25 @@ class CephCluster:
             raise CephError(f"no MDS active in {timeout_s:g} s: {self._log(f'mds.{MDS_ID}')}")
         self.cephfs_mount.mkdir()
         _record(self.state_dir, "mount", str(self.cephfs_mount))
-        self._spawn("fuse", ["ceph-fuse", "--id", "fuse", str(self.cephfs_mount)], in_ns=False)
-        if not wait_for(lambda: os.path.ismount(self.cephfs_mount) or not self.is_running("fuse"), timeout_s, 0.1) or (
-            not os.path.ismount(self.cephfs_mount)
-        ):
-            raise CephError(f"ceph-fuse did not mount {self.cephfs_mount}: {self._log('fuse')}")
+        # The configuration file says everything (--no-mon-config: no separate session for the monitor's config
+        # database, which holds nothing here). ceph-fuse prints little until it has mounted, so its own log, at
+        # levels that name each step (monitor session, MDS session, FUSE), is what says where a mount that never
+        # came stopped; client_mount_timeout makes it give up and say so before we stop waiting.
+        argv = ["ceph-fuse", "--id", "fuse", "--no-mon-config", f"--client_mount_timeout={max(10, timeout_s - 10):g}"]
+        argv += ["--debug_monc=10", "--debug_client=10", "--debug_ms=1", str(self.cephfs_mount)]
+        child = self.children[self._spawn("fuse", argv, in_ns=False)]
+        wait_for(lambda: os.path.ismount(self.cephfs_mount) or child.poll() is not None, timeout_s, 0.1)
+        if not os.path.ismount(self.cephfs_mount):
+            state = "still running" if child.poll() is None else f"exit status {child.returncode}"
+            raise CephError(
+                f"ceph-fuse did not mount {self.cephfs_mount} in {timeout_s:g} s ({state}): {self._log('fuse')}; "
+                f"its log ({self.dir / 'log' / 'client.fuse.log'}): {self._log('client.fuse', '.log', 8)}"
+            )
 
-    def _log(self, name: str) -> str:
-        p = self.dir / "log" / f"{name}.out"
+    def _log(self, name: str, suffix: str = ".out", n: int = 3) -> str:
+        p = self.dir / "log" / f"{name}{suffix}"
         lines = p.read_text(errors="replace").strip().splitlines() if p.exists() else []
-        return " | ".join(lines[-3:]) or "(nothing in its log)"
+        return " | ".join(lines[-n:]) or "(nothing in its log)"
 
 
 def up(

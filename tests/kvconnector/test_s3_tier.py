@@ -58,8 +58,8 @@ def on_ceph(fn):
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("ceph")
     t0 = time.monotonic()
-    c = ceph.up(d, cephfs=HAS_CEPHFS)
-    print(f"ceph up in {time.monotonic() - t0:.1f} s{' with CephFS' if HAS_CEPHFS else ''}")
+    c = ceph.up(d)
+    print(f"ceph up in {time.monotonic() - t0:.1f} s")
     try:
         with pytest.MonkeyPatch.context() as mp:  # as a boto3 user gives them: the environment
             s3 = c.s3()
@@ -74,6 +74,15 @@ def cluster(tmp_path_factory):
     assert c.ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not c.dir.exists() and not c.cephfs_mount.exists() and not list(d.iterdir())
     assert ceph.down(d) is False
+
+
+@pytest.fixture(scope="module")
+def cephfs(cluster):
+    """CephFS on the module's cluster, started by the first test that asks (the S3 tests do not wait on it)."""
+    t0 = time.monotonic()
+    cluster.start_cephfs()
+    print(f"CephFS mounted in {time.monotonic() - t0:.1f} s")
+    return cluster.cephfs_mount
 
 
 def tier(prefix: str, cap: int = 16 * MB, **kw) -> S3Tier:
@@ -273,9 +282,9 @@ def test_readers_never_see_part_of_an_object(cluster):
 
 @on_ceph
 @pytest.mark.skipif(not HAS_CEPHFS, reason=f"CephFS needs {ceph.CEPHFS_PACKAGES} (deploy/install-system-deps.sh)")
-def test_the_same_cluster_serves_a_shared_directory_tier_on_cephfs(cluster):
+def test_the_same_cluster_serves_a_shared_directory_tier_on_cephfs(cephfs):
     """CephFS from the same cluster (ceph-fuse): two instances share a kvtier shared directory on it."""
-    shared = {"disk_capacity_gb": 0, "shared_dir": str(cluster.cephfs_mount / "kv"), "shared_capacity_gb": 0.05}
+    shared = {"disk_capacity_gb": 0, "shared_dir": str(cephfs / "kv"), "shared_capacity_gb": 0.05}
     a = KvtierBackend(BackendConfig(**shared, snapshot_path=""))
     b = None
     try:
@@ -285,7 +294,7 @@ def test_the_same_cluster_serves_a_shared_directory_tier_on_cephfs(cluster):
         out = memoryview(bytearray(N))
         for i in range(5):
             assert b.get_into(f"f{i}", out) and bytes(out) == data(f"f{i}", N)
-        assert len(list((cluster.cephfs_mount / "kv").glob("*.kv"))) == 5
+        assert len(list((cephfs / "kv").glob("*.kv"))) == 5
     finally:
         if b is not None:
             b.close()
