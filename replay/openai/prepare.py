@@ -185,6 +185,7 @@ async def _load_block_trace(source, path: str, cfg: ReplayConfig):
         # (think: the pauses, capped, may bring a late row into the window; what cannot be is left out when planned)
         "until_s": cfg.duration * cfg.trace_speedup if cfg.duration and cfg.trace_timing == "timestamps" else None,
         "should_stop": stop.is_set,
+        "limit_flag": "--num-requests",
     }
     try:
         return await asyncio.to_thread(source.load, path, **options)

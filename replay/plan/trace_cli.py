@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
-import os
 import re
 import sys
 from typing import Annotated, Any, Literal
@@ -22,7 +21,7 @@ from ..common.settings import documented, load_settings
 from ..outputs.paths import claim_outputs
 from ..outputs.provenance import provenance
 from ..sources.base import WorkloadError
-from ..sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, load_block_trace, merge_traces
+from ..sources.block_traces import FORMATS, MAX_BLOCK_TOKENS, MAX_BLOCK_USES, load_block_trace, merge_traces, oversize
 from ..sources.trace_timing import DEFAULT_MAX_IDLE_S, TIMINGS, has_sessions, in_timing_order
 from .trace import ReuseProfile, reuse_profile, sweep_capacities
 
@@ -243,34 +242,11 @@ def trace_entry(
     }
 
 
-# What one plan may model: block uses (one per whole block of every request, the union's counted again) cost about
-# 60 bytes of memory and 6 microseconds each (a 500 MB Mooncake-like trace: 4.4 GB, 6.5 minutes), so 3 x 10^7 is
-# about 2 GB and 3 minutes. Trace files past MAX_TRACE_BYTES in all are refused before a byte is read, unless
-# --max-requests says how much of them to take; the uses are counted as the rows are read, whatever the files' size.
-MAX_BLOCK_USES = 30_000_000
-MAX_TRACE_BYTES = 256 << 20
-
-
-def _trace_bytes(path: str) -> int:
-    """The bytes a trace path holds (a Weka directory: its *.json files); 0 where it cannot be read (the load says
-    why, with its own line)."""
-    try:
-        if os.path.isdir(path):
-            return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".json") and e.is_file())
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
 def check_size(cfg: TracePlanConfig) -> None:
-    """Refuse up front traces too large to model in one plan (the bound and how to go on in the one line)."""
-    total = sum(_trace_bytes(p) for p in cfg.trace)
-    if cfg.max_requests is None and total > MAX_TRACE_BYTES:
-        raise ConfigError(
-            f"--trace: {total / 1e6:,.0f} MB of traces, over the {MAX_TRACE_BYTES >> 20} MiB a plan reads whole "
-            f"(at most {MAX_BLOCK_USES:,} block uses, about 2 GB and 3 minutes); give --max-requests N to plan the "
-            "first N requests of each"
-        )
+    """Refuse up front traces too large to model in one plan, all of them together (the bound and how to go on in
+    the one line)."""
+    if cfg.max_requests is None and (why := oversize(cfg.trace, "--max-requests")):
+        raise ConfigError(f"--trace: {why}")
 
 
 def timing_order(cfg: TracePlanConfig) -> str:

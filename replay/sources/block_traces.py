@@ -44,7 +44,9 @@ whose prompt and answer exceed it (the prompt keeps up to the bound, the answer 
 prompt's last block dropped) and counts it in the report's ``truncated``; ``max_requests`` keeps the first rows;
 ``until_s`` stops at the first row that arrives that long after the first (rows are in arrival order, so none
 after it is sent within a window of that length); ``max_block_uses`` refuses a trace whose hash ids outgrow it, as
-they are read; ``should_stop`` is asked every few thousand rows, and when it answers true the load raises
+they are read (by default ``MAX_BLOCK_USES``), and a file past ``MAX_TRACE_BYTES`` is refused before a byte is
+read unless ``max_requests`` or ``until_s`` says how much of it to take (``limit_flag`` names the driver's flag for
+it in the refusal); ``should_stop`` is asked every few thousand rows, and when it answers true the load raises
 ``LoadStopped`` (a loader in a worker thread stopped by a signal).
 """
 
@@ -124,6 +126,37 @@ class BlockTrace:
         return any(r.hash_ids for r in self.requests)
 
 
+# What one run may hold of a block-hash trace. A block use (one per whole block of a request) costs about 60 bytes of
+# memory and 6 microseconds to model (a 500 MB Mooncake-like trace: 4.4 GB, 6.5 minutes), so 3 x 10^7 of them is about
+# 2 GB and 3 minutes; the uses are counted as the rows are read, whatever the file's size. Files past MAX_TRACE_BYTES
+# are refused before a byte is read unless a bound on requests or time says how much of them to take.
+MAX_BLOCK_USES = 30_000_000
+MAX_TRACE_BYTES = 256 << 20
+
+
+def _trace_bytes(path: str | os.PathLike) -> int:
+    """The bytes a trace path holds (a Weka directory: its *.json files); 0 where it cannot be read (the load says
+    why, with its own line)."""
+    try:
+        if os.path.isdir(path):
+            return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".json") and e.is_file())
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def oversize(paths: Sequence[str | os.PathLike], limit_flag: str) -> str | None:
+    """Why these traces are too large to read whole (None when they are not), and how to go on."""
+    total = sum(_trace_bytes(p) for p in paths)
+    if total <= MAX_TRACE_BYTES:
+        return None
+    return (
+        f"{total / 1e6:,.0f} MB of traces, over the {MAX_TRACE_BYTES >> 20} MiB a run reads whole (at most "
+        f"{MAX_BLOCK_USES:,} block uses, about 2 GB and 3 minutes); give {limit_flag} N to take the first N requests "
+        "of each"
+    )
+
+
 def load_block_trace(
     path: str | os.PathLike,
     fmt: str = "mooncake",
@@ -132,8 +165,9 @@ def load_block_trace(
     max_requests: int | None = None,
     max_context_tokens: int | None = None,
     until_s: float | None = None,
-    max_block_uses: int | None = None,
+    max_block_uses: int | None = MAX_BLOCK_USES,
     should_stop: Callable[[], bool] | None = None,
+    limit_flag: str = "--max-requests",
 ) -> BlockTrace:
     """Read a block-hash trace. `block_tokens` rescales the block (None: the format's own); the other options bound
     what is kept (the module's docstring). WorkloadError (one line, file:line) for a file or row that cannot be used,
@@ -144,6 +178,8 @@ def load_block_trace(
     block = native if block_tokens is None else block_tokens
     if not 1 <= block <= MAX_BLOCK_TOKENS:
         raise WorkloadError(f"--trace-block-tokens {block}: must be 1 to {MAX_BLOCK_TOKENS:,}")
+    if max_requests is None and until_s is None and (why := oversize([path], limit_flag)):
+        raise WorkloadError(f"{os.fspath(path)}: {why}")
     report = LoadReport(source=fmt, tokenizer="trace token counts")
     requests = []
     uses = 0
@@ -169,7 +205,7 @@ def load_block_trace(
             if max_block_uses is not None and uses > max_block_uses:
                 raise WorkloadError(
                     f"{path}: more than {max_block_uses:,} block uses by its request {len(requests) + 1:,}, more than "
-                    "this run may hold; give --max-requests N to take the first N requests"
+                    f"this run may hold; give {limit_flag} N to take the first N requests"
                 )
             requests.append(req)
     if not requests:

@@ -208,6 +208,41 @@ def test_plan_refuses_traces_too_large_to_model_before_reading_them(tmp_path, ca
     assert "over the 256 MiB" in one_line(capsys)
 
 
+def _sparse(path: Path, mib: int) -> Path:
+    with path.open("wb") as f:  # nothing on disk, never read
+        f.truncate(mib << 20)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("driver", "flag"),
+    [
+        (["bench", "--duration", "1", "--trace-speedup", "0"], "--max-requests"),
+        ([*REPLAY, "--max-concurrency", "1"], "--num-requests"),
+    ],
+    ids=["bench", "replay"],
+)
+def test_every_driver_refuses_a_trace_too_large_before_reading_it_and_names_its_own_bound(
+    tmp_path, capsys, driver, flag
+):
+    big = _sparse(tmp_path / "big.jsonl", 300)
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    assert kvtier([*driver, "--source", "mooncake", "--dataset-path", str(big), "--output", str(out)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # replay may say first that /tokenize is not there
+    assert "315 MB of traces, over the 256 MiB" in line and f"give {flag} N" in line, line
+    assert time.monotonic() - t0 < 5.0 and not out.exists()
+    # the driver's bound lifts the refusal: the file is read (and this one, all zeros, is then refused as malformed)
+    assert kvtier([*driver, "--source", "mooncake", "--dataset-path", str(big), "--output", str(out), flag, "5"]) == 2
+    assert "MB of traces" not in capsys.readouterr().err
+
+
+def test_the_block_use_bound_names_the_drivers_flag(tmp_path):
+    path = mooncake_rows(tmp_path / "t.jsonl", 10, ids=4)
+    with pytest.raises(Exception, match="more than 10 block uses by its request 3,.*give --num-requests N"):
+        load_block_trace(path, max_block_uses=10, limit_flag="--num-requests")
+
+
 # ---- the limits applied, end to end ----
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", list(FORMATS))
