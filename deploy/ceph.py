@@ -55,7 +55,7 @@ from pathlib import Path
 
 from kvconnector.errors import UserError
 
-from .nodes import free_net
+from .nodes import free_net, record, recorded
 from .stack import wait_for
 
 STATE_FILE = "ceph.state"
@@ -92,15 +92,11 @@ def missing() -> str | None:
 
 
 def _record(state: Path, key: str, value: str) -> None:
-    with open(state / STATE_FILE, "a") as fh:
-        fh.write(f"{key}={value}\n")
+    record(state, key, value, STATE_FILE)
 
 
 def _recorded(state: Path, key: str) -> list[str]:
-    p = state / STATE_FILE
-    if not p.exists():
-        return []
-    return [v for k, _, v in (line.partition("=") for line in p.read_text().splitlines()) if k == key]
+    return recorded(state, key, STATE_FILE)
 
 
 @dataclass

@@ -33,13 +33,14 @@ class NoFreeNet(RuntimeError):
     pass
 
 
-def record(state: Path, key: str, value: str) -> None:
-    with open(state / STATE_FILE, "a") as fh:
+def record(state: Path, key: str, value: str, file: str = STATE_FILE) -> None:
+    """Note a thing made (a key=value line in state/file) the moment it exists: `down` removes what is noted."""
+    with open(state / file, "a") as fh:
         fh.write(f"{key}={value}\n")
 
 
-def recorded(state: Path, key: str) -> list[str]:
-    p = state / STATE_FILE
+def recorded(state: Path, key: str, file: str = STATE_FILE) -> list[str]:
+    p = state / file
     if not p.exists():
         return []
     return [v for k, _, v in (line.partition("=") for line in p.read_text().splitlines()) if k == key]

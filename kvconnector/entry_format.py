@@ -58,6 +58,38 @@ def checksum(views) -> int:
     return h.intdigest()
 
 
+def entry_parts(key: str, chunks, nbytes: int, shape=(), dtype: str = "uint8") -> tuple[bytearray, list[memoryview]]:
+    """An entry as a tier that stores whole objects sends it: its header page and its payload as byte views (nothing
+    copied), for a client that gathers parts (Mooncake) or for `entry_bytes`."""
+    parts = [c.cast("B") if c.format != "B" else c for c in chunks]
+    header = bytearray(PAGE)
+    pack_header(memoryview(header), EntryHeader(key, nbytes, checksum(parts), dtype, tuple(shape)))
+    return header, parts
+
+
+def entry_bytes(key: str, chunks, nbytes: int, shape=(), dtype: str = "uint8") -> bytearray:
+    """An entry in one buffer (header page, then the payload), for a client that sends one value (Redis, S3)."""
+    header, parts = entry_parts(key, chunks, nbytes, shape, dtype)
+    value = bytearray(PAGE + nbytes)
+    value[:PAGE] = header
+    pos = PAGE
+    for c in parts:
+        value[pos : pos + len(c)] = c
+        pos += len(c)
+    return value
+
+
+def check_entry(header, payload, key: str, nbytes: int, where: str, size: int | None = None) -> EntryHeader:
+    """An object read back whole is the entry asked for: its header names `key` and `nbytes` (and it held `size`
+    bytes, where the client says), its payload matches the header's checksum; CorruptEntryError otherwise."""
+    hdr = unpack_header(header, where)
+    if hdr.key != key or hdr.payload_nbytes != nbytes or (size is not None and size != PAGE + nbytes):
+        raise CorruptEntryError(f"{where}: holds {hdr.key!r} of {hdr.payload_nbytes} bytes, expected {key!r}")
+    if xxhash.xxh3_64_intdigest(payload) != hdr.checksum:
+        raise CorruptEntryError(f"{where}: payload checksum mismatch")
+    return hdr
+
+
 def show_key(key: str, n: int = 40) -> str:
     """A key for an error message: its start, so a 4 KB key does not become a 4 KB line."""
     return repr(key[:n]) + (f"... ({len(key)} characters)" if len(key) > n else "")

@@ -47,3 +47,8 @@ class InvalidArgumentError(KvtierError, ValueError):
 
 class StoreClosedError(KvtierError, RuntimeError):
     """An operation on a store (or tier) after its `close()`: nothing is stored, read or removed any more."""
+
+
+def one_line(exc: BaseException) -> str:
+    """A client library's exception as one line (its message's whitespace folded; its type when it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -32,9 +32,8 @@ import threading
 from time import perf_counter_ns
 
 import numpy as np
-import xxhash
 
-from .entry_format import MAX_KEY_BYTES, PAGE, EntryHeader, file_name_for, pack_header, unpack_header
+from .entry_format import MAX_KEY_BYTES, PAGE, EntryHeader, check_entry, entry_parts, file_name_for, unpack_header
 from .errors import ConfigError, CorruptEntryError, EntryNotFound
 from .tiers import Tier
 from .timed_io import OpTiming, scratch
@@ -116,14 +115,7 @@ class MooncakeTier(Tier):
 
     def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
         t0 = perf_counter_ns()
-        header = bytearray(PAGE)
-        h = xxhash.xxh3_64()
-        parts = []
-        for c in chunks:
-            c = c.cast("B") if c.format != "B" else c
-            h.update(c)
-            parts.append(c)
-        pack_header(memoryview(header), EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
+        header, parts = entry_parts(key, chunks, nbytes, shape, dtype)
         mkey = self._mkey(key)
         d0 = perf_counter_ns()
         rc = self._s.put_parts(mkey, header, *parts)  # no concatenation: the client gathers the parts
@@ -157,11 +149,7 @@ class MooncakeTier(Tier):
         if rc < 0:
             self.fallbacks["read_errors"] += 1
             raise OSError(f"{where}: error {rc}")
-        hdr = unpack_header(header, where)
-        if hdr.key != key or hdr.payload_nbytes != nbytes or rc != PAGE + nbytes:
-            raise CorruptEntryError(f"{where}: holds {hdr.key!r} of {hdr.payload_nbytes} bytes, expected {key!r}")
-        if xxhash.xxh3_64_intdigest(payload) != hdr.checksum:
-            raise CorruptEntryError(f"{where}: payload checksum mismatch")
+        check_entry(header, payload, key, nbytes, where, rc)
         return OpTiming(host_ns=(perf_counter_ns() - t0) - (d1 - d0), device_ns=d1 - d0, nbytes=nbytes)
 
     def delete(self, key):

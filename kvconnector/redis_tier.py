@@ -17,10 +17,8 @@ from __future__ import annotations
 import threading
 from time import perf_counter_ns
 
-import xxhash
-
-from .entry_format import MAX_KEY_BYTES, PAGE, EntryHeader, file_name_for, pack_header, unpack_header
-from .errors import ConfigError, CorruptEntryError, EntryNotFound
+from .entry_format import MAX_KEY_BYTES, PAGE, EntryHeader, check_entry, entry_bytes, file_name_for, unpack_header
+from .errors import ConfigError, CorruptEntryError, EntryNotFound, one_line
 from .tiers import Tier
 from .timed_io import OpTiming
 
@@ -57,23 +55,14 @@ class RedisTier(Tier):
             self._r.ping()
         except (*self._redis_errors, ValueError, TypeError) as exc:  # TypeError: an unknown URL option
             what = "Redis Cluster" if self.cluster else "Redis"
-            raise ConfigError(f"kvtier: cannot reach {what} at {_safe_url(url)}: {_one_line(exc)}") from None
+            raise ConfigError(f"kvtier: cannot reach {what} at {_safe_url(url)}: {one_line(exc)}") from None
 
     def _rkey(self, key: str) -> str:
         return f"{self.namespace}:{file_name_for(key)}"
 
     def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
         t0 = perf_counter_ns()
-        value = bytearray(PAGE + nbytes)
-        mv = memoryview(value)
-        h = xxhash.xxh3_64()
-        pos = PAGE
-        for c in chunks:
-            c = c.cast("B") if c.format != "B" else c
-            mv[pos : pos + len(c)] = c
-            h.update(c)
-            pos += len(c)
-        pack_header(mv[:PAGE], EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
+        value = entry_bytes(key, chunks, nbytes, shape, dtype)
         d0 = perf_counter_ns()
         try:
             self._call("write_errors", self._r.set, self._rkey(key), value)
@@ -91,12 +80,8 @@ class RedisTier(Tier):
         if value is None:
             raise EntryNotFound(key)
         where = f"redis {self._rkey(key)}"
-        hdr = unpack_header(memoryview(value)[:PAGE], where)
-        if hdr.key != key or hdr.payload_nbytes != nbytes or len(value) != PAGE + nbytes:
-            raise CorruptEntryError(f"{where}: holds {hdr.key!r} of {hdr.payload_nbytes} bytes, expected {key!r}")
         payload = memoryview(value)[PAGE:]
-        if xxhash.xxh3_64_intdigest(payload) != hdr.checksum:
-            raise CorruptEntryError(f"{where}: payload checksum mismatch")
+        check_entry(memoryview(value)[:PAGE], payload, key, nbytes, where, len(value))
         if dest is not None:
             dest[:nbytes] = payload
         return OpTiming(host_ns=(perf_counter_ns() - t0) - (d1 - d0), device_ns=d1 - d0, nbytes=nbytes)
@@ -107,7 +92,7 @@ class RedisTier(Tier):
             return fn(*args)
         except self._redis_errors as exc:
             self.fallbacks[counter] += 1
-            raise OSError(f"redis {args[0]}: {_one_line(exc)}") from exc
+            raise OSError(f"redis {args[0]}: {one_line(exc)}") from exc
 
     def delete(self, key):
         if getattr(self._unwritten, "key", None) == key:
@@ -211,10 +196,6 @@ def _cluster_client(url: str, timeouts: dict):
         require_full_coverage=False,  # the slots of live masters are served while another is down
         **{**timeouts, **options},
     )
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _safe_url(url: str) -> str:

@@ -47,10 +47,17 @@ import os
 import threading
 from time import perf_counter_ns
 
-import xxhash
-
-from .entry_format import ENTRY_NAME, MAX_KEY_BYTES, PAGE, EntryHeader, file_name_for, pack_header, unpack_header
-from .errors import ConfigError, CorruptEntryError, EntryNotFound
+from .entry_format import (
+    ENTRY_NAME,
+    MAX_KEY_BYTES,
+    PAGE,
+    EntryHeader,
+    check_entry,
+    entry_bytes,
+    file_name_for,
+    unpack_header,
+)
+from .errors import ConfigError, CorruptEntryError, EntryNotFound, one_line
 from .tiers import Tier
 from .timed_io import OpTiming, scratch
 
@@ -120,7 +127,7 @@ class S3Tier(Tier):
         except (*self._errors, ValueError) as exc:
             raise ConfigError(
                 f"kvtier: cannot use S3 bucket {bucket!r} at {self.endpoint or 'the AWS default endpoint'}: "
-                f"{_one_line(exc)}"
+                f"{one_line(exc)}"
             ) from None
 
     def _ensure_bucket(self, create: bool) -> None:
@@ -137,16 +144,7 @@ class S3Tier(Tier):
     # ---- the tier --------------------------------------------------------------------------------------------------
     def write(self, key, chunks, nbytes, shape=(), dtype="uint8"):
         t0 = perf_counter_ns()
-        value = bytearray(PAGE + nbytes)
-        mv = memoryview(value)
-        h = xxhash.xxh3_64()
-        pos = PAGE
-        for c in chunks:
-            c = c.cast("B") if c.format != "B" else c
-            mv[pos : pos + len(c)] = c
-            h.update(c)
-            pos += len(c)
-        pack_header(mv[:PAGE], EntryHeader(key, nbytes, h.intdigest(), dtype, tuple(shape)))
+        value = entry_bytes(key, chunks, nbytes, shape, dtype)
         okey = self.object_key(key)
         d0 = perf_counter_ns()
         try:
@@ -170,10 +168,10 @@ class S3Tier(Tier):
             if _code(exc) in MISSING:
                 raise EntryNotFound(key) from None
             self.fallbacks["read_errors"] += 1
-            raise OSError(f"{where}: {_one_line(exc)}") from exc
+            raise OSError(f"{where}: {one_line(exc)}") from exc
         except self._errors as exc:
             self.fallbacks["read_errors"] += 1
-            raise OSError(f"{where}: {_one_line(exc)}") from exc
+            raise OSError(f"{where}: {one_line(exc)}") from exc
         body = resp["Body"]
         try:
             size = resp.get("ContentLength")
@@ -184,15 +182,11 @@ class S3Tier(Tier):
                 _read_exactly(body, payload)
             except self._errors as exc:
                 self.fallbacks["read_errors"] += 1
-                raise OSError(f"{where}: the body broke off: {_one_line(exc)}") from exc
+                raise OSError(f"{where}: the body broke off: {one_line(exc)}") from exc
         finally:
             body.close()
         d1 = perf_counter_ns()
-        hdr = unpack_header(header, where)
-        if hdr.key != key or hdr.payload_nbytes != nbytes:
-            raise CorruptEntryError(f"{where}: holds {hdr.key!r} of {hdr.payload_nbytes} bytes, expected {key!r}")
-        if xxhash.xxh3_64_intdigest(payload) != hdr.checksum:
-            raise CorruptEntryError(f"{where}: payload checksum mismatch")
+        check_entry(header, payload, key, nbytes, where)
         return OpTiming(host_ns=(perf_counter_ns() - t0) - (d1 - d0), device_ns=d1 - d0, nbytes=nbytes)
 
     def _call(self, counter: str, fn, **kwargs):
@@ -202,7 +196,7 @@ class S3Tier(Tier):
             return fn(**kwargs)
         except self._errors as exc:
             self.fallbacks[counter] += 1
-            raise OSError(f"s3 {self.bucket}/{kwargs.get('Key', '')}: {_one_line(exc)}") from exc
+            raise OSError(f"s3 {self.bucket}/{kwargs.get('Key', '')}: {one_line(exc)}") from exc
 
     def delete(self, key):
         if getattr(self._unwritten, "key", None) == key:
@@ -298,7 +292,3 @@ def _total_length(resp: dict) -> int | None:
 
 def _code(exc) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
