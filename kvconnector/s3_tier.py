@@ -99,6 +99,7 @@ class S3Tier(Tier):
             )
         self.bucket = bucket
         self.prefix = prefix
+        self._boto3_version = boto3.__version__
         self.endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
         self.timeout_s = float(timeout_s)
         self.max_attempts = int(max_attempts)
@@ -126,7 +127,7 @@ class S3Tier(Tier):
             self._ensure_bucket(create_bucket)
         except (*self._errors, ValueError) as exc:
             raise ConfigError(
-                f"kvtier: cannot use S3 bucket {bucket!r} at {self.endpoint or 'the AWS default endpoint'}: "
+                f"tier {name}: cannot use S3 bucket {bucket!r} at {self.endpoint or 'the AWS default endpoint'}: "
                 f"{one_line(exc)}"
             ) from None
 
@@ -134,8 +135,10 @@ class S3Tier(Tier):
         try:
             self._s3.head_bucket(Bucket=self.bucket)
         except self._client_error as exc:
-            if not create or _code(exc) not in MISSING:
+            if _code(exc) not in MISSING:
                 raise
+            if not create:  # said by __init__ after the bucket and endpoint
+                raise ValueError(f"no such bucket; create it first (aws s3 mb s3://{self.bucket})") from None
             self._s3.create_bucket(Bucket=self.bucket)
 
     def object_key(self, key: str) -> str:
@@ -245,18 +248,38 @@ class S3Tier(Tier):
         and counted. A listing that fails is counted (`scan_errors`) and what was found so far is kept."""
         out = []
         try:
-            pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
-            for page in pages:
-                for obj in page.get("Contents", ()):
-                    name = obj["Key"][len(self.prefix) :]
-                    if not ENTRY_NAME.fullmatch(name):
-                        continue  # not a name kvtier gives: not ours to read or delete
-                    hdr = self._header(obj["Key"])
-                    if hdr is not None and file_name_for(hdr.key) == name:
+            for page in self._entry_pages():
+                for okey in page:
+                    hdr = self._header(okey)
+                    if hdr is not None and file_name_for(hdr.key) == okey[len(self.prefix) :]:
                         out.append(hdr)
         except self._errors:
             self.fallbacks["scan_errors"] += 1
         return out
+
+    def _entry_pages(self):
+        """The object keys under the prefix, a listing page (up to 1,000) at a time, of names kvtier gives only:
+        anything else is not ours to read or delete."""
+        pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+        for page in pages:
+            yield [o["Key"] for o in page.get("Contents", ()) if ENTRY_NAME.fullmatch(o["Key"][len(self.prefix) :])]
+
+    def remove_all(self) -> int:
+        """Delete every entry object under the prefix (names kvtier gives only), a thousand a call: a run that made
+        its prefix leaves nothing behind. How many went; failures are counted (`delete_errors`)."""
+        removed = 0
+        try:
+            for keys in self._entry_pages():
+                if keys:
+                    resp = self._s3.delete_objects(
+                        Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}
+                    )
+                    failed = len(resp.get("Errors", ()))
+                    self.fallbacks["delete_errors"] += failed
+                    removed += len(keys) - failed
+        except self._errors:
+            self.fallbacks["delete_errors"] += 1
+        return removed
 
     def describe(self):
         return {
@@ -266,6 +289,7 @@ class S3Tier(Tier):
             "prefix": self.prefix,
             "timeout_s": self.timeout_s,
             "max_attempts": self.max_attempts,
+            "client": f"boto3 {self._boto3_version}",
             "shared": True,
         }
 

@@ -58,7 +58,7 @@ __all__ = [
 
 COLUMNS = ("t_s", "op", "bytes", "tier", "key", "phase", "request_phase", "host_ms", "device_ms")
 MLPERF_COLUMNS = ("Timestamp", "Operation", "Object_Size_Bytes", "Tier", "Key", "Phase")
-MLPERF_TIERS = {"gpu": "Tier-0", "cpu": "Tier-1", "disk": "Tier-2"}
+MLPERF_TIERS = {"gpu": "Tier-0", "cpu": "Tier-1", "disk": "Tier-2", "s3": "Tier-2"}
 MLPERF_OPS = {"read": "Read", "write": "Write"}
 
 _local = threading.local()

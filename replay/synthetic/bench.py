@@ -54,7 +54,10 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
             tiers.append(NullTier("gpu", "gpu", gpu_bytes))
         if cpu_bytes > 0:
             tiers.append(NullTier("cpu", "cpu", cpu_bytes))
-        tiers.append(NullTier("disk", "disk", disk_bytes or auto_disk_bytes(run_dir)))
+        if cfg.storage_backend == "s3":
+            tiers.append(NullTier("s3", "s3", disk_bytes))
+        else:
+            tiers.append(NullTier("disk", "disk", disk_bytes or auto_disk_bytes(run_dir)))
         return tiers
     if gpu_bytes > 0:
         check_gpu_pool(cfg, gpu_gb, gpu_bytes)
@@ -72,6 +75,9 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
                 "available here"
             )
         tiers.append(CPUTier(cpu_bytes))
+    if cfg.storage_backend == "s3":
+        tiers.append(s3_tier(cfg, run_dir, disk_bytes))
+        return tiers
     free = shutil.disk_usage(run_dir).free
     if disk_bytes > free:
         raise ConfigError(
@@ -80,6 +86,14 @@ def build_tiers(cfg: BenchConfig, run_dir: str, notes: list[str]) -> list:
         )
     tiers.append(DiskTier(run_dir, disk_bytes or auto_disk_bytes(run_dir), cfg.io_mode, name="disk", sync=cfg.sync))
     return tiers
+
+
+def s3_tier(cfg: BenchConfig, run_dir: str, capacity: int):
+    """The storage tier in an S3 bucket, under a prefix named as the run's directory (unique per run and client)."""
+    from kvconnector.s3_tier import S3Tier
+
+    prefix = f"kvtier-bench/{os.path.basename(run_dir)}/"
+    return S3Tier(cfg.s3_bucket, capacity, prefix=prefix, endpoint=cfg.s3_endpoint, create_bucket=False)
 
 
 def gpu_mem_gb_to_run(cfg: BenchConfig, notes: list[str]) -> float:
@@ -325,6 +339,10 @@ class Bench:
         return self.results(outcome, env, started, disk0, disk1, proc)
 
     def cleanup(self) -> None:
+        if self.store is not None and not self.cfg.keep_cache:
+            for tier in self.store.tiers:
+                if hasattr(tier, "remove_all"):  # an object store's prefix, made for this run
+                    tier.remove_all()
         if self.store is not None:
             self.store.close()
         if self.run_dir and not self.cfg.keep_cache:

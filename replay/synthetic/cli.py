@@ -31,6 +31,7 @@ examples:
   kvtier bench --use-burst-trace --burst-trace-path 'BurstGPT/*.csv' --trace-speedup 10
   kvtier bench --source mooncake --dataset-path conversation_trace.jsonl --trace-speedup 0   # measured vs plan
   kvtier bench --source weka --dataset-path traces/ --trace-timing think --trace-speedup 10   # agents, closed loop
+  kvtier bench --storage-backend s3 --s3-bucket kv --storage-capacity-gb 20 --cpu-mem-gb 0   # an object store
   kvtier bench --target-hit-rate 0.6 --cpu-mem-gb 1 --gpu-mem-gb 0 --cache-dir /mnt/nvme   # sessions made to hit 60%
   kvtier bench --enable-rag --rag-num-docs 20 --enable-autoscaling --autoscaler-mode capacity
   kvtier bench --decode-only --num-users 20 --cpu-mem-gb 0     # read-heavy decode node
@@ -222,6 +223,18 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["entry", "none"],
         help="entry: each write fdatasync'd (and its directory fsync'd) before it completes; none: left to the "
         "kernel's writeback (a power cut may lose recent entries; checksums keep torn ones from being served)",
+    )
+    t(
+        "--storage-backend",
+        choices=["disk", "s3"],
+        help="where the storage tier lives: disk (files under --cache-dir) or s3 (an object per entry in --s3-bucket, "
+        "under a prefix of the run's own, deleted at the end unless --keep-cache; needs --storage-capacity-gb)",
+    )
+    t("--s3-bucket", help="with --storage-backend s3: the bucket (it must exist)")
+    t(
+        "--s3-endpoint",
+        help="with --storage-backend s3: the endpoint URL (default $AWS_ENDPOINT_URL, else AWS); credentials as boto3 "
+        "finds them ($AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY, a profile)",
     )
     t("--promote-on-hit", action="store_true", help="move entries hit in a lower tier back to the top tier")
     t("--target-usage-ratio", type=float, help="evict to keep each tier below this fill")

@@ -320,6 +320,28 @@ class ModelConfig(_Section):
         }
 
 
+def check_storage_backend(cfg: BenchConfig) -> None:
+    """Each storage flag is read by its backend only, and an object store's run says how much it may hold."""
+    defaults = type(cfg).model_fields
+    if cfg.storage_backend == "disk":
+        for key in ("s3_bucket", "s3_endpoint"):
+            if getattr(cfg, key) is not None:
+                raise ValueError(f"--{key.replace('_', '-')} is read with --storage-backend s3 only")
+        return
+    if not cfg.s3_bucket:
+        raise ValueError("--storage-backend s3 needs --s3-bucket NAME (a bucket that exists)")
+    if not cfg.storage_capacity_gb:
+        raise ValueError(
+            "--storage-backend s3 needs --storage-capacity-gb (0 means a filesystem's free space; a bucket has none "
+            "to measure)"
+        )
+    for key, what in (("io_mode", "the disk tier's I/O"), ("sync", "the disk tier's durability")):
+        if getattr(cfg, key) != defaults[key].default:
+            raise ValueError(f"--{key.replace('_', '-')} sets {what}: not read with --storage-backend s3")
+    if cfg.precondition:
+        raise ValueError("--precondition writes a device's file to reach steady state: not with --storage-backend s3")
+
+
 class BenchConfig(_Section):
     # ---- what is simulated
     model: str = "tiny-1b"
@@ -380,6 +402,12 @@ class BenchConfig(_Section):
     io_mode: Literal["direct", "buffered"] = "direct"
     # When a disk-tier write is durable (kvconnector.timed_io.Sync): entry = before it completes; none = at writeback.
     sync: Literal["entry", "none"] = "entry"
+    # Where the storage tier lives: disk = files under cache_dir; s3 = one object per entry in the bucket s3_bucket,
+    # under a prefix of the run's own (endpoint s3_endpoint, else boto3's AWS_ENDPOINT_URL; credentials as boto3 finds
+    # them: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile). Objects left at the end are deleted (keep_cache keeps).
+    storage_backend: Literal["disk", "s3"] = "disk"
+    s3_bucket: str | None = None
+    s3_endpoint: str | None = None
     promote_on_hit: bool = False
     # ---- execution
     max_concurrent_allocs: int = Field(0, ge=0)
@@ -548,6 +576,7 @@ class BenchConfig(_Section):
             ]
             if clash:
                 raise ValueError(f"--prefix-model chained runs fixed sessions in rounds: not with {clash[0]}")
+        check_storage_backend(self)
         if self.autoscaler.min_users > self.autoscaler.max_users:
             raise ValueError("autoscaler.min_users must not exceed autoscaler.max_users")
         return self

@@ -446,7 +446,8 @@ def sources_table(doc: dict):
     for col in ("source", "status", "users", "req", "read GB", "write GB", "start", "run"):
         t.add_column(col, justify="left" if col in ("source", "status") else "right", no_wrap=col != "source")
     for c, start in zip(sources, starts):
-        s, disk = c["summary"], (c.get("tiers") or {}).get("disk") or {}
+        tiers = c.get("tiers") or {}
+        s, disk = c["summary"], tiers.get("disk") or tiers.get("s3") or {}
         name = os.path.basename(str(c.get("source", c.get("client"))))
         if len(hosts) > 1:
             name += f" @{(c.get('environment') or {}).get('hostname', '?')}"

@@ -31,7 +31,7 @@ from .stats import ClassStats, RequestStats
 if TYPE_CHECKING:
     import pandas as pd
 
-PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage"}
+PEER_TIER_NAMES = {"gpu": "gpu", "cpu": "cpu", "disk": "storage", "s3": "storage"}
 
 
 def tier_label(kind: str, name: str) -> str:
@@ -102,7 +102,7 @@ def cache_stats(tiers: dict, events: dict, elapsed_s: float, bytes_per_token: in
             for key, ms in _percentiles_ms(st.total, (50, 95, 99, 99.9, 99.99)):
                 out[f"tier_{label}_{op}_{key}_ms"] = ms
                 out[f"{label}_{op}_{key}_ms"] = ms  # the reference's name for the same figure
-            if t["kind"] == "disk":
+            if t["kind"] not in FAST_KINDS:  # the storage tier: a disk, or an object store (device: its service)
                 out[f"nvme_{op}_p95_ms"] = st.total.percentile_ms(95)  # the spec's older name
                 for part, hist in (("device", st.device), ("host", st.host)):
                     for key, ms in _percentiles_ms(hist, (50, 95, 99, 99.9, 99.99)):
@@ -308,7 +308,7 @@ def summary(
     `request_stats_of_docs`), tier details (`tier_details` or `merge_tier_details`) and the run's window.
     `autoscaling` holds each client's autoscaler steps."""
     tokens = req.prompt_tokens + req.generated_tokens
-    disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in tiers.values() if t["kind"] == "disk")
+    disk_bytes = sum(t["read"]["bytes"] + t["write"]["bytes"] for t in _storage_tiers(tiers))
     # Summed per-request storage time, from the histogram (bucket midpoints: within 0.1% of the exact sum).
     io_time_s = req.storage_io.mean_ms() * req.storage_io.count / 1000
     qos = _qos_metrics(req, cfg)

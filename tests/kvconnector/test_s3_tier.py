@@ -401,6 +401,40 @@ def test_a_bench_on_an_s3fs_mount_records_the_gateway_and_its_options(s3fs_mount
 
 
 @on_ceph
+def test_a_bench_on_the_s3_backend_stores_in_the_bucket_and_leaves_nothing(cluster, tmp_path):
+    """`kvtier bench --storage-backend s3`: the storage tier is the bucket (endpoint and keys from the environment, as
+    boto3 users give them); the run's objects are under a prefix of its own, deleted at the end unless kept."""
+    probe = tier("bench-probe/")  # makes the bucket if no test before did
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "replay.cli", "bench", "--storage-backend", "s3", "--s3-bucket", BUCKET]
+    argv += ["--storage-capacity-gb", "0.2", "--duration", "3", "--num-users", "4", "--gpu-mem-gb", "0"]
+    argv += ["--cpu-mem-gb", "0", "--max-context-tokens", "128", "--output", str(out)]
+
+    def objects(prefix: str) -> list[str]:
+        pages = probe._s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", ())]
+
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    s3 = doc["tiers"]["s3"]
+    print(f"bench on s3: {s3['write']['ops']} puts, {s3['read']['ops']} gets, {s3['events']}")
+    assert (s3["kind"], s3["bucket"], s3["endpoint"]) == ("s3", BUCKET, cluster.endpoint)
+    assert s3["prefix"].startswith("kvtier-bench/") and s3["client"].startswith("boto3 ")
+    assert s3["write"]["bytes"] > 0 and s3["read"]["bytes"] > 0 and s3["used_bytes"] <= s3["capacity_bytes"]
+    cache = doc["summary"]["cache_stats"]  # the MLPerf figures of the storage tier are the bucket's
+    assert cache["storage_write_device_p95_ms"] > 0 and cache["tier_storage_read_bandwidth_gbps"] > 0
+    assert objects(s3["prefix"]) == []  # the run's objects went with it
+
+    r = subprocess.run([*argv, "--keep-cache"], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    kept = json.loads(out.read_text())["tiers"]["s3"]
+    left = objects(kept["prefix"])
+    assert left and len(left) == kept["entries"]  # kept as asked: what the tier held at the end
+    assert S3Tier(BUCKET, 1, prefix=kept["prefix"]).remove_all() == len(left) and objects(kept["prefix"]) == []
+
+
+@on_ceph
 def test_an_mlperf_run_plans_to_record_the_gateway_of_its_cache_dir(s3fs_mount, tmp_path):
     # The plan `kvtier mlperf run` writes into its record (filesystems.cache_gateway): a whole run is not made here, as
     # its ranks size the disk tier by the free space s3fs reports (unbounded), and a full Ceph cluster blocks writes

@@ -117,6 +117,45 @@ def p_storage_capacity_gb(tmp):
     assert disk["events"]["evictions"] > 0
 
 
+# The storage backend's keys: what each makes the set-up do, without an object store (a run on a real one, Ceph's
+# radosgw, is in tests/kvconnector/test_s3_tier.py).
+S3_UNREACHABLE = {"storage_backend": "s3", "s3_bucket": "kv-probe", "storage_capacity_gb": 0.01}
+
+
+def s3_refusal(tmp, **kw) -> str:
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(ConfigError) as exc:
+        # keys in the environment: boto3 then asks no one else for credentials (an instance's metadata service)
+        mp.setenv("AWS_ACCESS_KEY_ID", "probe")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "probe")
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        prepared(tmp, **kw)
+    return str(exc.value)
+
+
+@probe("storage_backend", runs_bench=False)
+def p_storage_backend(tmp):
+    disk = prepared(tmp)
+    assert disk.tiers[-1].kind == "disk"
+    disk.cleanup()
+    # s3: the storage tier is an S3 client, which reaches for its endpoint as the run is set up
+    assert "tier s3: cannot use S3 bucket 'kv-probe' at http://127.0.0.1:9" in s3_refusal(
+        tmp, **S3_UNREACHABLE, s3_endpoint="http://127.0.0.1:9"
+    )
+
+
+@probe("s3_bucket", runs_bench=False)
+def p_s3_bucket(tmp):
+    assert "--s3-bucket is read with --storage-backend s3 only" in s3_refusal(tmp, s3_bucket="kv")
+    assert "bucket 'other'" in s3_refusal(
+        tmp, **{**S3_UNREACHABLE, "s3_bucket": "other"}, s3_endpoint="http://127.0.0.1:9"
+    )
+
+
+@probe("s3_endpoint", runs_bench=False)
+def p_s3_endpoint(tmp):
+    assert "at http://127.0.0.1:7" in s3_refusal(tmp, **S3_UNREACHABLE, s3_endpoint="http://127.0.0.1:7")
+
+
 def entry_opens(tmp, **kw) -> list[int]:
     """The flags of every open(2) of a cache entry during a run (not of the tier's directory or its marker file)."""
     real_open, flags = os.open, []
