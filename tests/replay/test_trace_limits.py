@@ -239,7 +239,7 @@ def test_every_driver_refuses_a_trace_too_large_before_reading_it_and_names_its_
 
 def test_the_block_use_bound_names_the_drivers_flag(tmp_path):
     path = mooncake_rows(tmp_path / "t.jsonl", 10, ids=4)
-    with pytest.raises(Exception, match="more than 10 block uses by its request 3,.*give --num-requests N"):
+    with pytest.raises(Exception, match=r"more than 10 block uses by its request 3,.*give --num-requests N"):
         load_block_trace(path, max_block_uses=10, limit_flag="--num-requests")
 
 
