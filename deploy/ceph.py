@@ -2,7 +2,8 @@
 its own, for the S3 tier's tests and for a testbed that wants an object store: one monitor, one manager, three OSDs
 and radosgw (S3), and an S3 user whose keys are written to the state directory. Root only (a namespace, a veth pair).
 
-    python -m deploy.ceph up --state-dir D [--osds 3] [--store memstore|bluestore] [--cephfs]  # prints the endpoint
+    python -m deploy.ceph up --state-dir D [--osds 3] [--store memstore|bluestore] [--cephfs [--mounts N]]
+                             [--bridge BR --addr A.B.C.D/24]                          # prints the endpoint
     python -m deploy.ceph down --state-dir D
 
 --cephfs: also an MDS and a file system (`kvfs`, pools cephfs_metadata and cephfs_data) mounted with ceph-fuse at
@@ -14,9 +15,13 @@ manager 300 MB, each OSD 54 MB, the monitor 40 MB, radosgw 47 MB (memstore adds 
 The namespace kvceph-<tag> (<tag>: the first 8 hex digits of the state directory's SHA-1) is joined to this namespace
 by a veth pair: 10.253.X.1/24 here, 10.253.X.2 inside (X as deploy/nodes.py picks it, skipping a /24 already in
 use). Every daemon binds only 10.253.X.2: the monitor (3300 and 6789), the OSDs, radosgw's HTTP endpoint
-(`http://10.253.X.2:7480`, path-style buckets). After `up`, D holds:
+(`http://10.253.X.2:7480`, path-style buckets). With `--bridge BR --addr A.B.C.D/24` the namespace joins a bridge
+instead (deploy/nodes.py's, for `run-stack.sh up --nodes N --shared s3|cephfs`) and its daemons bind that address,
+which every namespace on the bridge reaches. After `up`, D holds:
 - `s3.json`: endpoint, access_key, secret_key (mode 0600); `s3.env`: the same as AWS_ENDPOINT_URL,
   AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY lines, for `set -a; . D/s3.env` before boto3 or the AWS CLI;
+  `aws-credentials`: the keys as an AWS shared credentials file (AWS_SHARED_CREDENTIALS_FILE=D/aws-credentials: a
+  server's recorded command line then names the file, not the keys);
 - `ceph/`: ceph.conf (give it to the tools: `ceph -c D/ceph/ceph.conf -s`), the daemons' data, logs and sockets.
 
 Invariant: every thing made is appended to D/ceph.state (KEY=VALUE lines: ns, veth, dir, pid) the moment it exists,
@@ -43,6 +48,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -189,7 +195,7 @@ class CephCluster:
         there after timeout_s."""
         pids = self.pids()
         waves = [
-            [n for n in pids if n == "fuse"],
+            [n for n in pids if n.startswith("fuse")],
             [n for n in pids if n == "rgw" or n.startswith("mds.")],
             [n for n in pids if n.startswith("osd.")],
         ]
@@ -231,11 +237,16 @@ class CephCluster:
 
     @property
     def cephfs_mount(self) -> Path:
-        return self.state_dir / "cephfs"
+        return self.cephfs_mounts[0] if self.cephfs_mounts else self.state_dir / "cephfs"
 
-    def start_cephfs(self, timeout_s: float = 120) -> None:
-        """An MDS, a file system (CEPHFS_NAME, two pools) and a ceph-fuse mount of it at state_dir/cephfs, in this
-        namespace (a mount made inside the cluster's namespace would be seen only there)."""
+    @property
+    def cephfs_mounts(self) -> list[Path]:
+        """Every CephFS client's mount point, in the order they were made (state_dir/cephfs, cephfs1, ...)."""
+        return [Path(m) for m in _recorded(self.state_dir, "mount")]
+
+    def start_cephfs(self, timeout_s: float = 120, mounts: int = 1) -> None:
+        """An MDS, a file system (CEPHFS_NAME, two pools) and `mounts` ceph-fuse clients of it at state_dir/cephfs,
+        cephfs1, ..., in this namespace (a mount made inside the cluster's namespace would be seen only there)."""
         (self.dir / f"mds-{MDS_ID}").mkdir(exist_ok=True)
         self._spawn(f"mds.{MDS_ID}", ["ceph-mds", "-i", MDS_ID])
         for pool in ("cephfs_metadata", "cephfs_data"):
@@ -250,20 +261,26 @@ class CephCluster:
 
         if not wait_for(active, timeout_s, 0.2):
             raise CephError(f"no MDS active in {timeout_s:g} s: {self._log(f'mds.{MDS_ID}')}")
-        self.cephfs_mount.mkdir()
-        _record(self.state_dir, "mount", str(self.cephfs_mount))
+        for i in range(mounts):
+            self.mount_cephfs(self.state_dir / ("cephfs" if i == 0 else f"cephfs{i}"), timeout_s)
+
+    def mount_cephfs(self, mnt: Path, timeout_s: float = 120) -> None:
+        """One more ceph-fuse client of the file system, mounted at `mnt` (made here, recorded)."""
+        name = "fuse" if not self.cephfs_mounts else f"fuse{len(self.cephfs_mounts)}"
+        mnt.mkdir()
+        _record(self.state_dir, "mount", str(mnt))
         # The configuration file says everything (--no-mon-config: no separate session for the monitor's config
         # database, which holds nothing here). ceph-fuse prints little until it has mounted, so its own log, at
         # levels that name each step (monitor session, MDS session, FUSE), is what says where a mount that never
         # came stopped; client_mount_timeout makes it give up and say so before we stop waiting.
         argv = ["ceph-fuse", "--id", "fuse", "--no-mon-config", f"--client_mount_timeout={max(10, timeout_s - 10):g}"]
-        argv += ["--debug_monc=10", "--debug_client=10", "--debug_ms=1", str(self.cephfs_mount)]
-        child = self.children[self._spawn("fuse", argv, in_ns=False)]
-        wait_for(lambda: os.path.ismount(self.cephfs_mount) or child.poll() is not None, timeout_s, 0.1)
-        if not os.path.ismount(self.cephfs_mount):
+        argv += ["--debug_monc=10", "--debug_client=10", "--debug_ms=1", str(mnt)]
+        child = self.children[self._spawn(name, argv, in_ns=False)]
+        wait_for(lambda: os.path.ismount(mnt) or child.poll() is not None, timeout_s, 0.1)
+        if not os.path.ismount(mnt):
             state = "still running" if child.poll() is None else f"exit status {child.returncode}"
             raise CephError(
-                f"ceph-fuse did not mount {self.cephfs_mount} in {timeout_s:g} s ({state}): {self._log('fuse')}; "
+                f"ceph-fuse did not mount {mnt} in {timeout_s:g} s ({state}): {self._log(name)}; "
                 f"its log ({self.dir / 'log' / 'client.fuse.log'}): {self._log('client.fuse', '.log', 8)}"
             )
 
@@ -274,9 +291,19 @@ class CephCluster:
 
 
 def up(
-    state_dir: Path, osds: int = 3, store: str = "memstore", cephfs: bool = False, timeout_s: float = 180
+    state_dir: Path,
+    osds: int = 3,
+    store: str = "memstore",
+    cephfs: bool = False,
+    timeout_s: float = 180,
+    bridge: str | None = None,
+    addr: str | None = None,
+    mounts: int = 1,
 ) -> CephCluster:
-    """Start the cluster (see the module's docstring); on failure whatever was made is removed and CephError raised."""
+    """Start the cluster (see the module's docstring); on failure whatever was made is removed and CephError raised.
+    `bridge` and `addr` (A.B.C.D/24): the namespace joins that bridge at that address instead of its own veth pair
+    to this namespace (a testbed's nodes on the bridge reach it). `mounts`: CephFS clients (ceph-fuse) mounted at
+    D/cephfs, D/cephfs1, ... (one per node of a testbed)."""
     why = missing()
     if why:
         raise CephRefused(why)
@@ -284,36 +311,49 @@ def up(
         raise CephRefused(f"--cephfs: ceph-mds and ceph-fuse are not installed (apt-get install {CEPHFS_PACKAGES})")
     if not 1 <= osds <= 8:
         raise CephRefused(f"--osds {osds}: 1 to 8")
+    if (bridge is None) != (addr is None) or (addr is not None and not re.fullmatch(r"(\d{1,3}\.){3}\d{1,3}/24", addr)):
+        raise CephRefused(f"--bridge and --addr A.B.C.D/24 go together (got {bridge!r}, {addr!r})")
+    if not 1 <= mounts <= 16:
+        raise CephRefused(f"--mounts {mounts}: 1 to 16")
     state_dir = Path(state_dir).resolve()
     if (state_dir / STATE_FILE).exists():
         raise CephRefused(f"a cluster of {state_dir} is recorded ({STATE_FILE}): run down first")
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
-        cluster = _up(state_dir, osds, store, timeout_s)
+        cluster = _up(state_dir, osds, store, timeout_s, bridge, addr)
         if cephfs:
-            cluster.start_cephfs()
+            cluster.start_cephfs(mounts=mounts)
     except BaseException:
         down(state_dir)
         raise
     return cluster
 
 
-def _up(state: Path, osds: int, store: str, timeout_s: float) -> CephCluster:
+def _up(
+    state: Path, osds: int, store: str, timeout_s: float, bridge: str | None = None, addr: str | None = None
+) -> CephCluster:
     deadline = time.monotonic() + timeout_s
     tag = hashlib.sha1(str(state).encode()).hexdigest()[:8]
     ns, vh, vn = f"kvceph-{tag}", f"kvc{tag}h", f"kvc{tag}n"
-    net = free_net(state)
+    if addr is None:  # a veth pair of its own: X.1 here, X.2 inside
+        net = free_net(state)
+        ip = f"{net}.2"
+    else:
+        ip, net = addr.split("/")[0], addr.rsplit(".", 1)[0]
     _ip("netns", "add", ns)
     _record(state, "ns", ns)
     _ip("link", "add", vh, "type", "veth", "peer", "name", vn)
     _record(state, "veth", vh)
     _ip("link", "set", vn, "netns", ns)
-    _ip("addr", "add", f"{net}.1/24", "dev", vh)
+    if bridge is None:
+        _ip("addr", "add", f"{net}.1/24", "dev", vh)
+    else:
+        _ip("link", "set", vh, "master", bridge)
     _ip("link", "set", vh, "up")
-    for cmd in (["addr", "add", f"{net}.2/24", "dev", vn], ["link", "set", vn, "up"], ["link", "set", "lo", "up"]):
+    for cmd in (["addr", "add", f"{ip}/24", "dev", vn], ["link", "set", vn, "up"], ["link", "set", "lo", "up"]):
         _ip("netns", "exec", ns, "ip", *cmd)
-    _record(state, "addr", f"{net}.2")
-    c = CephCluster(state, ns, f"{net}.2")
+    _record(state, "addr", ip)
+    c = CephCluster(state, ns, ip)
     if c.dir.exists():
         raise CephRefused(f"{c.dir} exists and is not recorded as this cluster's: remove it or pick another state dir")
     c.dir.mkdir(mode=0o700)
@@ -365,6 +405,10 @@ def _up(state: Path, osds: int, store: str, timeout_s: float) -> CephCluster:
     )
     _private_write(state / "s3.env", env)
     _record(state, "file", str(state / "s3.env"))
+    # for a server whose command line is recorded: AWS_SHARED_CREDENTIALS_FILE names the keys without showing them
+    creds = f"[default]\naws_access_key_id = {s3['access_key']}\naws_secret_access_key = {s3['secret_key']}\n"
+    _private_write(state / "aws-credentials", creds)
+    _record(state, "file", str(state / "aws-credentials"))
     return c
 
 
@@ -504,15 +548,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--osds", type=int, default=3, help="number of OSDs [3]")
     ap.add_argument("--store", choices=["memstore", "bluestore"], default="memstore", help="OSD object store")
     ap.add_argument("--cephfs", action="store_true", help="also an MDS and CephFS, mounted (ceph-fuse) at D/cephfs")
+    ap.add_argument("--mounts", type=int, default=1, help="with --cephfs: ceph-fuse clients, at D/cephfs, cephfs1, ...")
+    ap.add_argument("--bridge", help="join this bridge (a testbed's nodes') instead of a veth pair to this namespace")
+    ap.add_argument("--addr", help="with --bridge: the cluster's address on it, A.B.C.D/24")
     args = ap.parse_args(argv)
     try:
         if args.action == "up":
             t0 = time.monotonic()
-            c = up(args.state_dir, args.osds, args.store, args.cephfs)
+            c = up(args.state_dir, args.osds, args.store, args.cephfs, bridge=args.bridge, addr=args.addr,
+                   mounts=args.mounts)  # fmt: skip
             print(c.endpoint)
             print(
                 f"ceph up in {time.monotonic() - t0:.1f} s: {args.osds} OSDs ({args.store}), S3 keys in "
-                f"{c.state_dir / 's3.json'} and s3.env" + (f"; CephFS at {c.cephfs_mount}" if args.cephfs else ""),
+                f"{c.state_dir / 's3.json'} and s3.env"
+                + (f"; CephFS at {', '.join(map(str, c.cephfs_mounts))}" if args.cephfs else ""),
                 file=sys.stderr,
             )
         elif not down(args.state_dir):

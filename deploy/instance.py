@@ -44,7 +44,10 @@ class Instance:
     metrics_port: int
     kv_dir: str
     shared_dir: str = ""  # kvtier's shared tier, "" for none
-    redis_url: str = ""
+    # kvtier's keys of a shared tier that is a service (redis_url; s3_bucket, s3_endpoint, ...): its capacity is
+    # --shared-gb, under the key `capacity_key`
+    remote: dict = field(default_factory=dict)
+    capacity_key: str = ""
     netns: str = ""
     gpus: str = ""  # CUDA_VISIBLE_DEVICES, "" to leave it alone
 
@@ -83,8 +86,8 @@ class Instance:
         }
         if self.shared_dir:
             p.update(shared_dir=self.shared_dir, shared_capacity_gb=float(s.shared_gb))
-        if self.redis_url:
-            p.update(redis_url=self.redis_url, redis_capacity_gb=float(s.shared_gb))
+        if self.remote:
+            p.update(self.remote, **{self.capacity_key: float(s.shared_gb)})
         return p
 
     def prefix(self, s: Settings) -> list[str]:
@@ -102,7 +105,7 @@ class Instance:
                 "type": "plugin",
                 "module_path": "kvconnector.lmcache.l2_adapter",
                 "class_name": "KvtierL2Adapter",
-                "shared": "shared_dir" in p or "redis_url" in p,
+                "shared": bool(self.shared_dir or self.remote),
                 "adapter_params": p,
             }
             return json.dumps(spec)

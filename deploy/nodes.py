@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import signal
@@ -134,6 +135,34 @@ def redis_up(state: Path, python: str, env: dict[str, str]) -> str:
     return out.rstrip("\n")
 
 
+CEPH_HOST = 250  # the Ceph cluster's address on the nodes' bridge: NET.250 (nodes are NET.10 and up)
+S3_BUCKET = "kvtier"  # --shared s3: the nodes' bucket, made before they start (two making it at once may collide)
+
+
+def ceph_up(state: Path, python: str, env: dict[str, str], kind: str, n: int) -> dict:
+    """A Ceph cluster on the nodes' bridge (deploy/ceph.py): radosgw for `s3`, or CephFS mounted once per node for
+    `cephfs`. Its s3.json (endpoint and keys); the keys also in STATE/ceph/aws-credentials."""
+    record(state, "python", python)
+    record(state, "shared", kind)
+    br, net = recorded(state, "bridge")[0], recorded(state, "host_addr")[0].rsplit(".", 1)[0]
+    cmd = [python, "-m", "deploy.ceph", "up", "--state-dir", str(state / "ceph"), "--bridge", br]
+    cmd += ["--addr", f"{net}.{CEPH_HOST}/24"] + (["--cephfs", "--mounts", str(n)] if kind == "cephfs" else [])
+    with open(state / "ceph.log", "a") as log:
+        subprocess.run(cmd, stdout=log, stderr=log, env=env, check=True)
+    s3 = json.loads((state / "ceph" / "s3.json").read_text())
+    if kind == "s3":
+        from kvconnector.s3_tier import S3Tier  # kvtier's own S3 client makes the bucket when it is missing
+
+        keys = {"endpoint": s3["endpoint"], "access_key": s3["access_key"], "secret_key": s3["secret_key"]}
+        S3Tier(S3_BUCKET, 1, create_bucket=True, **keys).close()
+    return s3
+
+
+def ceph_mount(state: Path, i: int) -> Path:
+    """Node i's own ceph-fuse client's mount of CephFS."""
+    return state / "ceph" / ("cephfs" if i == 0 else f"cephfs{i}")
+
+
 def _netns_pids(ns: str) -> list[int] | None:
     p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     return [int(x) for x in p.stdout.split()] if p.returncode == 0 else None
@@ -164,9 +193,10 @@ def remove(state: Path, python: str, env: dict[str, str], out: TextIO = sys.stdo
         if kind == "glusterfs":
             cmd = ["bash", str(SCRIPTS / "glusterfs.sh"), "down", "--state-dir", str(state / "gluster")]
             subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        elif kind == "redis-cluster":
+        elif kind in ("redis-cluster", "s3", "cephfs"):
             py = (recorded(state, "python") or [python])[-1]
-            cmd = [py, "-m", "deploy.redis_cluster", "down", "--state-dir", str(state / "redis")]
+            module, sub = ("deploy.redis_cluster", "redis") if kind == "redis-cluster" else ("deploy.ceph", "ceph")
+            cmd = [py, "-m", module, "down", "--state-dir", str(state / sub)]
             subprocess.run(cmd, stdout=out, env=env)
     for ns in recorded(state, "ns"):
         subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)

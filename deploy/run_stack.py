@@ -6,7 +6,7 @@ deploy/run-stack.sh runs this module (python -m deploy.run_stack) with the same 
 usage:
   deploy/run-stack.sh up --device cpu|cuda --model DIR --vllm-port P --lmcache-port P2 --lmcache-http-port P3 \\
                          --kv-dir DIR [--shared-dir DIR] [--instances N] [--mode mp|inprocess] [options]
-  deploy/run-stack.sh up ... --nodes N [--shared glusterfs|redis-cluster] [--shared-bw RATE]   (as root)
+  deploy/run-stack.sh up ... --nodes N [--shared glusterfs|redis-cluster|s3|cephfs] [--shared-bw RATE]   (as root)
   deploy/run-stack.sh up ... --prometheus [--prometheus-port P5] [--prometheus-interval S]
   deploy/run-stack.sh down [--state-dir DIR] [--grace S]
   deploy/run-stack.sh restart-lmcache [--state-dir DIR] [--instance I] [--signal TERM|KILL]
@@ -39,11 +39,16 @@ options of `up` (defaults in brackets):
                          --vllm-arg --tensor-parallel-size=K to use them all. Refused on cpu (vLLM uses no GPU)
 Nodes (root; see "Nodes" below):
   --nodes N              N nodes, each a network namespace with its own LMCache + kvtier + vLLM (not with --instances)
-  --shared glusterfs|redis-cluster   the nodes' shared tier (--nodes only; not with --shared-dir)
+  --shared glusterfs|redis-cluster|s3|cephfs   the nodes' shared tier (--nodes only; not with --shared-dir)
                          glusterfs: deploy/glusterfs.sh up --state-dir STATE/gluster --mounts N; node j's shared
                          tier is its own FUSE client's mount (STATE/gluster/mnt, mnt2, ..) + /kv
                          redis-cluster: python -m deploy.redis_cluster up --state-dir STATE/redis --bind BRIDGE, the
                          nodes' L2 tier below the disk tier (kvtier's redis_url; --shared-gb is its capacity per node)
+                         s3: python -m deploy.ceph up --state-dir STATE/ceph --bridge BRIDGE (a Ceph cluster on the
+                         nodes' bridge at .250), bucket kvtier: the nodes' L2 tier below the disk tier (kvtier's
+                         s3_bucket; keys in STATE/ceph/aws-credentials; --shared-gb is its capacity per node)
+                         cephfs: the same cluster with CephFS, one ceph-fuse client per node (STATE/ceph/cephfs,
+                         cephfs1, ..) + /kv as node j's shared directory tier
   --shared-bw RATE       glusterfs only: tc tbf on the storage link, RATE each way (glusterfs.sh --bw: 200mbps)
 Prometheus (Debian's `prometheus`, 2.42 tested; see "Prometheus" below):
   --prometheus           also start a Prometheus scraping every instance's (node's) vLLM, LMCache and kvtier
@@ -105,6 +110,7 @@ example:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -121,6 +127,7 @@ from . import SCRIPTS, nodes, processes
 from .instance import Instance, Settings
 
 ROOT = SCRIPTS.parent
+SHARED_KINDS = ("glusterfs", "redis-cluster", "s3", "cephfs")
 PROG = "run-stack.sh"
 POSITIVE = re.compile(r"[1-9][0-9]*")
 NUMBER = re.compile(r"[0-9]*\.?[0-9]+")
@@ -346,9 +353,9 @@ def check_up(o: dict) -> None:
             o["n"] == "1", "--nodes and --instances are exclusive (a node is an instance in its own network namespace)"
         )
         need(o["mode"] == "mp", "--nodes needs --mode mp")
-        need(not o["shared"], "--nodes takes --shared glusterfs|redis-cluster, not --shared-dir")
+        need(not o["shared"], "--nodes takes --shared glusterfs|redis-cluster|s3|cephfs, not --shared-dir")
     if shared_kind:
-        need(shared_kind in ("glusterfs", "redis-cluster"), "--shared is glusterfs or redis-cluster")
+        need(shared_kind in SHARED_KINDS, f"--shared is one of {', '.join(SHARED_KINDS)}")
         need(bool(nodes_n), f"--shared {shared_kind} needs --nodes N (on one host: --shared-dir DIR)")
         need(o["l2"] == "kvtier", "--shared needs --l2 kvtier")
     need(not o["shared_bw"] or shared_kind == "glusterfs", "--shared-bw needs --shared glusterfs")
@@ -373,6 +380,19 @@ def check_up(o: dict) -> None:
             need(
                 shutil.which("redis-server") is not None,
                 "--shared redis-cluster needs redis-server (apt-get install redis-server)",
+            )
+        elif shared_kind in ("s3", "cephfs"):
+            from . import ceph
+
+            why = ceph.missing()
+            need(why is None, f"--shared {shared_kind}: {why}")
+            need(
+                shared_kind == "s3" or all(shutil.which(b) for b in ceph.CEPHFS_BINARIES),
+                f"--shared cephfs needs {ceph.CEPHFS_PACKAGES} (apt-get install {ceph.CEPHFS_PACKAGES})",
+            )
+            need(
+                shared_kind == "cephfs" or importlib.util.find_spec("boto3") is not None,
+                "--shared s3 needs boto3 (pip install 'kvtier[s3]')",
             )
     if o.get("prom"):
         o["prom_interval"] = o["prom_interval"] or "5"
@@ -508,19 +528,38 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
     vport, lport, hport = int(o["vport"]), int(o["lport"]), int(o["hport"])
     kvdir, shared_kind, shared_bw = o["kvdir"], o["shared_kind"], o["shared_bw"]
     # nodes: namespaces and their shared tier
-    redis_url, shared_json = "", None
+    remote, capacity_key, shared_json, shared_line = {}, "", None, ""
     if n_nodes:
         nodes.up(state, n_nodes)
         if shared_kind == "glusterfs":
             nodes.gluster_up(state, n_nodes, shared_bw)
             mounts = [str(nodes.gluster_mount(state, i)) for i in range(n_nodes)]
             shared_json = {"kind": "glusterfs", "state_dir": str(state / "gluster"), "bw": shared_bw, "mounts": mounts}
+            shared_line = f"GlusterFS {state}/gluster/mnt* (one FUSE client per node)"
+            shared_line += f", {shared_bw} each way" if shared_bw else ""
         elif shared_kind == "redis-cluster":
-            redis_url = nodes.redis_up(state, o["python"], python_env())
-            shared_json = {"kind": "redis-cluster", "state_dir": str(state / "redis"), "url": redis_url}
+            url = nodes.redis_up(state, o["python"], python_env())
+            remote, capacity_key = {"redis_url": url}, "redis_capacity_gb"
+            shared_json = {"kind": "redis-cluster", "state_dir": str(state / "redis"), "url": url}
+            shared_line = url
+        elif shared_kind in ("s3", "cephfs"):
+            ceph = nodes.ceph_up(state, o["python"], python_env(), shared_kind, n_nodes)
+            shared_json = {"kind": shared_kind, "state_dir": str(state / "ceph"), "url": ceph["endpoint"]}
+            if shared_kind == "s3":
+                # the keys reach the servers as a file (their recorded command lines name it, not them)
+                s.env.append(f"AWS_SHARED_CREDENTIALS_FILE={state / 'ceph' / 'aws-credentials'}")
+                s.env.append("AWS_EC2_METADATA_DISABLED=true")  # nowhere else to ask for credentials
+                remote = {"s3_bucket": nodes.S3_BUCKET, "s3_endpoint": ceph["endpoint"]}
+                capacity_key = "s3_capacity_gb"
+                shared_line = f"S3 {ceph['endpoint']}/{nodes.S3_BUCKET} (radosgw; Ceph in {state}/ceph)"
+            else:
+                shared_json["mounts"] = [str(nodes.ceph_mount(state, i)) for i in range(n_nodes)]
+                shared_line = f"CephFS {state}/ceph/cephfs* (one ceph-fuse client per node)"
     insts: list[Instance] = []
     for i in range(count):
-        inst = Instance(i, "127.0.0.1", vport, lport + i, hport + i, mport + i, kvdir, o["shared"], redis_url)
+        inst = Instance(
+            i, "127.0.0.1", vport, lport + i, hport + i, mport + i, kvdir, o["shared"], remote, capacity_key
+        )
         if n_nodes:  # every node the same ports, on its own address; LMCache's ZMQ socket on its own loopback
             inst.kv_dir, inst.lmcache_port, inst.lmcache_http_port, inst.metrics_port = (
                 f"{kvdir}/node{i}",
@@ -531,6 +570,8 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
             inst.host, inst.netns = nodes.recorded(state, f"addr{i}")[0], nodes.recorded(state, "ns")[i]
             if shared_kind == "glusterfs":
                 inst.shared_dir = f"{nodes.gluster_mount(state, i)}/kv"
+            elif shared_kind == "cephfs":
+                inst.shared_dir = f"{nodes.ceph_mount(state, i)}/kv"
         elif count > 1:
             inst.kv_dir, inst.vllm_port = f"{kvdir}/inst{i}", vport + 1 + i
         if o["gpk"]:
@@ -591,11 +632,8 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
             print(f"l2       none (LMCache L1 only, {s.l1_gb} GB)")
         else:
             print(f"l2       LMCache fs adapter on {kvdir} (use_odirect: {str(s.io_mode == 'direct').lower()})")
-    if redis_url:
-        print(f"shared   {redis_url}")
-    if shared_kind == "glusterfs":
-        bw = f", {shared_bw} each way" if shared_bw else ""
-        print(f"shared   GlusterFS {state}/gluster/mnt* (one FUSE client per node){bw}")
+    if shared_line:
+        print(f"shared   {shared_line}")
     if o["prom"]:
         every = o["prom_interval"]
         print(f"prometheus http://127.0.0.1:{prom_port}  ({state}/prometheus/prometheus.yml, every {every} s)")

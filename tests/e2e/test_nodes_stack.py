@@ -1,6 +1,7 @@
-"""End to end on two nodes: `run-stack.sh up --nodes 2 --shared glusterfs|redis-cluster` puts each node's LMCache MP
-server, kvtier adapter and vLLM in its own network namespace, and their one shared tier (a GlusterFS volume, one FUSE
-client per node; or a Redis Cluster bound to the nodes' bridge) between them.
+"""End to end on two nodes: `run-stack.sh up --nodes 2 --shared glusterfs|redis-cluster|s3|cephfs` puts each node's
+LMCache MP server, kvtier adapter and vLLM in its own network namespace, and their one shared tier between them: a
+GlusterFS volume (one FUSE client per node), a Redis Cluster bound to the nodes' bridge, or a Ceph cluster on that
+bridge (an S3 bucket through radosgw; or CephFS, one ceph-fuse client per node).
 
 Per shared kind, one stack (its start-up is about a minute here):
 1. a prompt to node 1's vLLM is computed and stored in the shared tier (no local disk tier: puts go straight to it);
@@ -51,11 +52,16 @@ pytestmark = [
 
 CHUNKS = 5  # 1300 tokens at LMCache's chunk size 256: five full chunks are stored
 HIT_TOKENS = CHUNKS * 256
-TIER = {"glusterfs": "shared", "redis-cluster": "redis"}  # kvtier's name of the tier each kind configures
-NEEDS = {"glusterfs": ("glusterd", "gluster"), "redis-cluster": ("redis-server", "redis-cli")}
+TIER = {"glusterfs": "shared", "redis-cluster": "redis", "s3": "s3", "cephfs": "shared"}  # kvtier's name of each
+NEEDS = {
+    "glusterfs": ("glusterd", "gluster"),
+    "redis-cluster": ("redis-server", "redis-cli"),
+    "s3": ("ceph-mon", "ceph-osd", "radosgw"),
+    "cephfs": ("ceph-mon", "ceph-osd", "ceph-mds", "ceph-fuse"),
+}
 
 
-@pytest.fixture(scope="module", params=["glusterfs", "redis-cluster"])
+@pytest.fixture(scope="module", params=list(TIER))
 def nodes(request, tiny_model_dir, tmp_path_factory):
     kind = request.param
     missing = [exe for exe in NEEDS[kind] if shutil.which(exe) is None]
@@ -96,6 +102,15 @@ def made_by(state: Path) -> dict:
     redis = state / "redis" / "redis-cluster.json"
     if redis.exists():
         made["pids"] |= set(json.loads(redis.read_text())["pids"].values())
+    ceph = state / "ceph" / "ceph.state"
+    if ceph.exists():
+        for k, _, v in (line.partition("=") for line in ceph.read_text().splitlines()):
+            if k == "ns":
+                made["netns"].add(v)
+            elif k == "veth":
+                made["links"].add(v)
+            elif k == "pid":
+                made["pids"].add(int(v.rpartition(":")[2]))
     assert len(made["netns"]) >= 2 and made["groups"], made
     return made
 
@@ -138,7 +153,18 @@ def test_node_2_loads_from_the_shared_tier_what_node_1_computed(nodes):
 
 
 def _fault(nodes) -> tuple[str, callable, callable]:
-    """What to break in this kind of shared tier, and how to mend it: GlusterFS' storage link, or one Redis master."""
+    """What to break in this kind of shared tier, and how to mend it: GlusterFS' storage link, one Redis master,
+    radosgw (S3), or one of Ceph's three OSDs (CephFS: pools of size 3 and min_size 1 keep serving; memstore keeps
+    nothing across a restart, so the OSD stays down and mending is the cluster's own)."""
+    if nodes.kind in ("s3", "cephfs"):
+        import signal
+
+        from deploy.ceph import CephCluster
+
+        cluster = CephCluster.load(nodes.state / "ceph")
+        if nodes.kind == "s3":
+            return "radosgw killed", lambda: cluster.signal("rgw", signal.SIGKILL), cluster.start_rgw
+        return "one OSD of three killed", lambda: cluster.signal("osd.2", signal.SIGKILL), lambda: None
     if nodes.kind == "glusterfs":
         state = dict(line.split("=", 1) for line in (nodes.state / "gluster" / "gluster.state").read_text().split())
 
