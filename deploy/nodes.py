@@ -135,6 +135,13 @@ def redis_up(state: Path, python: str, env: dict[str, str]) -> str:
     return out.rstrip("\n")
 
 
+# The shared tiers that are services of this package: their module (python -m M down --state-dir STATE/SUB) and SUB.
+SERVICES = {
+    "redis-cluster": ("deploy.redis_cluster", "redis"),
+    "s3": ("deploy.ceph", "ceph"),
+    "cephfs": ("deploy.ceph", "ceph"),
+    "mooncake": ("deploy.mooncake_store", "mooncake"),
+}
 CEPH_HOST = 250  # the Ceph cluster's address on the nodes' bridge: NET.250 (nodes are NET.10 and up)
 S3_BUCKET = "kvtier"  # --shared s3: the nodes' bucket, made before they start (two making it at once may collide)
 
@@ -156,6 +163,19 @@ def ceph_up(state: Path, python: str, env: dict[str, str], kind: str, n: int) ->
         keys = {"endpoint": s3["endpoint"], "access_key": s3["access_key"], "secret_key": s3["secret_key"]}
         S3Tier(S3_BUCKET, 1, create_bucket=True, **keys).close()
     return s3
+
+
+def mooncake_up(state: Path, python: str, env: dict[str, str]) -> tuple[str, str]:
+    """A Mooncake Store (master and metadata server) bound to the bridge's address; kvtier's mooncake_master and
+    mooncake_metadata_url. The objects live in the segments the nodes' kvtier instances lend."""
+    record(state, "python", python)
+    record(state, "shared", "mooncake")
+    cmd = [python, "-m", "deploy.mooncake_store", "up", "--state-dir", str(state / "mooncake")]
+    with open(state / "mooncake.log", "a") as log:
+        out = subprocess.run(cmd + ["--bind", recorded(state, "host_addr")[0]], stdout=subprocess.PIPE, stderr=log,
+                             text=True, env=env, check=True).stdout  # fmt: skip
+    master, url = out.split()
+    return master, url
 
 
 def ceph_mount(state: Path, i: int) -> Path:
@@ -193,9 +213,9 @@ def remove(state: Path, python: str, env: dict[str, str], out: TextIO = sys.stdo
         if kind == "glusterfs":
             cmd = ["bash", str(SCRIPTS / "glusterfs.sh"), "down", "--state-dir", str(state / "gluster")]
             subprocess.run(cmd, stdout=subprocess.DEVNULL)
-        elif kind in ("redis-cluster", "s3", "cephfs"):
+        elif kind in SERVICES:
             py = (recorded(state, "python") or [python])[-1]
-            module, sub = ("deploy.redis_cluster", "redis") if kind == "redis-cluster" else ("deploy.ceph", "ceph")
+            module, sub = SERVICES[kind]
             cmd = [py, "-m", module, "down", "--state-dir", str(state / sub)]
             subprocess.run(cmd, stdout=out, env=env)
     for ns in recorded(state, "ns"):

@@ -6,7 +6,7 @@ deploy/run-stack.sh runs this module (python -m deploy.run_stack) with the same 
 usage:
   deploy/run-stack.sh up --device cpu|cuda --model DIR --vllm-port P --lmcache-port P2 --lmcache-http-port P3 \\
                          --kv-dir DIR [--shared-dir DIR] [--instances N] [--mode mp|inprocess] [options]
-  deploy/run-stack.sh up ... --nodes N [--shared glusterfs|redis-cluster|s3|cephfs] [--shared-bw RATE]   (as root)
+  deploy/run-stack.sh up ... --nodes N [--shared glusterfs|redis-cluster|s3|cephfs|mooncake] [--shared-bw RATE]
   deploy/run-stack.sh up ... --prometheus [--prometheus-port P5] [--prometheus-interval S]
   deploy/run-stack.sh down [--state-dir DIR] [--grace S]
   deploy/run-stack.sh restart-lmcache [--state-dir DIR] [--instance I] [--signal TERM|KILL]
@@ -39,7 +39,7 @@ options of `up` (defaults in brackets):
                          --vllm-arg --tensor-parallel-size=K to use them all. Refused on cpu (vLLM uses no GPU)
 Nodes (root; see "Nodes" below):
   --nodes N              N nodes, each a network namespace with its own LMCache + kvtier + vLLM (not with --instances)
-  --shared glusterfs|redis-cluster|s3|cephfs   the nodes' shared tier (--nodes only; not with --shared-dir)
+  --shared glusterfs|redis-cluster|s3|cephfs|mooncake   the nodes' shared tier (--nodes only; not --shared-dir)
                          glusterfs: deploy/glusterfs.sh up --state-dir STATE/gluster --mounts N; node j's shared
                          tier is its own FUSE client's mount (STATE/gluster/mnt, mnt2, ..) + /kv
                          redis-cluster: python -m deploy.redis_cluster up --state-dir STATE/redis --bind BRIDGE, the
@@ -49,6 +49,9 @@ Nodes (root; see "Nodes" below):
                          s3_bucket; keys in STATE/ceph/aws-credentials; --shared-gb is its capacity per node)
                          cephfs: the same cluster with CephFS, one ceph-fuse client per node (STATE/ceph/cephfs,
                          cephfs1, ..) + /kv as node j's shared directory tier
+                         mooncake: python -m deploy.mooncake_store up --state-dir STATE/mooncake --bind BRIDGE (master
+                         and metadata server), the nodes' L2 tier below the disk tier (kvtier's mooncake_master; each
+                         node lends memory to the store, at its own address; --shared-gb is its capacity per node)
   --shared-bw RATE       glusterfs only: tc tbf on the storage link, RATE each way (glusterfs.sh --bw: 200mbps)
 Prometheus (Debian's `prometheus`, 2.42 tested; see "Prometheus" below):
   --prometheus           also start a Prometheus scraping every instance's (node's) vLLM, LMCache and kvtier
@@ -127,7 +130,7 @@ from . import SCRIPTS, nodes, processes
 from .instance import Instance, Settings
 
 ROOT = SCRIPTS.parent
-SHARED_KINDS = ("glusterfs", "redis-cluster", "s3", "cephfs")
+SHARED_KINDS = ("glusterfs", "redis-cluster", "s3", "cephfs", "mooncake")
 PROG = "run-stack.sh"
 POSITIVE = re.compile(r"[1-9][0-9]*")
 NUMBER = re.compile(r"[0-9]*\.?[0-9]+")
@@ -353,7 +356,7 @@ def check_up(o: dict) -> None:
             o["n"] == "1", "--nodes and --instances are exclusive (a node is an instance in its own network namespace)"
         )
         need(o["mode"] == "mp", "--nodes needs --mode mp")
-        need(not o["shared"], "--nodes takes --shared glusterfs|redis-cluster|s3|cephfs, not --shared-dir")
+        need(not o["shared"], f"--nodes takes --shared {'|'.join(SHARED_KINDS)}, not --shared-dir")
     if shared_kind:
         need(shared_kind in SHARED_KINDS, f"--shared is one of {', '.join(SHARED_KINDS)}")
         need(bool(nodes_n), f"--shared {shared_kind} needs --nodes N (on one host: --shared-dir DIR)")
@@ -381,6 +384,11 @@ def check_up(o: dict) -> None:
                 shutil.which("redis-server") is not None,
                 "--shared redis-cluster needs redis-server (apt-get install redis-server)",
             )
+        elif shared_kind == "mooncake":
+            from . import mooncake_store
+
+            why = mooncake_store.missing()
+            need(why is None, f"--shared mooncake: {why}")
         elif shared_kind in ("s3", "cephfs"):
             from . import ceph
 
@@ -542,6 +550,11 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
             remote, capacity_key = {"redis_url": url}, "redis_capacity_gb"
             shared_json = {"kind": "redis-cluster", "state_dir": str(state / "redis"), "url": url}
             shared_line = url
+        elif shared_kind == "mooncake":
+            master, url = nodes.mooncake_up(state, o["python"], python_env())
+            remote, capacity_key = {"mooncake_master": master, "mooncake_metadata_url": url}, "mooncake_capacity_gb"
+            shared_json = {"kind": "mooncake", "state_dir": str(state / "mooncake"), "url": url, "master": master}
+            shared_line = f"Mooncake Store: master {master}, metadata {url} (the nodes lend its memory)"
         elif shared_kind in ("s3", "cephfs"):
             ceph = nodes.ceph_up(state, o["python"], python_env(), shared_kind, n_nodes)
             shared_json = {"kind": shared_kind, "state_dir": str(state / "ceph"), "url": ceph["endpoint"]}
@@ -572,6 +585,8 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
                 inst.shared_dir = f"{nodes.gluster_mount(state, i)}/kv"
             elif shared_kind == "cephfs":
                 inst.shared_dir = f"{nodes.ceph_mount(state, i)}/kv"
+            elif shared_kind == "mooncake":  # the others fetch from this node's segment at its own address
+                inst.remote = {**remote, "mooncake_local_hostname": inst.host}
         elif count > 1:
             inst.kv_dir, inst.vllm_port = f"{kvdir}/inst{i}", vport + 1 + i
         if o["gpk"]:

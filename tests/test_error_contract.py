@@ -292,6 +292,7 @@ REFUSALS = {  # raised for what the user gave: each derives from UserError (one 
     "deploy.throttle.settings": ["SettingError"],
     "deploy.redis_cluster": ["ClusterRefused"],
     "deploy.ceph": ["CephRefused"],
+    "deploy.mooncake_store": ["StoreRefused"],
 }
 NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they escape
     # the store failed, a miss; or its caller misused the library (a key no tier holds, a call after close): a bug
@@ -312,6 +313,7 @@ NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they 
     "deploy.throttle.control": ["ControlError"],  # the control endpoint failed or refused a change
     "deploy.redis_cluster": ["ClusterError"],  # the cluster did not start (ClusterRefused: what was asked)
     "deploy.ceph": ["CephError"],  # the cluster did not start or answer (CephRefused: what was asked)
+    "deploy.mooncake_store": ["StoreError"],  # the store did not start (StoreRefused: what was asked)
     "deploy.sweep.cli": ["StackFailed"],  # the stack did not start
     "deploy.nodes": ["NoFreeNet"],  # no free subnet for the nodes' bridge
     "deploy.processes": ["NotHealthy"],  # a server exited or did not answer during start-up

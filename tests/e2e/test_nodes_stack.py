@@ -1,7 +1,8 @@
-"""End to end on two nodes: `run-stack.sh up --nodes 2 --shared glusterfs|redis-cluster|s3|cephfs` puts each node's
-LMCache MP server, kvtier adapter and vLLM in its own network namespace, and their one shared tier between them: a
-GlusterFS volume (one FUSE client per node), a Redis Cluster bound to the nodes' bridge, or a Ceph cluster on that
-bridge (an S3 bucket through radosgw; or CephFS, one ceph-fuse client per node).
+"""End to end on two nodes: `run-stack.sh up --nodes 2 --shared glusterfs|redis-cluster|s3|cephfs|mooncake` puts each
+node's LMCache MP server, kvtier adapter and vLLM in its own network namespace, and their one shared tier between
+them: a GlusterFS volume (one FUSE client per node), a Redis Cluster bound to the nodes' bridge, a Ceph cluster on
+that bridge (an S3 bucket through radosgw; or CephFS, one ceph-fuse client per node), or a Mooncake Store whose
+master is bound to the bridge and whose memory the nodes lend.
 
 Per shared kind, one stack (its start-up is about a minute here):
 1. a prompt to node 1's vLLM is computed and stored in the shared tier (no local disk tier: puts go straight to it);
@@ -39,7 +40,7 @@ from kvtier_stack import (
     wait_for,
 )
 
-from deploy import RUN_STACK
+from deploy import RUN_STACK, mooncake_store
 
 pytestmark = [
     pytest.mark.e2e,
@@ -52,13 +53,16 @@ pytestmark = [
 
 CHUNKS = 5  # 1300 tokens at LMCache's chunk size 256: five full chunks are stored
 HIT_TOKENS = CHUNKS * 256
-TIER = {"glusterfs": "shared", "redis-cluster": "redis", "s3": "s3", "cephfs": "shared"}  # kvtier's name of each
+# kvtier's name of the tier each kind configures
+TIER = {"glusterfs": "shared", "redis-cluster": "redis", "s3": "s3", "cephfs": "shared", "mooncake": "mooncake"}
 NEEDS = {
     "glusterfs": ("glusterd", "gluster"),
     "redis-cluster": ("redis-server", "redis-cli"),
     "s3": ("ceph-mon", "ceph-osd", "radosgw"),
     "cephfs": ("ceph-mon", "ceph-osd", "ceph-mds", "ceph-fuse"),
+    "mooncake": (),  # console scripts of the venv: mooncake_store.missing() says
 }
+EXTRA = {"mooncake": ["--shared-gb", "0.5"]}  # each node lends 1.25 x this to the store
 
 
 @pytest.fixture(scope="module", params=list(TIER))
@@ -67,10 +71,12 @@ def nodes(request, tiny_model_dir, tmp_path_factory):
     missing = [exe for exe in NEEDS[kind] if shutil.which(exe) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (deploy/install-system-deps.sh)")
+    if kind == "mooncake" and mooncake_store.missing():
+        pytest.skip(mooncake_store.missing())
     need_lmcache()
     base = tmp_path_factory.mktemp(f"nodes-{kind}")
     state = base / "state"
-    extra = ["--nodes", "2", "--shared", kind, "--disk-gb", "0", "--l1-gb", "0.5"]
+    extra = ["--nodes", "2", "--shared", kind, "--disk-gb", "0", "--l1-gb", "0.5", *EXTRA.get(kind, [])]
     if shutil.which("prometheus"):  # Prometheus in the root namespace scraping every node (its own test below)
         extra += ["--prometheus", "--prometheus-interval", "1"]
     stack = up(state, tiny_model_dir, base / "kv", *extra, timeout_s=480)
@@ -102,6 +108,9 @@ def made_by(state: Path) -> dict:
     redis = state / "redis" / "redis-cluster.json"
     if redis.exists():
         made["pids"] |= set(json.loads(redis.read_text())["pids"].values())
+    mooncake = mooncake_store.MooncakeStore.load(state / "mooncake")
+    if mooncake is not None:
+        made["pids"] |= set(mooncake.pids.values())
     ceph = state / "ceph" / "ceph.state"
     if ceph.exists():
         for k, _, v in (line.partition("=") for line in ceph.read_text().splitlines()):
@@ -154,8 +163,11 @@ def test_node_2_loads_from_the_shared_tier_what_node_1_computed(nodes):
 
 def _fault(nodes) -> tuple[str, callable, callable]:
     """What to break in this kind of shared tier, and how to mend it: GlusterFS' storage link, one Redis master,
-    radosgw (S3), or one of Ceph's three OSDs (CephFS: pools of size 3 and min_size 1 keep serving; memstore keeps
-    nothing across a restart, so the OSD stays down and mending is the cluster's own)."""
+    radosgw (S3), the Mooncake master, or one of Ceph's three OSDs (CephFS: pools of size 3 and min_size 1 keep
+    serving; memstore keeps nothing across a restart, so the OSD stays down and mending is the cluster's own)."""
+    if nodes.kind == "mooncake":
+        store = mooncake_store.MooncakeStore.load(nodes.state / "mooncake")
+        return "the Mooncake master killed", store.kill_master, store.start_master
     if nodes.kind in ("s3", "cephfs"):
         import signal
 

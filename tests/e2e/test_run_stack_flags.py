@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (["--nodes", "2", "--instances", "2"], "--nodes and --instances are exclusive"),
         (["--nodes", "2", "--shared-dir", "/tmp/x"], "not --shared-dir"),
         (["--nodes", "2", "--mode", "inprocess"], "--nodes needs --mode mp"),
-        (["--nodes", "2", "--shared", "nfs"], "--shared is one of glusterfs, redis-cluster, s3, cephfs"),
+        (["--nodes", "2", "--shared", "nfs"], "--shared is one of glusterfs, redis-cluster, s3, cephfs, mooncake"),
         (["--shared", "s3"], "--shared s3 needs --nodes N"),
         (["--nodes", "2", "--shared", "cephfs", "--l2", "none"], "--shared needs --l2 kvtier"),
         (["--shared", "glusterfs"], "--shared glusterfs needs --nodes N"),
