@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """nodes.py	two nodes (network namespaces, each its own vLLM + LMCache + kvtier) behind the round-robin proxy: private
-disk tiers vs one GlusterFS tier vs one Redis Cluster tier, one multi-turn session trace replayed across both.
+disk tiers vs one shared tier (GlusterFS, Redis Cluster, a Ceph bucket, CephFS, a Mooncake Store), one multi-turn
+session trace replayed across both.
 
 usage: python -m benchmarks.nodes [--nodes 2] [--gluster-bw off,8mbit] [--sessions 5] [--rounds 4] [--input-len 512]
-                                  [--output-len 16] [--kinds private,glusterfs,redis-cluster] [--dir DIR] [--json OUT]
+                                  [--output-len 16] [--kinds private,glusterfs,redis-cluster,s3,cephfs,mooncake]
+                                  [--dir DIR] [--json OUT]
 (from the repository root: it reuses benchmarks/shared_vs_private.py's replay point)
 
 The multi-node version of benchmarks/shared_vs_private.py (one host, one shared directory): here each node has its
@@ -12,7 +14,10 @@ node reaches it through its own client:
 - private:       --nodes N, each node its own kvtier disk tier;
 - glusterfs:     --nodes N --shared glusterfs --disk-gb 0 (one FUSE client per node; every store lands in the volume),
                  once per --gluster-bw (tc tbf on the storage link, changed live with deploy/glusterfs.sh bw);
-- redis-cluster: --nodes N --shared redis-cluster --disk-gb 0 (three masters on the nodes' bridge).
+- redis-cluster: --nodes N --shared redis-cluster --disk-gb 0 (three masters on the nodes' bridge);
+- s3, cephfs:    --nodes N --shared s3|cephfs --disk-gb 0 (a Ceph cluster on the nodes' bridge: its bucket through
+                 radosgw, or CephFS through one ceph-fuse client per node);
+- mooncake:      --nodes N --shared mooncake --disk-gb 0 (a Mooncake Store, its memory lent by the nodes).
 Each point replays fresh sessions (its own seed) through the proxy: `kvtier replay --source synthetic --rounds R
 --concurrency S`, so a session's consecutive turns land on different nodes (S not a multiple of N: rounds go out in
 lockstep and the proxy rotates per request). LMCache's L1 is small (--l1-gb 0.2) and cleared on every node before
@@ -40,7 +45,9 @@ from replay.openai.server_metrics import Snapshot, derive
 from replay.outputs.provenance import write_run_json
 
 PROG = "nodes"
-TIER = {"glusterfs": "shared", "redis-cluster": "redis", "private": "disk"}  # kvtier's name of each kind's tier
+# kvtier's name of each kind's tier
+TIER = {"private": "disk", "glusterfs": "shared", "redis-cluster": "redis", "s3": "s3", "cephfs": "shared",
+        "mooncake": "mooncake"}  # fmt: skip
 
 
 def snapshots(stack) -> list[Snapshot]:
@@ -124,7 +131,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--kinds", default="private,glusterfs,redis-cluster", help="which tiers, in this order")
+    ap.add_argument("--kinds", default=",".join(TIER), help="which tiers, in this order")
     ap.add_argument("--gluster-bw", default="off,8mbit", help="GlusterFS storage link rates (tc's units; off = none)")
     ap.add_argument("--sessions", type=int, default=5, help="concurrent sessions; not a multiple of --nodes")
     ap.add_argument("--rounds", type=int, default=4)
@@ -136,7 +143,7 @@ def main() -> int:
     a.kinds = [k for k in a.kinds.split(",") if k]
     a.gluster_bw = [b for b in a.gluster_bw.split(",") if b]
     if not a.kinds or set(a.kinds) - set(TIER):
-        print(f"{PROG}: --kinds is a comma list of private, glusterfs, redis-cluster", file=sys.stderr)
+        print(f"{PROG}: --kinds is a comma list of {', '.join(TIER)}", file=sys.stderr)
         return 2
     if a.nodes < 2:
         print(f"{PROG}: --nodes 2 or more (a session's turns must be able to land elsewhere)", file=sys.stderr)

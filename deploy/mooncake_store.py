@@ -68,6 +68,9 @@ class MooncakeStore:
     pids: dict[str, int] = field(default_factory=dict)  # MASTER / META -> pid
     master_starts: int = 0
 
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir)
+
     @property
     def master_addr(self) -> str:
         """What kvtier's `mooncake_master` takes."""

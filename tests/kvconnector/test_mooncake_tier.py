@@ -7,13 +7,13 @@ restarted (the tier comes back), hung (each call ends, never hangs). A test star
 from __future__ import annotations
 
 import signal
-import threading
 import time
 
 import pytest
 from helpers import free_port, wait_for
 from mooncake_server import MooncakeServer
 from store_helpers import data
+from tier_contract import contract_cases
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
@@ -22,7 +22,6 @@ from kvconnector.errors import ConfigError, CorruptEntryError, EntryNotFound, In
 from kvconnector.mooncake_tier import MooncakeTier
 from kvconnector.shared_tier import SharedTier
 from kvconnector.store import TieredStore
-from kvconnector.tiers import DiskTier
 
 N = 20_000
 MB = 1 << 20
@@ -199,43 +198,6 @@ def test_capacity_is_kept_and_the_evicted_are_removed_from_the_store(mooncake):
         s.close()
 
 
-@pytest.mark.slow
-def test_readers_never_see_a_partial_value(mooncake):
-    """Atomic visibility: while one client puts 4 MB entries, another reads them as they appear: every read is a miss
-    or the whole entry, never a corrupt one."""
-    writer, reader = tier(mooncake, "atomic", cap=64 * MB), tier(mooncake, "atomic", cap=64 * MB)
-    n, keys = 4 * MB, [f"big{i}" for i in range(8)]
-    seen = {"hit": 0, "miss": 0, "corrupt": 0}
-    done = threading.Event()
-
-    def read_all():
-        out = memoryview(bytearray(n))
-        while not done.is_set():
-            for k in keys:
-                try:
-                    reader.read(k, n, out)
-                    seen["hit"] += 1
-                    assert bytes(out[:64]) == data(k, n)[:64]
-                except EntryNotFound:
-                    seen["miss"] += 1
-                except CorruptEntryError:
-                    seen["corrupt"] += 1
-
-    th = threading.Thread(target=read_all)
-    th.start()
-    try:
-        for k in keys:
-            writer.write(k, [memoryview(data(k, n))], n)
-        wait_for(lambda: seen["hit"] >= len(keys), timeout_s=30, what="the reader to see every entry")
-    finally:
-        done.set()
-        th.join(30)
-        writer.close()
-        reader.close()
-    print(f"reads while writing: {seen}")
-    assert seen["corrupt"] == 0 and seen["hit"] >= len(keys)
-
-
 def test_config_keys_are_checked():
     ok = {"mooncake_master": "h:1", "mooncake_metadata_url": "http://h:2/metadata", "disk_capacity_gb": 0}
     assert BackendConfig(**ok).mooncake_master == "h:1"
@@ -365,22 +327,11 @@ def test_a_hung_master_costs_each_call_at_most_the_timeout(own_mooncake):
 
 
 @pytest.mark.slow
-def test_disk_and_mooncake_tiers_agree_on_the_contract(mooncake, tmp_path):
-    """The same operations, the same answers from the disk tier and the Mooncake tier."""
-    for t in (DiskTier(str(tmp_path / "d"), 16 * MB), tier(mooncake, "contract")):
-        try:
-            sizes = [0, 1, PAGE - 1, PAGE, PAGE + 1, 3 * PAGE + 7, 300_001]
-            for n in sizes:
-                t.write(f"s{n}", [memoryview(data(f"s{n}", n))], n, (n,), "uint8")
-            for n in sizes:
-                out = memoryview(bytearray(n))
-                assert t.read(f"s{n}", n, out).nbytes == n and bytes(out) == data(f"s{n}", n), (t.kind, n)
-            with pytest.raises(EntryNotFound):
-                t.read("absent", 10, memoryview(bytearray(10)))
-            with pytest.raises(CorruptEntryError):  # a length that is not the entry's
-                t.read("s1", 2, memoryview(bytearray(2)))
-            t.delete("s1")
-            with pytest.raises(EntryNotFound):
-                t.read("s1", 1, memoryview(bytearray(1)))
-        finally:
-            t.close()
+@pytest.mark.parametrize("check", contract_cases())
+def test_the_tier_contract(mooncake, check):
+    """The contract every tier keeps (tests/kvconnector/tier_contract.py), the disk tier's among them."""
+
+    def make(prefix: str, cap: int = 16 * MB) -> MooncakeTier:
+        return tier(mooncake, f"contract-{prefix}", cap=cap, segment_bytes=max(16 * MB, 2 * cap))
+
+    check(make)

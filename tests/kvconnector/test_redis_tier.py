@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 from helpers import free_port, wait_for
+from tier_contract import contract_cases
 
 from kvconnector.backend import KvtierBackend
 from kvconnector.backend_config import BackendConfig
@@ -54,6 +55,11 @@ def redis_url(tmp_path_factory):
 
 def data(seed):
     return np.random.default_rng(seed).integers(0, 256, N, dtype=np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("check", contract_cases())
+def test_the_tier_contract(redis_url, check):
+    check(lambda prefix, cap=16 << 20: RedisTier(redis_url, cap, namespace=f"contract-{prefix}"))
 
 
 def test_round_trip_miss_and_corruption(redis_url):

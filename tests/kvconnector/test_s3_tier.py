@@ -22,6 +22,7 @@ import pytest
 import xxhash
 from helpers import wait_for
 from store_helpers import data
+from tier_contract import contract_cases
 
 from deploy import ceph
 from kvconnector.backend import KvtierBackend
@@ -114,6 +115,13 @@ def entry(key: str, payload: bytes, header_key: str | None = None, nbytes: int |
 
 
 # ---- what every tier does ------------------------------------------------------------------------------------------
+@on_ceph
+@pytest.mark.parametrize("check", contract_cases())
+def test_the_tier_contract(cluster, check):
+    """The contract every tier keeps (tests/kvconnector/tier_contract.py), the disk tier's among them."""
+    check(lambda prefix, cap=16 * MB: tier(f"contract-{prefix}/", cap))
+
+
 @on_ceph
 def test_round_trip_miss_probe_and_hashed_names(cluster):
     t = tier("rt/")
@@ -240,44 +248,6 @@ def test_a_second_instance_adopts_on_lookup_and_by_listing_on_start(cluster):
         for o in others:
             o.close()
         a.close()
-
-
-@on_ceph
-def test_readers_never_see_part_of_an_object(cluster):
-    """Atomic visibility: while one instance puts (and overwrites) 8 MiB entries, another reads them as they appear:
-    every read is a miss or a whole entry of one version, never a part (which would fail its checksum)."""
-    writer, reader = tier("atomic/", cap=256 * MB), tier("atomic/", cap=256 * MB)
-    n, keys = 8 * MB, [f"big{i}" for i in range(6)]
-    seen = {"hit": 0, "miss": 0, "corrupt": 0, "other": 0}
-    done = threading.Event()
-    versions = {k: {data(k, n)[:64], data(k + "v2", n)[:64]} for k in keys}
-
-    def read_all():
-        out = memoryview(bytearray(n))
-        while not done.is_set():
-            for k in keys:
-                try:
-                    reader.read(k, n, out)
-                    seen["hit" if bytes(out[:64]) in versions[k] else "other"] += 1
-                except EntryNotFound:
-                    seen["miss"] += 1
-                except CorruptEntryError:
-                    seen["corrupt"] += 1
-
-    th = threading.Thread(target=read_all)
-    th.start()
-    try:
-        for v in ("", "v2"):
-            for k in keys:
-                writer.write(k, [memoryview(data(k + v, n))], n)
-        wait_for(lambda: seen["hit"] >= 2 * len(keys), timeout_s=60, what="the reader to see every entry")
-    finally:
-        done.set()
-        th.join(60)
-        writer.close()
-        reader.close()
-    print(f"reads while writing: {seen}")
-    assert seen["corrupt"] == 0 and seen["other"] == 0 and seen["hit"] >= 2 * len(keys)
 
 
 @on_ceph
