@@ -405,6 +405,33 @@ def test_a_bench_on_the_s3_backend_stores_in_the_bucket_and_leaves_nothing(clust
 
 
 @on_ceph
+def test_vllms_tiered_offloading_serves_chunks_from_the_bucket(cluster):
+    """kvtier as vLLM's secondary tier (vLLM's real TieringOffloadingManager, driven as its scheduler does:
+    kvconnector/vllm/driver.py) with the bucket as kvtier's only tier: the chunks vLLM stores cascade into S3 objects,
+    and once vLLM's CPU tier forgets them they are promoted back from the bucket, byte for byte."""
+    pytest.importorskip("vllm.v1.kv_offload.tiering.spec", reason="vLLM with tiered offloading is not installed")
+    import numpy as np
+
+    from kvconnector.vllm.driver import ManagerDriver, chunk_key, kvtier_tier_config
+
+    chunk, prefix = 64 * 1024, "vllm-tier/"
+    rng = np.random.default_rng(3)
+    keys, payloads = [chunk_key(i) for i in range(8)], [rng.bytes(chunk) for _ in range(8)]
+    cfg = kvtier_tier_config(disk_capacity_gb=0, s3_bucket=BUCKET, s3_prefix=prefix, s3_capacity_gb=0.01)
+    probe = tier(prefix)
+    try:
+        with ManagerDriver([cfg], chunk, 16 * chunk) as d:
+            assert d.store(keys, payloads) == 8
+            assert len(probe.scan()) == 8  # one object per chunk in the bucket, each a whole checked entry
+            d.drop_primary()  # vLLM's CPU tier forgets them: only the bucket can answer
+            got = d.load(keys)
+            assert [got[k] for k in keys] == payloads
+    finally:
+        probe.remove_all()
+        probe.close()
+
+
+@on_ceph
 def test_an_mlperf_run_plans_to_record_the_gateway_of_its_cache_dir(s3fs_mount, tmp_path):
     # The plan `kvtier mlperf run` writes into its record (filesystems.cache_gateway): a whole run is not made here, as
     # its ranks size the disk tier by the free space s3fs reports (unbounded), and a full Ceph cluster blocks writes
