@@ -62,6 +62,7 @@ from pathlib import Path
 from kvconnector.errors import UserError
 
 from .nodes import free_net, record, recorded
+from .processes import live_argv
 from .stack import wait_for
 
 STATE_FILE = "ceph.state"
@@ -533,12 +534,7 @@ def _answers(host: str, port: int) -> bool:
 def _is_daemon(pid: int, conf: Path) -> bool:
     """Whether pid is alive (not a zombie) and a Ceph daemon started with this cluster's ceph.conf: a recorded pid
     the system gave to another process since is never signalled."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z" and str(conf).encode() in argv
+    return str(conf) in (live_argv(pid) or [])
 
 
 def main(argv: list[str] | None = None) -> int:

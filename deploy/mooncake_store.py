@@ -29,6 +29,7 @@ from pathlib import Path
 from kvconnector.errors import UserError
 from replay.common.ports import free_port
 
+from .processes import live_argv
 from .stack import wait_for
 
 HOST = "127.0.0.1"
@@ -186,13 +187,7 @@ def down(state_dir: Path) -> bool:
 def _is(pid: int, name: str) -> bool:
     """Whether pid is alive (not a zombie) and runs `name` (the master's binary, or the Python script of the
     metadata server): a recorded pid given since to another program is never signalled."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
-    except OSError:
-        return False
-    names = {os.path.basename(a.decode(errors="replace")) for a in argv}
-    return stat.rpartition(")")[2].split()[0] != "Z" and name in names
+    return name in {os.path.basename(a) for a in (live_argv(pid) or [])[:2]}
 
 
 def _tail(path: Path) -> str:

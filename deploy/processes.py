@@ -70,6 +70,19 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
+def live_argv(pid: int) -> list[str] | None:
+    """The command line of pid if it is alive and not a zombie, else None: what a recorded pid's owner checks before
+    signalling it, so a pid the system gave to another process since is never signalled."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if stat.rpartition(")")[2].split()[0] == "Z":
+        return None
+    return [a.decode(errors="replace") for a in argv if a]
+
+
 def stop_groups(grace_s: float, sig: int, pgids: list[int]) -> None:
     """Signal each group, give them grace_s together, SIGKILL what is left, then wait (5 s at most) for it to go."""
     for pgid in pgids:

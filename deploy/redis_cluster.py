@@ -32,6 +32,7 @@ from pathlib import Path
 from kvconnector.errors import UserError
 from replay.common.ports import all_free, free_port_block
 
+from .processes import live_argv
 from .stack import wait_for
 
 HOST = "127.0.0.1"
@@ -221,13 +222,8 @@ def _bindable(host: str) -> bool:
 def _is_node(pid: int, port: int) -> bool:
     """Whether pid is a live (not zombie) redis-server serving `port`: a recorded pid the system gave to another
     process since is never signalled."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    state = stat.rpartition(")")[2].split()[0]
-    return state != "Z" and "redis-server" in title and f":{port}" in title
+    title = " ".join(live_argv(pid) or [])
+    return "redis-server" in title and f":{port}" in title
 
 
 def _log(d: Path) -> str:
