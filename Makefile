@@ -250,6 +250,21 @@ image: $(BASE_STAMP)
 	    -t $(IMAGE_NAME):$(IMAGE_TAG) $(IMAGE_CTX)
 	podman image ls $(IMAGE_NAME):$(IMAGE_TAG)
 
+# kvtier's GPU image (deploy/container/Containerfile.gpu): vLLM's official CUDA image (VLLM_IMAGE, from its registry)
+# with LMCache and kvtier's wheel added, the image's vLLM and torch kept. deploy/gpu-check.sh builds and checks it on a
+# GPU host; untested here (no GPU, no registry).
+CONTAINER_ENGINE ?= podman
+VLLM_IMAGE       ?= docker.io/vllm/vllm-openai:v0.32.0
+IMAGE_GPU        := $(IMAGE_NAME)-gpu:$(IMAGE_TAG)
+.PHONY: image-gpu image-gpu-name
+image-gpu: $(BASE_STAMP)
+	rm -rf build/image-gpu && mkdir -p build/image-gpu
+	$(BIN)/pip wheel -q --no-deps -w build/image-gpu .
+	$(CONTAINER_ENGINE) build -f deploy/container/Containerfile.gpu --build-arg VLLM_IMAGE=$(VLLM_IMAGE) \
+	    --build-arg VERSION=$(KVTIER_VERSION) --build-arg REVISION=$(KVTIER_COMMIT) -t $(IMAGE_GPU) build/image-gpu
+image-gpu-name:
+	@echo $(IMAGE_GPU)
+
 system-deps:
 	bash deploy/install-system-deps.sh
 

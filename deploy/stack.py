@@ -55,11 +55,11 @@ def start(state_dir: Path, *args: str, timeout_s: float | None = None) -> Stack:
     return Stack(Path(state_dir), json.loads(Path(state_dir, "endpoints.json").read_text()))
 
 
-def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300) -> Stack:
-    """A CPU stack on free ports started with this interpreter (`--python`), so a run on another venv's python
-    starts its LMCache server and vLLM from that venv too."""
+def up(state_dir: Path, model_dir: str, kv_dir: Path, *extra: str, timeout_s: int = 300, device: str = "cpu") -> Stack:
+    """A stack (vLLM on `device`) on free ports started with this interpreter (`--python`), so a run on another
+    venv's python starts its LMCache server and vLLM from that venv too."""
     base = free_port_block(60)
-    args = ["--device", "cpu", "--model", model_dir, "--vllm-port", str(base), "--lmcache-port", str(base + 10)]
+    args = ["--device", device, "--model", model_dir, "--vllm-port", str(base), "--lmcache-port", str(base + 10)]
     args += ["--lmcache-http-port", str(base + 20), "--metrics-port", str(base + 40), "--kv-dir", str(kv_dir)]
     args += ["--timeout", str(timeout_s), "--python", sys.executable, *extra]
     return start(state_dir, *args, timeout_s=timeout_s + 60)
@@ -157,3 +157,64 @@ def clear_l1_at(lmcache_http: str) -> None:
     with urllib.request.urlopen(req, timeout=30) as r:
         if r.status != 200:
             raise RuntimeError(f"POST {lmcache_http}/cache/clear: HTTP {r.status}")
+
+
+@dataclass
+class L2Hit:
+    """One prompt sent three times through a stack with a kvtier tier: computed (its chunks stored), then a hit in
+    LMCache's L1, then, L1 cleared, a hit served from kvtier's `tier`. Token counts are vLLM's external prefix-cache
+    hits, chunk counts kvtier's own events, each a delta over the three requests."""
+
+    tier: str
+    first_hit_tokens: float
+    stored_chunks: float
+    l1_hit_tokens: float
+    l2_hit_tokens: float
+    tier_hit_chunks: float
+    same_text: bool
+    load_errors: float
+    corrupt_dropped: float
+
+    def problems(self, chunks: int, chunk_tokens: int = 256) -> list[str]:
+        """What fell short of `chunks` full chunks stored and served back; empty when the path works."""
+        want = chunks * chunk_tokens
+        checks = [
+            (self.first_hit_tokens == 0, f"the first request already hit {self.first_hit_tokens:.0f} tokens"),
+            (self.stored_chunks >= chunks, f"kvtier stored {self.stored_chunks:.0f} of {chunks} chunks"),
+            (self.l1_hit_tokens >= want, f"second request: {self.l1_hit_tokens:.0f} hit tokens, want {want}"),
+            (self.l2_hit_tokens >= want, f"after the L1 clear: {self.l2_hit_tokens:.0f} hit tokens, want {want}"),
+            (self.tier_hit_chunks >= chunks, f"kvtier's {self.tier} tier served {self.tier_hit_chunks:.0f} chunks"),
+            (self.same_text, "a cached answer differs from the computed one (greedy decoding)"),
+            (self.load_errors == 0, f"{self.load_errors:.0f} load errors"),
+            (self.corrupt_dropped == 0, f"{self.corrupt_dropped:.0f} corrupt entries dropped"),
+        ]
+        return [why for ok, why in checks if not ok]
+
+
+def l2_hit(stack: Stack, prompt: str, chunks: int, tier: str = "disk", i: int = 0) -> tuple[L2Hit, str]:
+    """Send `prompt` (one no earlier request sent) to instance i three times: computed, an L1 hit, then L1 cleared
+    and a hit from kvtier. The figures and the computed text. The path the end-to-end tests and deploy/gpu_check.py
+    check."""
+    base = stack.inst(i)["vllm"]
+    h0, stored = vllm_external_hits(base), kvtier_event(stack, "store_ok", i)
+    ref, _, _ = complete(base, prompt)
+    first = vllm_external_hits(base) - h0
+    wait_for(lambda: kvtier_event(stack, "store_ok", i) - stored >= chunks)  # stores land after the answer
+    stored = kvtier_event(stack, "store_ok", i) - stored
+    second, _, _ = complete(base, prompt)
+    h1 = vllm_external_hits(base)
+    tier_hits = kvtier_event(stack, "hits", i, tier=tier)
+    clear_l1(stack, i)
+    third, _, _ = complete(base, prompt)
+    hit = L2Hit(
+        tier=tier,
+        first_hit_tokens=first,
+        stored_chunks=stored,
+        l1_hit_tokens=h1 - h0 - first,
+        l2_hit_tokens=vllm_external_hits(base) - h1,
+        tier_hit_chunks=kvtier_event(stack, "hits", i, tier=tier) - tier_hits,
+        same_text=second == ref == third,
+        load_errors=kvtier_event(stack, "load_errors", i),
+        corrupt_dropped=kvtier_event(stack, "corrupt_dropped", i, tier=tier),
+    )
+    return hit, ref

@@ -21,6 +21,7 @@ from deploy.stack import (  # noqa: F401  (the tests use them through this modul
     down,
     group_pids,
     kvtier_event,
+    l2_hit,
     metric,
     metrics,
     pid_of,
