@@ -8,13 +8,14 @@
 # and `run-stack.sh up --prometheus`: the stack's metrics scraped, its recording rules), chromium and chromium-driver (the HTML
 # report's test loads each report in a headless browser through selenium), ceph-mon, ceph-mgr, ceph-osd, radosgw and
 # ceph-common (deploy/ceph.py: a Ceph cluster with radosgw, the S3 tier's tests), ceph-mds and ceph-fuse (its
-# CephFS, mounted with ceph-fuse), s3fs (its bucket as a POSIX directory: the MLPerf rules' object-storage gateway).
+# CephFS, mounted with ceph-fuse), s3fs (its bucket as a POSIX directory: the MLPerf rules' object-storage gateway),
+# munge, slurmctld, slurmd and slurm-client (deploy/slurm.py: Slurm over the namespace nodes, sbatch/srun jobs).
 # Installs only what is
 # missing; needs root for that, otherwise says what to install.
 set -euo pipefail
 want=(fio bpftrace redis-server sysstat openmpi-bin libopenmpi-dev fuse3 sudo glusterfs-server glusterfs-client strace
       prometheus chromium chromium-driver ceph-mon ceph-mgr ceph-osd radosgw ceph-common
-      ceph-mds ceph-fuse s3fs)
+      ceph-mds ceph-fuse s3fs munge slurmctld slurmd slurm-client)
 missing=()
 for pkg in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

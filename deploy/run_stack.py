@@ -53,6 +53,10 @@ Nodes (root; see "Nodes" below):
                          and metadata server), the nodes' L2 tier below the disk tier (kvtier's mooncake_master; each
                          node lends memory to the store, at its own address; --shared-gb is its capacity per node)
   --shared-bw RATE       glusterfs only: tc tbf on the storage link, RATE each way (glusterfs.sh --bw: 200mbps)
+  --slurm                Slurm over the nodes (deploy/slurm.py): munged, slurmctld on node 0, slurmd on every node
+                         (node names node0, node1, ..); export SLURM_CONF=STATE/slurm/slurm.conf, then sbatch
+                         deploy/sbatch/kvtier-bench.sbatch or kvtier-mlperf.sbatch (python -m deploy.slurm up: the
+                         nodes and Slurm without the engines)
 Prometheus (Debian's `prometheus`, 2.42 tested; see "Prometheus" below):
   --prometheus           also start a Prometheus scraping every instance's (node's) vLLM, LMCache and kvtier
   --prometheus-port P5   its HTTP API and UI, on 127.0.0.1  [P3+30]
@@ -126,7 +130,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import SCRIPTS, nodes, processes
+from . import SCRIPTS, nodes, processes, slurm
 from .instance import Instance, Settings
 
 ROOT = SCRIPTS.parent
@@ -195,6 +199,7 @@ def down(state: Path, grace_s: float = 15, out=None, python: str | None = None) 
         processes.stop_groups(grace_s, signal.SIGTERM, [pid for _, pid in reversed(processes.recorded(state))])
         (state / "pids").unlink()
     nodes.remove(state, python or default_python(), python_env(), out)
+    slurm.remove(state)
     print(f"stopped; logs kept in {state}", file=out, flush=True)
     return 0
 
@@ -218,6 +223,8 @@ def status(state: Path) -> int:
         )
     if ep.get("prometheus"):
         print(f"prometheus  {ep['prometheus']}  (config {ep['state_dir']}/prometheus/prometheus.yml)")
+    if ep.get("slurm"):
+        print(f"slurm  SLURM_CONF={ep['slurm']['conf']}  nodes {' '.join(n['name'] for n in ep['slurm']['nodes'])}")
     shared = ep.get("shared")
     if shared:
         where = shared.get("url") or ", ".join(shared.get("mounts", []))
@@ -362,6 +369,8 @@ def check_up(o: dict) -> None:
         need(bool(nodes_n), f"--shared {shared_kind} needs --nodes N (on one host: --shared-dir DIR)")
         need(o["l2"] == "kvtier", "--shared needs --l2 kvtier")
     need(not o["shared_bw"] or shared_kind == "glusterfs", "--shared-bw needs --shared glusterfs")
+    need(not o.get("slurm") or bool(nodes_n), "--slurm needs --nodes N (Slurm's nodes are the stack's nodes)")
+    need(not o.get("slurm") or slurm.missing() is None, f"--slurm: {slurm.missing()}")
     if o["gpk"]:
         need(matches(POSITIVE, o["gpk"]), "--gpus-per-instance must be a positive integer")
         need(o["device"] == "cuda", "--gpus-per-instance needs --device cuda (vLLM on cpu uses no GPU)")
@@ -481,8 +490,9 @@ def endpoints_json(fields: list[tuple[str, object]]) -> str:
 
 def up(argv: list[str]) -> int:
     o = {**UP_DEFAULTS, "vextra": [], "lextra": [], "python": default_python(), "state": str(default_state())}
-    o.update(parse("up", argv, UP_OPTIONS, frozenset({"--prometheus"})))
+    o.update(parse("up", argv, UP_OPTIONS, frozenset({"--prometheus", "--slurm"})))
     o["prom"] = o.pop("--prometheus", False)
+    o["slurm"] = o.pop("--slurm", False)
     check_up(o)
     mport = int(o["mport"] or int(o["hport"]) + 10)
     prom_port = int(o["prom_port"] or int(o["hport"]) + 30)
@@ -517,6 +527,9 @@ def exit_code(exc: BaseException) -> int:
         return 2
     if isinstance(exc, processes.NotHealthy):
         return 1  # wait_http said which and why
+    if isinstance(exc, slurm.SlurmError):
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     if isinstance(exc, subprocess.CalledProcessError):
         print(f"{PROG}: {shlex.join(map(str, exc.cmd))} failed (exit {exc.returncode})", file=sys.stderr)
         return exc.returncode
@@ -568,6 +581,10 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
             else:
                 shared_json["mounts"] = [str(nodes.ceph_mount(state, i)) for i in range(n_nodes)]
                 shared_line = f"CephFS {state}/ceph/cephfs* (one ceph-fuse client per node)"
+    slurm_json = None
+    if o["slurm"]:
+        addrs = [nodes.recorded(state, f"addr{i}")[0] for i in range(n_nodes)]
+        slurm_json = slurm.start(state, nodes.recorded(state, "ns"), addrs, deadline)
     insts: list[Instance] = []
     for i in range(count):
         inst = Instance(
@@ -621,6 +638,7 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
         *[("model", s.served_name), ("shared_dir", o["shared"]), ("tiers", tiers_of(o)), ("state_dir", str(state))],
         *[("instances", [inst.endpoints() for inst in insts]), ("nodes", node_json), ("shared", shared_json)],
         ("prometheus", f"http://127.0.0.1:{prom_port}" if o["prom"] else None),
+        ("slurm", slurm_json),
     ]
     (state / "endpoints.json").write_text(endpoints_json(fields))
     if o["prom"]:
@@ -649,6 +667,8 @@ def _start(o: dict, state: Path, mport: int, prom_port: int) -> int:
             print(f"l2       LMCache fs adapter on {kvdir} (use_odirect: {str(s.io_mode == 'direct').lower()})")
     if shared_line:
         print(f"shared   {shared_line}")
+    if slurm_json:
+        print(f"slurm    SLURM_CONF={slurm_json['conf']}  (sbatch -N{n_nodes} deploy/sbatch/kvtier-bench.sbatch ...)")
     if o["prom"]:
         every = o["prom_interval"]
         print(f"prometheus http://127.0.0.1:{prom_port}  ({state}/prometheus/prometheus.yml, every {every} s)")

@@ -1,8 +1,9 @@
 """Started by mpirun: what every MPI job of kvtier does the same way (`kvtier bench`: replay/synthetic/mpi_run.py,
 `kvtier replay`: replay/openai/mpi_run.py).
 
-- `world_size`: no flag is needed; a process started by mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE for MPICH/Hydra,
-  Intel MPI and Slurm's srun, above 1) is one rank of a job.
+- `world_size`: no flag is needed; a process started by mpirun (OMPI_COMM_WORLD_SIZE, or PMI_SIZE for MPICH/Hydra
+  and Intel MPI) or by Slurm's srun (SLURM_STEP_NUM_TASKS), above 1, is one rank of a job.
+- `launch_problem`: srun without a PMI plugin, found before MPI starts (MPI_Init would abort with a page of text).
 - `split`: rank i's share of a total (the first ranks take one more when it does not divide).
 - `Peers`: the other ranks' messages during the window, received by a thread, so that a rank that ends other than
   completed stops the others, and no message is left in flight when the ranks gather their results.
@@ -20,9 +21,10 @@ from collections.abc import Iterator
 
 from .common.cli import stop_signals_handled
 
-# mpirun's environment for its processes: Open MPI, then the PMI of MPICH/Hydra, Intel MPI and Slurm's srun.
-SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-RANK_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# The launcher's environment for its processes: Open MPI's mpirun, the PMI of MPICH/Hydra and Intel MPI, then Slurm's
+# srun (a job step's task count and task index; a batch script itself has no SLURM_STEP_NUM_TASKS, so it is no rank).
+SIZE_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS")
+RANK_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 TAG_STATUS, TAG_DONE = 11, 12
 STATUS_EVERY_S = 1.0  # live figures from each rank to rank 0
@@ -39,6 +41,19 @@ def env_int(names: tuple[str, ...], default: int) -> int:
 def world_size() -> int:
     """The number of MPI processes this one was started among (1 when not started by mpirun)."""
     return env_int(SIZE_ENV, 1)
+
+
+def launch_problem() -> str | None:
+    """Why MPI cannot start in this process, said before it tries (MPI_Init aborts with a page of text): Slurm's srun
+    started it as one of several tasks without a PMI plugin to tell MPI so (srun --mpi=none, no MpiDefault)."""
+    if "SLURM_STEP_NUM_TASKS" not in os.environ or world_size() <= 1:
+        return None
+    if any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_FD")):
+        return None
+    return (
+        f"started by srun as one of {world_size()} tasks without a PMI plugin: run srun --mpi=pmix (or set "
+        "MpiDefault=pmix in slurm.conf), or mpirun inside the allocation"
+    )
 
 
 def split(total: int, n: int, i: int) -> int:

@@ -316,6 +316,7 @@ NOT_REFUSALS = {  # failures or bugs, never the user's input: exit 1 where they 
     "deploy.mooncake_store": ["StoreError"],  # the store did not start (StoreRefused: what was asked)
     "deploy.sweep.cli": ["StackFailed"],  # the stack did not start
     "deploy.nodes": ["NoFreeNet"],  # no free subnet for the nodes' bridge
+    "deploy.slurm": ["SlurmError"],  # a Slurm daemon exited or its nodes did not come up (refusals: exit 2 itself)
     "deploy.processes": ["NotHealthy"],  # a server exited or did not answer during start-up
     # run-stack.sh's Python (standard library only: the thin script may find a bare python3) answers exit 2 itself
     "deploy.run_stack": ["Refused"],

@@ -59,10 +59,11 @@ EXAMPLES = """examples:
   # --max-concurrency 64 in all (16 a rank); see replay/openai/README.md
   mpirun -n 4 -H a:2,b:2 kvtier replay --base-url http://srv:8000 --model M --source sharegpt \\
       --dataset-path sg.json --num-requests 2000 --request-rate 20 --max-concurrency 64 --output job.json
-Under mpirun (found from OMPI_COMM_WORLD_SIZE or PMI_SIZE, no flag needed) each rank sends its share of the one
-schedule: sessions round robin by index (a single-turn source's requests one by one); --max-concurrency, --users and
---warmup are the job's totals, divided among the ranks; --request-rate and --num-requests are the job's; rank 0 alone
-scrapes --metrics-url and writes every output, merged (each rank's own figures under `ranks`). Not with --rounds.
+Under mpirun or srun (found from OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_STEP_NUM_TASKS, no flag needed) each rank
+sends its share of the one schedule: sessions round robin by index (a single-turn source's requests one by one);
+--max-concurrency, --users and --warmup are the job's totals, divided among the ranks; --request-rate and
+--num-requests are the job's; rank 0 alone scrapes --metrics-url and writes every output, merged (each rank's own
+figures under `ranks`). Not with --rounds.
 The API key, if the server needs one, comes from $OPENAI_API_KEY (or the variable named by --api-key-env).
 Options come from flags, KVTIER_REPLAY_<KEY> environment variables (KVTIER_REPLAY_SEED=3) and a --config YAML file
 (seed: 3); precedence: defaults < --config < environment < flags. A bad value is one line naming where it came from.

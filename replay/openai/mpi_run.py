@@ -45,7 +45,7 @@ from replay.openai.driver import RunState
 from replay.openai.merge import merge_ranks, rank_clock
 
 from ..common.cli import exit_code, fail
-from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, split, world_size
+from ..mpi import RANK_ENV, Peers, env_int, first_error, launch_problem, recorded_stop_signals, split, world_size
 
 PROG = "kvtier replay"
 WATCH_EVERY_S = 0.1
@@ -194,6 +194,11 @@ def run_rank(steps: ReplaySteps) -> int:
         err = (exc.code if isinstance(exc.code, int) else 2, "")
     except UserError as exc:  # a --config file or an environment variable may differ by host
         err = (2, str(exc))
+    problem = launch_problem()
+    if problem:
+        if rank_env == 0:
+            fail(PROG, problem)
+        return 2
     try:
         from mpi4py import MPI
     except ImportError:

@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-clients",
         type=int,
         help="worker processes on this host, each with its share of users and its own cache subdirectory; under "
-        "mpirun (found from OMPI_COMM_WORLD_SIZE or PMI_SIZE, no flag needed) each rank is one such client, with "
+        "mpirun or srun (found from OMPI_COMM_WORLD_SIZE, PMI_SIZE or SLURM_STEP_NUM_TASKS, no flag needed) each rank "
+        "is one such client, with "
         "<cache-dir>/rank-<r>, and rank 0 writes the merged results",
     )
     x("--precondition", action="store_true", help="sequential writes before the run to reach SSD steady state")

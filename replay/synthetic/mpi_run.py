@@ -36,7 +36,7 @@ from kvconnector.errors import ConfigError, KvtierError
 
 from ..common.cli import Interrupted, stop_signals_raise
 from ..common.leftovers import remove_empty
-from ..mpi import RANK_ENV, Peers, env_int, first_error, recorded_stop_signals, world_size
+from ..mpi import RANK_ENV, Peers, env_int, first_error, launch_problem, recorded_stop_signals, world_size
 from ..outputs.io_trace import tagged
 from .bench import Bench
 from .config import BenchConfig
@@ -62,6 +62,9 @@ def run_rank(load_config: Callable[[], BenchConfig], inv: Invocation) -> int:
     rank_env = env_int(RANK_ENV, 0)
     try:
         check_invocation(inv, world_size())
+        problem = launch_problem()
+        if problem:
+            raise ConfigError(problem)
     except ConfigError as exc:  # before MPI starts: every rank refuses, rank 0 says why
         return bench_fail(str(exc)) if rank_env == 0 else 2
     try:

@@ -40,7 +40,7 @@ from kvtier_stack import (
     wait_for,
 )
 
-from deploy import RUN_STACK, mooncake_store
+from deploy import RUN_STACK, mooncake_store, slurm
 
 pytestmark = [
     pytest.mark.e2e,
@@ -63,6 +63,8 @@ NEEDS = {
     "mooncake": (),  # console scripts of the venv: mooncake_store.missing() says
 }
 EXTRA = {"mooncake": ["--shared-gb", "0.5"]}  # each node lends 1.25 x this to the store
+# Slurm over the nodes of one kind (a few seconds more; deploy/slurm.py, tests/deploy/test_slurm.py for its jobs)
+SLURM_KIND = "redis-cluster"
 
 
 @pytest.fixture(scope="module", params=list(TIER))
@@ -79,6 +81,8 @@ def nodes(request, tiny_model_dir, tmp_path_factory):
     extra = ["--nodes", "2", "--shared", kind, "--disk-gb", "0", "--l1-gb", "0.5", *EXTRA.get(kind, [])]
     if shutil.which("prometheus"):  # Prometheus in the root namespace scraping every node (its own test below)
         extra += ["--prometheus", "--prometheus-interval", "1"]
+    if kind == SLURM_KIND and slurm.missing() is None:
+        extra += ["--slurm"]
     try:
         stack = up(state, tiny_model_dir, base / "kv", *extra, timeout_s=480)
     except Exception:
@@ -203,6 +207,23 @@ def _fault(nodes) -> tuple[str, callable, callable]:
     return "one Redis master killed", lambda: cluster.kill(victim), restart
 
 
+def test_slurm_runs_a_task_on_each_node_beside_its_engines(nodes):
+    if not nodes.stack.endpoints.get("slurm"):
+        pytest.skip(f"Slurm runs on the {SLURM_KIND} stack only" + (f" ({slurm.missing()})" if slurm.missing() else ""))
+    said = subprocess.run(
+        ["srun", "-N2", "-n2", "sh", "-c", 'echo "$SLURM_PROCID $(hostname) $(ip -4 -o addr show scope global)"'],
+        env=slurm.env(nodes.state),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert said.returncode == 0, said.stderr
+    lines = sorted(said.stdout.splitlines())
+    for i, node in enumerate(nodes.stack.endpoints["nodes"]):  # task i in node i's namespace, where its vLLM listens
+        assert lines[i].startswith(f"{i} node{i} ") and f" {node['address']}/24 " in lines[i], lines
+    assert nodes.stack.endpoints["slurm"]["conf"] == str(nodes.state / "slurm" / "slurm.conf")
+
+
 def test_prometheus_scrapes_every_node(nodes):
     prom = nodes.stack.endpoints.get("prometheus")
     if not prom:
@@ -286,6 +307,7 @@ def test_down_leaves_no_namespace_mount_or_process(nodes):
     assert not [pgid for pgid in nodes.made["groups"] if alive(pgid)]
     assert not [pid for pid in nodes.made["pids"] if running(pid)]
     assert not (nodes.state / "nodes.state").exists() and not (nodes.state / "pids").exists()
+    assert not (nodes.state / "slurm" / "munge").exists()  # Slurm's key and socket (with --slurm)
     again = subprocess.run(
         ["bash", str(RUN_STACK), "down", "--state-dir", str(nodes.state)], capture_output=True, text=True
     )
