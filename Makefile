@@ -9,7 +9,7 @@ HASH       := $(shell cat pyproject.toml $(LOCK) | sha1sum | cut -c1-10)
 BASE_STAMP := $(VENV)/.base-$(HASH)
 TEST_STAMP := $(VENV)/.test-$(HASH)
 
-.PHONY: bench test bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-qd bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-mlperf-harness bench-reload bench-shared bench-nodes bench-sweep clean
+.PHONY: bench test bench-conformance bench-mooncake test-lmcache057 bench-lmcache-cli bench-vllm-tier lint system-deps bench-disk bench-qd bench-scaling bench-lmcache bench-ttft bench-tracer bench-replayer bench-crash bench-cpu bench-throttlefs bench-collapse bench-trace bench-mlperf bench-mlperf-harness bench-reload bench-shared bench-nodes bench-sweep clean
 
 $(BASE_STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ lock:
 LMC057         := 0.5.7rc2
 VENV_LMC057    := .venv-lmcache057
 LMC057_STAMP   := $(VENV_LMC057)/.lmcache-$(LMC057)-$(HASH)
-LMC057_TESTS   := tests/kvconnector/lmcache/test_l2_adapter.py \
+LMC057_TESTS   := tests/kvconnector/lmcache/test_l2_adapter.py tests/replay/test_conformance.py \
                   tests/e2e/test_lmcache_stack.py::test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier
 
 $(LMC057_STAMP): $(TEST_STAMP)
@@ -158,6 +158,20 @@ bench-mooncake: $(BASE_STAMP)
 	    "(git clone https://github.com/kvcache-ai/Mooncake, or set MOONCAKE_TRACES)" >&2; exit 2; }
 	$(BIN)/kvtier plan $(addprefix --trace ,$(MOONCAKE_FILES)) --tier local=3e6 --capacity-sweep 1e4..1e9 \
 	    --output results/mooncake-capacity.json --plots results/mooncake-capacity
+
+# `kvtier conformance` on kvtier's L2 adapter and LMCache's fs adapter, on LMCache 0.5.6 and 0.5.7rc2: the verdicts in
+# results/conformance-<adapter>-<lmcache>.json (benchmarks/pages/conformance.md). About 2 minutes here.
+CONFORMANCE_DIR ?= /var/tmp/kvtier-conformance
+.PHONY: bench-conformance
+bench-conformance: $(LMC057_STAMP)
+	mkdir -p results && rm -rf $(CONFORMANCE_DIR)
+	for py in $(BIN)/python $(VENV_LMC057)/bin/python; do \
+	    v=$$($$py -c 'import importlib.metadata as m; print(m.version("lmcache"))'); \
+	    for a in kvtier fs; do \
+	        $$py -m replay.cli conformance --adapter $$a --medium $(CONFORMANCE_DIR)/$$a-$$v \
+	            --json results/conformance-$$a-$$v.json || true; \
+	    done; \
+	done
 
 MLPERF_REF ?= /var/tmp/mlperf-ref
 

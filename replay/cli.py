@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "plan": ("replay.plan.cli", "predict per-round prefix hit rates of long sessions over tiers, and the collapse"),
     "report": ("replay.report", "one self-contained HTML report (tables, interactive plots) of result files"),
     "distill": ("tracing.distill", "turn a bpftrace storage trace into a standalone fio job"),
+    "conformance": ("replay.conformance", "an LMCache L2 adapter through failures: restarts, flipped bytes, kill -9"),
     "mlperf": ("replay.mlperf.cli", "kvtier under the MLPerf Storage harness (mlpstorage): its shim, its run summary"),
 }
 

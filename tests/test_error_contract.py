@@ -246,6 +246,17 @@ def test_mlperf(capsys, tmp_path, logs_in_tmp, monkeypatch):
     assert not list((tmp_path / "run").glob("kvcache_run_summary_*"))
 
 
+# ---- conformance: an LMCache L2 adapter through failures -------------------------------------------------------------
+def test_conformance(capsys, tmp_path, logs_in_tmp, monkeypatch):
+    pytest.importorskip("lmcache")
+    capsys.readouterr()  # what LMCache logs as it is imported
+    medium = str(tmp_path / "m")
+    refused(capsys, "conformance", "--adapter", "fs", "--config", "{}", "--medium", medium, said="one of them")
+    refused(capsys, "conformance", "--config", '{"type": "fs"}', "--medium", medium, said="could not be built")
+    plant(monkeypatch, "replay.conformance.run_cases")
+    bug(capsys, logs_in_tmp, "conformance", "--adapter", "fs", "--medium", medium)
+
+
 def test_every_subcommand_is_covered_here():
     tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
     assert set(SUBCOMMANDS) <= tested
