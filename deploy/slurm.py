@@ -117,7 +117,7 @@ def start(state: Path, namespaces: list[str], addrs: list[str], deadline: float)
     write_conf(d, addrs)
     m = d / "munge"
     munged = ["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={m / 'munge.socket'}"]
-    munged += [f"--pid-file={m / 'munged.pid'}", f"--seed-file={m / 'munged.seed'}", f"--log-file={m / 'munged.log'}"]
+    munged += [f"--pid-file={m / 'munged.pid'}", f"--seed-file={m / 'munged.seed'}", f"--log-file={d / 'munged.log'}"]
     processes.start(state, "munged", munged)
     _wait(lambda: (m / "munge.socket").exists(), deadline, state, "munged")
     cenv = ["env", f"SLURM_CONF={d / 'slurm.conf'}"]
@@ -126,7 +126,8 @@ def start(state: Path, namespaces: list[str], addrs: list[str], deadline: float)
         (d / f"pmix-{node_name(i)}").mkdir(exist_ok=True)
         bind = (d / f"pmix-{node_name(i)}", d / "pmix")
         processes.start(state, f"slurmd{i}", in_node(ns, node_name(i), [*cenv, "slurmd", "-D"], bind))
-    _wait(lambda: idle_nodes(state) == len(addrs), deadline, state, "slurmctld", "slurmd0")
+    daemons = ["slurmctld", *(f"slurmd{i}" for i in range(len(addrs)))]
+    _wait(lambda: idle_nodes(state) == len(addrs), deadline, state, *daemons)
     info = {
         "conf": str(d / "slurm.conf"),
         "partition": PARTITION,
@@ -168,11 +169,8 @@ def _wait(ready, deadline: float, state: Path, *names: str) -> None:
 def down(state: Path, out=None) -> int:
     """The stack's own `down` (run-stack.sh down: its servers, then the nodes and this module's files)."""
     cmd = [sys.executable, "-m", "deploy.run_stack", "down", "--state-dir", str(state)]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS.parent), os.environ.get("PYTHONPATH")])),
-    }
-    return subprocess.run(cmd, stdout=out, env=env).returncode
+    path = os.pathsep.join(filter(None, [str(SCRIPTS.parent), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(cmd, stdout=out, env={**os.environ, "PYTHONPATH": path}).returncode
 
 
 # ---- the command line: the nodes and Slurm alone (no LMCache, no vLLM) ----------------------------------------------
