@@ -100,7 +100,7 @@ def key(i: int):
 
 
 def payload(i: int) -> bytes:
-    """Object i's bytes: a pattern no other object has (its index in every 8-byte word, then a running count)."""
+    """Object i's bytes, unlike any other's: every 8-byte word holds i in its high bits, a running count below."""
     import numpy as np
 
     n = int(np.prod(SHAPE)) * 2
