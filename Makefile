@@ -42,7 +42,9 @@ lock:
 LMC057         := 0.5.7rc2
 VENV_LMC057    := .venv-lmcache057
 LMC057_STAMP   := $(VENV_LMC057)/.lmcache-$(LMC057)-$(HASH)
-LMC057_TESTS   := tests/kvconnector/lmcache/test_l2_adapter.py tests/replay/test_conformance.py \
+LMC057_TESTS   := tests/kvconnector/lmcache/test_l2_adapter.py \
+                  tests/replay/test_conformance.py::test_kvtier_adapter_passes_every_case \
+                  tests/replay/test_conformance.py::test_lmcache_fs_adapter_runs_every_case_and_exits_by_its_verdicts \
                   tests/e2e/test_lmcache_stack.py::test_second_request_hits_lmcache_and_after_l1_clear_hits_kvtier
 
 $(LMC057_STAMP): $(TEST_STAMP)

@@ -1,8 +1,8 @@
 """`kvtier conformance` on real LMCache L2 adapters, built by LMCache's own registry: kvtier's adapter passes every
 case; LMCache's fs adapter runs through the same cases (its verdicts are findings, published in
 benchmarks/pages/conformance.md, not asserted here beyond the round trip); each case can fail (a damaged object
-served, a lost acknowledged one, a capacity overrun are counted from what the adapter returned). `make test` runs this
-file on LMCache 0.5.6 and 0.5.7rc2."""
+served, a lost acknowledged one, a capacity overrun are counted from what the adapter returned). `make test` runs the
+two adapter runs on LMCache 0.5.7rc2 too (LMC057_TESTS)."""
 
 from __future__ import annotations
 
