@@ -62,6 +62,15 @@ def env(state: Path) -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": str(conf_path(state))}
 
 
+# a task's index, host name and addresses: where Slurm ran it
+WHERE = ("sh", "-c", 'echo "$SLURM_PROCID $(hostname) $(ip -4 -o addr show scope global)"')
+
+
+def srun(state: Path, *argv: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    """`srun ARGV` on this cluster from the host, its output captured."""
+    return subprocess.run(["srun", *argv], env=env(state), capture_output=True, text=True, timeout=timeout_s)
+
+
 def write_conf(d: Path, addrs: list[str]) -> None:
     cpus = os.cpu_count() or 1
     lines = [

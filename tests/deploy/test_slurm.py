@@ -62,13 +62,7 @@ def sbatch(state: Path, out: Path, script: str, *args: str, nodes: int = 2) -> s
 
 def test_every_node_is_idle_and_a_task_runs_in_its_own_namespace(cluster):
     assert slurm.idle_nodes(cluster) == 2
-    p = subprocess.run(
-        ["srun", "-N2", "-n2", "sh", "-c", 'echo "$SLURM_PROCID $(hostname) $(ip -4 -o addr show scope global)"'],
-        env=slurm.env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = slurm.srun(cluster, "-N2", "-n2", *slurm.WHERE)
     assert p.returncode == 0, p.stderr
     seen = {line.split()[0]: line for line in p.stdout.splitlines()}
     addrs = [n["address"] for n in json.loads((cluster / "slurm" / "cluster.json").read_text())["nodes"]]
@@ -94,12 +88,8 @@ def test_a_two_rank_bench_through_sbatch_and_srun_merges_into_one_result(cluster
 
 
 def test_srun_without_pmix_is_refused_in_one_line_before_mpi_starts(cluster, tmp_path):
-    p = subprocess.run(
-        ["srun", "--mpi=none", "-N2", "-n2", KVTIER, "bench", "--duration", "2", "--output", str(tmp_path / "x.json")],
-        env=slurm.env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    p = slurm.srun(
+        cluster, "--mpi=none", "-N2", "-n2", KVTIER, "bench", "--duration", "2", "--output", str(tmp_path / "x.json")
     )
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("kvtier bench:")]

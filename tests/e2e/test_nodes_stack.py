@@ -210,13 +210,7 @@ def _fault(nodes) -> tuple[str, callable, callable]:
 def test_slurm_runs_a_task_on_each_node_beside_its_engines(nodes):
     if not nodes.stack.endpoints.get("slurm"):
         pytest.skip(f"Slurm runs on the {SLURM_KIND} stack only" + (f" ({slurm.missing()})" if slurm.missing() else ""))
-    said = subprocess.run(
-        ["srun", "-N2", "-n2", "sh", "-c", 'echo "$SLURM_PROCID $(hostname) $(ip -4 -o addr show scope global)"'],
-        env=slurm.env(nodes.state),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    said = slurm.srun(nodes.state, "-N2", "-n2", *slurm.WHERE)
     assert said.returncode == 0, said.stderr
     lines = sorted(said.stdout.splitlines())
     for i, node in enumerate(nodes.stack.endpoints["nodes"]):  # task i in node i's namespace, where its vLLM listens
